@@ -1,0 +1,7 @@
+//! The mdsd engine. Models, KV cache, tree attention and the decoding loop are built by the
+//! engine issue; today the crate holds the `mdsd` command-line front end.
+
+/// Message printed by commands whose engine is not built yet.
+pub const NOT_BUILT: &str = "the decoding engine is not built yet: `generate` and `fetch` \
+arrive with the engine issue. The samplers crate and `cargo run --release -p bench -- alpha` \
+work today.";

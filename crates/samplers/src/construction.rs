@@ -1,0 +1,343 @@
+//! Draft constructions: how a tuple of `n` draft tokens is drawn from the draft
+//! distribution `q` (paper, section "Multi-Draft Speculative Decoding" and section 5).
+//!
+//! **Fewer drafts than asked.** Constructions that draw distinct tokens (all but
+//! [`DraftConstruction::WithReplacement`]) never draft a token of probability zero, so they
+//! return `m = min(n, |supp q|)` drafts ([`DraftConstruction::num_drafts`]); with-replacement
+//! drafts always number `n` and may repeat. All probabilities are taken relative to
+//! `sum(q)`, so a vector normalised only up to round-off is handled consistently.
+
+use crate::dist::{rest_mass, sample_weighted, support_size, top_k_support};
+use crate::error::{Result, SamplerError};
+use crate::TokenId;
+use rand::Rng;
+use std::fmt;
+use std::str::FromStr;
+
+/// The draft constructions of the paper plus top-k and conditional Poisson.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DraftConstruction {
+    /// `n` i.i.d. draws from `q`: `P(t) = prod_j q(t_j)`.
+    WithReplacement,
+    /// Sequential draws, each from `q` renormalised over the tokens not yet drawn:
+    /// `P(t) = prod_j q(t_j) / (1 - sum_{l<j} q(t_l))` (the paper's `q^{not ...}`).
+    WithoutReplacement,
+    /// Section 5.1: the top `n-1` tokens of `q`, then one token from `q` without them.
+    Greedy,
+    /// Section 5.3 (SpecHub, `n = 2` only): draw `x ~ q`; if `x` is the top token draw the
+    /// second from `q` without it, else the second is the top token.
+    SpecHub,
+    /// The `n` most probable tokens, deterministically (EAGLE-2/3, SGLang).
+    TopK,
+    /// Conditional Poisson: a set `S` of `n` distinct tokens with `P(S) ∝ prod_{i∈S} q(i)`;
+    /// the generating-function formula of the paper's section 4.2 is exact for it. Drafts are
+    /// listed most probable first.
+    ConditionalPoisson,
+}
+
+impl DraftConstruction {
+    pub const ALL: [DraftConstruction; 6] = [
+        Self::WithReplacement,
+        Self::WithoutReplacement,
+        Self::Greedy,
+        Self::SpecHub,
+        Self::TopK,
+        Self::ConditionalPoisson,
+    ];
+    pub const NAMES: &'static str = "wr, wor, greedy, spechub, topk, cps";
+
+    /// Short name used on command lines (`wr`, `wor`, `greedy`, `spechub`, `topk`, `cps`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::WithReplacement => "wr",
+            Self::WithoutReplacement => "wor",
+            Self::Greedy => "greedy",
+            Self::SpecHub => "spechub",
+            Self::TopK => "topk",
+            Self::ConditionalPoisson => "cps",
+        }
+    }
+
+    /// Checks `n` for this construction (n >= 1; SpecHub needs n = 2).
+    pub fn check_n(self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(SamplerError::ZeroDrafts);
+        }
+        if self == Self::SpecHub && n != 2 {
+            return Err(SamplerError::UnsupportedDraftCount { construction: "SpecHub", supported: 2, n });
+        }
+        Ok(())
+    }
+
+    /// Number of drafts drawn from `q` when `n` are asked: `n` with replacement, else
+    /// `min(n, |supp q|)`.
+    pub fn num_drafts(self, q: &[f64], n: usize) -> usize {
+        match self {
+            Self::WithReplacement => n,
+            _ => n.min(support_size(q)),
+        }
+    }
+
+    /// Draws a draft tuple into `out` (cleared first).
+    pub fn sample<R: Rng + ?Sized>(
+        self,
+        q: &[f64],
+        n: usize,
+        rng: &mut R,
+        scratch: &mut DraftScratch,
+        out: &mut Vec<TokenId>,
+    ) -> Result<()> {
+        self.check_n(n)?;
+        out.clear();
+        let total: f64 = q.iter().sum();
+        if !(total > 0.0) {
+            return Err(SamplerError::BadDrafts("the draft distribution q has no positive entry".into()));
+        }
+        match self {
+            Self::WithReplacement => sample_iid(q, total, n, rng, scratch, out),
+            Self::WithoutReplacement => {
+                let m = self.num_drafts(q, n);
+                let mut drawn_mass = 0.0;
+                for _ in 0..m {
+                    let drawn = &*out;
+                    let remaining = rest_mass(q, drawn, total, drawn_mass);
+                    let t = sample_weighted(q, remaining, |i| drawn.contains(&(i as TokenId)), rng);
+                    drawn_mass += q[t as usize];
+                    out.push(t);
+                }
+            }
+            Self::Greedy => {
+                let m = self.num_drafts(q, n);
+                top_k_support(q, m - 1, out);
+                let removed: f64 = out.iter().map(|&t| q[t as usize]).sum();
+                let top = &*out;
+                let rest = rest_mass(q, top, total, removed);
+                let t = sample_weighted(q, rest, |i| top.contains(&(i as TokenId)), rng);
+                out.push(t);
+            }
+            Self::SpecHub => {
+                top_k_support(q, 1, &mut scratch.tokens);
+                let hub = scratch.tokens[0];
+                if support_size(q) == 1 {
+                    out.push(hub);
+                } else {
+                    let first = sample_weighted(q, total, |_| false, rng);
+                    out.push(first);
+                    if first == hub {
+                        let rest = rest_mass(q, &[hub], total, q[hub as usize]);
+                        out.push(sample_weighted(q, rest, |i| i == hub as usize, rng));
+                    } else {
+                        out.push(hub);
+                    }
+                }
+            }
+            Self::TopK => top_k_support(q, n, out),
+            Self::ConditionalPoisson => sample_conditional_poisson(q, self.num_drafts(q, n), rng, scratch, out),
+        }
+        Ok(())
+    }
+
+    /// Exact probability that [`Self::sample`] returns exactly `tuple` (in this order).
+    /// Used to enumerate all draft tuples on small vocabularies.
+    pub fn tuple_probability(self, q: &[f64], n: usize, tuple: &[TokenId]) -> f64 {
+        if self.check_n(n).is_err() || tuple.len() != self.num_drafts(q, n) {
+            return 0.0;
+        }
+        if tuple.iter().any(|&t| t as usize >= q.len()) {
+            return 0.0;
+        }
+        let total: f64 = q.iter().sum();
+        let qt = |t: TokenId| q[t as usize] / total;
+        let distinct = tuple.iter().enumerate().all(|(i, t)| !tuple[..i].contains(t));
+        match self {
+            Self::WithReplacement => tuple.iter().map(|&t| qt(t)).product(),
+            Self::WithoutReplacement => {
+                if !distinct {
+                    return 0.0;
+                }
+                let mut used = 0.0;
+                let mut prob = 1.0;
+                for &t in tuple {
+                    prob *= qt(t) / (1.0 - used);
+                    used += qt(t);
+                }
+                prob
+            }
+            Self::Greedy => {
+                let m = tuple.len();
+                let mut top = Vec::new();
+                top_k_support(q, m - 1, &mut top);
+                let last = tuple[m - 1];
+                if tuple[..m - 1] != top[..] || top.contains(&last) {
+                    return 0.0;
+                }
+                let removed: f64 = top.iter().map(|&t| qt(t)).sum();
+                qt(last) / (1.0 - removed)
+            }
+            Self::SpecHub => {
+                let mut top = Vec::new();
+                top_k_support(q, 1, &mut top);
+                let hub = top[0];
+                if tuple.len() == 1 {
+                    return if tuple[0] == hub { 1.0 } else { 0.0 };
+                }
+                let (a, b) = (tuple[0], tuple[1]);
+                if a == b {
+                    0.0
+                } else if b == hub {
+                    qt(a)
+                } else if a == hub {
+                    qt(a) * qt(b) / (1.0 - qt(a))
+                } else {
+                    0.0
+                }
+            }
+            Self::TopK => {
+                let mut top = Vec::new();
+                top_k_support(q, n, &mut top);
+                if top[..] == *tuple { 1.0 } else { 0.0 }
+            }
+            Self::ConditionalPoisson => {
+                if !distinct || !is_cps_order(q, tuple) {
+                    return 0.0;
+                }
+                let e = elementary_symmetric(q.iter().map(|&x| x / total), tuple.len());
+                tuple.iter().map(|&t| qt(t)).product::<f64>() / e[tuple.len()]
+            }
+        }
+    }
+}
+
+impl fmt::Display for DraftConstruction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DraftConstruction {
+    type Err = SamplerError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "wr" | "with-replacement" => Self::WithReplacement,
+            "wor" | "without-replacement" => Self::WithoutReplacement,
+            "greedy" => Self::Greedy,
+            "spechub" => Self::SpecHub,
+            "topk" | "top-k" => Self::TopK,
+            "cps" | "conditional-poisson" => Self::ConditionalPoisson,
+            _ => {
+                return Err(SamplerError::UnknownName {
+                    kind: "draft construction",
+                    name: s.to_string(),
+                    expected: Self::NAMES,
+                })
+            }
+        })
+    }
+}
+
+/// Reusable buffers of the draft constructions (no allocation per draw once warm).
+#[derive(Debug, Default, Clone)]
+pub struct DraftScratch {
+    tokens: Vec<TokenId>,
+    uniforms: Vec<(f64, usize)>,
+    table: Vec<f64>,
+    support: Vec<TokenId>,
+}
+
+/// `n` i.i.d. draws in one pass over `q`: sorted uniforms walk the CDF once, each result
+/// goes back to the position of its uniform, so the tuple keeps its i.i.d. order.
+fn sample_iid<R: Rng + ?Sized>(
+    q: &[f64],
+    total: f64,
+    n: usize,
+    rng: &mut R,
+    scratch: &mut DraftScratch,
+    out: &mut Vec<TokenId>,
+) {
+    let u = &mut scratch.uniforms;
+    u.clear();
+    u.extend((0..n).map(|k| (rng.random::<f64>() * total, k)));
+    u.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    out.resize(n, 0);
+    let mut acc = 0.0;
+    let mut next = 0;
+    let mut last = 0;
+    for (i, &w) in q.iter().enumerate() {
+        if w <= 0.0 {
+            continue;
+        }
+        acc += w;
+        last = i;
+        while next < n && u[next].0 < acc {
+            out[u[next].1] = i as TokenId;
+            next += 1;
+        }
+        if next == n {
+            return;
+        }
+    }
+    for &(_, k) in &u[next..] {
+        out[k] = last as TokenId;
+    }
+}
+
+/// Elementary symmetric polynomials `e_0..=e_m` of the values (the paper's `W_{k,H}`).
+pub fn elementary_symmetric(values: impl Iterator<Item = f64>, m: usize) -> Vec<f64> {
+    let mut e = vec![0.0; m + 1];
+    e[0] = 1.0;
+    for x in values {
+        for k in (1..=m).rev() {
+            e[k] += x * e[k - 1];
+        }
+    }
+    e
+}
+
+/// Conditional-Poisson drafts are listed most probable first (ties: lower id first).
+fn is_cps_order(q: &[f64], tuple: &[TokenId]) -> bool {
+    tuple.windows(2).all(|w| {
+        let (a, b) = (q[w[0] as usize], q[w[1] as usize]);
+        a > b || (a == b && w[0] < w[1])
+    }) && tuple.iter().all(|&t| q[t as usize] > 0.0)
+}
+
+/// Exact conditional-Poisson sampling: walk the support, including token `i` with
+/// probability `q_i e_{k-1}(rest) / e_k(i and rest)` where `k` drafts are still needed.
+fn sample_conditional_poisson<R: Rng + ?Sized>(
+    q: &[f64],
+    m: usize,
+    rng: &mut R,
+    scratch: &mut DraftScratch,
+    out: &mut Vec<TokenId>,
+) {
+    let support = &mut scratch.support;
+    support.clear();
+    support.extend((0..q.len() as TokenId).filter(|&i| q[i as usize] > 0.0));
+    let s = support.len();
+    let w = m + 1;
+    // table[i*w + k] = e_k(q over support[i..]).
+    let table = &mut scratch.table;
+    table.clear();
+    table.resize((s + 1) * w, 0.0);
+    table[s * w] = 1.0;
+    for i in (0..s).rev() {
+        let qi = q[support[i] as usize];
+        table[i * w] = 1.0;
+        for k in 1..=m {
+            table[i * w + k] = table[(i + 1) * w + k] + qi * table[(i + 1) * w + k - 1];
+        }
+    }
+    let mut need = m;
+    for i in 0..s {
+        if need == 0 {
+            break;
+        }
+        let qi = q[support[i] as usize];
+        let include = qi * table[(i + 1) * w + need - 1] / table[i * w + need];
+        if s - i == need || rng.random::<f64>() < include {
+            out.push(support[i]);
+            need -= 1;
+        }
+    }
+    out.sort_unstable_by(|&a, &b| q[b as usize].total_cmp(&q[a as usize]).then(a.cmp(&b)));
+}

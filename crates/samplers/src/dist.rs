@@ -1,0 +1,270 @@
+//! Probability-vector primitives: validation, logits warping (temperature, top-k, top-p),
+//! inverse-CDF sampling, top-k selection.
+//!
+//! Conventions used across the crate:
+//! - ties between equal probabilities are broken by the lower token id;
+//! - the *support* of a distribution is the set of tokens with probability > 0.
+
+use crate::error::{Result, SamplerError};
+use crate::TokenId;
+use rand::Rng;
+
+/// Default tolerance on `|sum - 1|` accepted by [`validate`].
+pub const SUM_TOLERANCE: f64 = 1e-4;
+
+/// Checks that `v` is a probability vector: non-empty, finite, non-negative entries, summing
+/// to 1 within `tolerance`. `which` names the vector in the error.
+pub fn validate(v: &[f64], which: &'static str, tolerance: f64) -> Result<()> {
+    if v.is_empty() {
+        return Err(SamplerError::Empty { which });
+    }
+    let mut sum = 0.0;
+    for (index, &value) in v.iter().enumerate() {
+        if !value.is_finite() || value < 0.0 {
+            return Err(SamplerError::InvalidEntry { which, index, value });
+        }
+        sum += value;
+    }
+    if (sum - 1.0).abs() > tolerance {
+        return Err(SamplerError::NotNormalized { which, sum, tolerance });
+    }
+    Ok(())
+}
+
+/// Validates a (p, q) pair of equal length.
+pub fn validate_pair(p: &[f64], q: &[f64]) -> Result<()> {
+    if p.len() != q.len() {
+        return Err(SamplerError::LengthMismatch { p: p.len(), q: q.len() });
+    }
+    validate(p, "p", SUM_TOLERANCE)?;
+    validate(q, "q", SUM_TOLERANCE)
+}
+
+/// Number of tokens with positive probability.
+pub fn support_size(v: &[f64]) -> usize {
+    v.iter().filter(|&&x| x > 0.0).count()
+}
+
+/// The most probable token (lowest id among ties).
+pub fn argmax(v: &[f64]) -> TokenId {
+    let mut best = 0usize;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as TokenId
+}
+
+/// Draws an index with probability `weights[i] / total` where `total` is (close to) the sum
+/// of the weights. Entries for which `skip(i)` is true are treated as zero. Round-off that
+/// leaves the uniform beyond the cumulative sum falls back to the last eligible positive
+/// weight, so a token of zero weight is never returned.
+pub fn sample_weighted<R: Rng + ?Sized>(
+    weights: &[f64],
+    total: f64,
+    skip: impl Fn(usize) -> bool,
+    rng: &mut R,
+) -> TokenId {
+    let target = rng.random::<f64>() * total;
+    let mut acc = 0.0;
+    let mut last = usize::MAX;
+    for (i, &w) in weights.iter().enumerate() {
+        if w <= 0.0 || skip(i) {
+            continue;
+        }
+        acc += w;
+        last = i;
+        if target < acc {
+            return i as TokenId;
+        }
+    }
+    debug_assert!(last != usize::MAX, "sample_weighted: no positive weight");
+    last as TokenId
+}
+
+/// Draws from a probability vector.
+pub fn sample<R: Rng + ?Sized>(v: &[f64], rng: &mut R) -> TokenId {
+    let total: f64 = v.iter().sum();
+    sample_weighted(v, total, |_| false, rng)
+}
+
+/// The `k` most probable tokens with positive probability, most probable first (ties: lower
+/// id first). Returns fewer than `k` when the support is smaller. O(V k) for small `k`.
+pub fn top_k_support(v: &[f64], k: usize, out: &mut Vec<TokenId>) {
+    out.clear();
+    if k == 0 {
+        return;
+    }
+    for (i, &x) in v.iter().enumerate() {
+        if x <= 0.0 {
+            continue;
+        }
+        if out.len() == k && x <= v[out[k - 1] as usize] {
+            continue;
+        }
+        // Insert keeping the order (descending probability, ascending id on ties).
+        let mut pos = out.len();
+        while pos > 0 && v[out[pos - 1] as usize] < x {
+            pos -= 1;
+        }
+        if out.len() == k {
+            out.pop();
+        }
+        out.insert(pos, i as TokenId);
+    }
+}
+
+/// Sampling parameters applied identically to target and draft logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Warp {
+    /// 0 means argmax (a one-hot distribution); must be finite and >= 0.
+    pub temperature: f64,
+    /// Keep only the `top_k` most probable tokens (0 = off).
+    pub top_k: usize,
+    /// Keep the smallest set of most probable tokens whose mass reaches `top_p` (1 = off).
+    pub top_p: f64,
+}
+
+impl Default for Warp {
+    fn default() -> Self {
+        Self { temperature: 1.0, top_k: 0, top_p: 1.0 }
+    }
+}
+
+impl Warp {
+    pub fn temperature(temperature: f64) -> Self {
+        Self { temperature, ..Self::default() }
+    }
+
+    pub fn check(&self) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(SamplerError::BadParameter(format!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplerError::BadParameter(format!(
+                "top-p must be in (0, 1], got {}",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+
+    /// Turns logits into a probability vector written to `out`: softmax(logits / T),
+    /// then top-k and top-p truncation and renormalisation. Temperature 0 gives the one-hot
+    /// vector of the argmax. NaN or +inf logits are an error naming the index.
+    pub fn apply(&self, logits: &[f32], out: &mut Vec<f64>) -> Result<()> {
+        self.check()?;
+        if logits.is_empty() {
+            return Err(SamplerError::Empty { which: "logits" });
+        }
+        if let Some((index, &v)) =
+            logits.iter().enumerate().find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
+        {
+            return Err(SamplerError::InvalidEntry { which: "logits", index, value: v as f64 });
+        }
+        out.clear();
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        if max == f64::NEG_INFINITY {
+            return Err(SamplerError::BadParameter("all logits are -inf".into()));
+        }
+        if self.temperature == 0.0 || self.top_k == 1 {
+            let mut best = 0;
+            for (i, &v) in logits.iter().enumerate() {
+                if v > logits[best] {
+                    best = i;
+                }
+            }
+            out.resize(logits.len(), 0.0);
+            out[best] = 1.0;
+            return Ok(());
+        }
+        let inv_t = 1.0 / self.temperature;
+        let mut sum = 0.0;
+        out.extend(logits.iter().map(|&l| {
+            let e = ((l as f64 - max) * inv_t).exp();
+            sum += e;
+            e
+        }));
+        out.iter_mut().for_each(|x| *x /= sum);
+        if (self.top_k > 0 && self.top_k < out.len()) || self.top_p < 1.0 {
+            let mut order: Vec<u32> = (0..out.len() as u32).collect();
+            order.sort_unstable_by(|&a, &b| {
+                out[b as usize].total_cmp(&out[a as usize]).then(a.cmp(&b))
+            });
+            let mut keep = if self.top_k > 0 { self.top_k.min(out.len()) } else { out.len() };
+            if self.top_p < 1.0 {
+                let mut acc = 0.0;
+                for (rank, &i) in order.iter().enumerate().take(keep) {
+                    acc += out[i as usize];
+                    if acc >= self.top_p {
+                        keep = rank + 1;
+                        break;
+                    }
+                }
+            }
+            for &i in &order[keep..] {
+                out[i as usize] = 0.0;
+            }
+            let kept: f64 = out.iter().sum();
+            out.iter_mut().for_each(|x| *x /= kept);
+        }
+        Ok(())
+    }
+}
+
+/// Softmax of `logits / temperature` (temperature 0 = argmax), the common case of [`Warp`].
+pub fn softmax(logits: &[f32], temperature: f64) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(logits.len());
+    Warp::temperature(temperature).apply(logits, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_by_probability_then_id() {
+        let v = [0.1, 0.3, 0.0, 0.3, 0.2, 0.1];
+        let mut out = Vec::new();
+        top_k_support(&v, 3, &mut out);
+        assert_eq!(out, vec![1, 3, 4]);
+        top_k_support(&v, 10, &mut out);
+        assert_eq!(out, vec![1, 3, 4, 0, 5]);
+    }
+
+    #[test]
+    fn warp_temperature_zero_is_one_hot_and_top_p_truncates() {
+        let logits = [1.0f32, 3.0, 3.0, 0.5];
+        let p = softmax(&logits, 0.0).unwrap();
+        assert_eq!(p, vec![0.0, 1.0, 0.0, 0.0]);
+        let mut out = Vec::new();
+        Warp { temperature: 1.0, top_k: 0, top_p: 0.5 }.apply(&logits, &mut out).unwrap();
+        assert_eq!(out[1], 1.0);
+        Warp { temperature: 1.0, top_k: 2, top_p: 1.0 }.apply(&logits, &mut out).unwrap();
+        assert!((out[1] - 0.5).abs() < 1e-12 && (out[2] - 0.5).abs() < 1e-12);
+        assert!(softmax(&[f32::NAN, 1.0], 1.0).is_err());
+    }
+
+    #[test]
+    fn validate_names_the_problem() {
+        assert!(matches!(validate(&[0.5, f64::NAN], "p", 1e-6), Err(SamplerError::InvalidEntry { index: 1, .. })));
+        assert!(matches!(validate(&[0.5, 0.2], "q", 1e-6), Err(SamplerError::NotNormalized { .. })));
+        assert!(validate(&[0.5, 0.5], "q", 1e-6).is_ok());
+    }
+}
+
+/// `sum_{i not in excluded} v_i`, given `total = sum v` and `excluded_mass = sum_{excluded} v`.
+/// Subtracting is exact enough while the excluded mass is at most half the total; beyond that
+/// the subtraction would lose relative precision of the small remainder, so it is summed.
+pub fn rest_mass(v: &[f64], excluded: &[TokenId], total: f64, excluded_mass: f64) -> f64 {
+    if excluded_mass <= 0.5 * total {
+        total - excluded_mass
+    } else {
+        v.iter().enumerate().filter(|(i, _)| !excluded.contains(&(*i as TokenId))).map(|(_, &x)| x).sum()
+    }
+}

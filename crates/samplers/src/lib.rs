@@ -1,0 +1,31 @@
+//! # samplers: the mathematics of multi-draft speculative decoding
+//!
+//! Pure math on probability vectors (`&[f64]` indexed by token id), no model code:
+//!
+//! - [`construction`]: how `n` draft tokens are drawn from the draft distribution `q`
+//!   ([`DraftConstruction`]): with replacement, without replacement, Greedy, SpecHub,
+//!   top-k and conditional Poisson; each also gives the exact probability of any tuple.
+//! - [`verify`]: how the target distribution `p` accepts one draft (or none) so that the
+//!   output token is distributed exactly as `p` ([`Verifier`]); [`pairs`] declares which
+//!   verifier is valid for which construction.
+//! - [`alpha`]: acceptance rates: the optimal `alpha*` of each construction (the subset
+//!   selection problem of the paper, eq. (subset)), K-SEQ's theoretical rate, and exact or
+//!   Monte Carlo rates of recursive rejection sampling.
+//! - [`dist`]: validation, temperature / top-k / top-p warping and sampling primitives.
+//!
+//! Equation names refer to "Towards Optimal Multi-draft Speculative Decoding" (ICLR 2025).
+
+pub mod alpha;
+pub mod construction;
+pub mod dist;
+pub mod error;
+pub mod pairs;
+pub mod verify;
+
+pub use construction::DraftConstruction;
+pub use error::{Result, SamplerError};
+pub use pairs::{default_verifier, validate_pair, VALID_PAIRS};
+pub use verify::{Verdict, Verifier, VerifyScratch};
+
+/// A token id (index into a probability vector).
+pub type TokenId = u32;

@@ -1,0 +1,214 @@
+//! Verifiers: given the target distribution `p`, the draft distribution `q` and a draft
+//! tuple, output one token distributed **exactly** as `p` (averaged over the drafts of the
+//! matching construction) while matching a draft as often as possible.
+//!
+//! Every verifier here is a *walk*: it offers the drafts one by one, each with an acceptance
+//! probability that may depend on the earlier rejections, and if all are rejected it samples a
+//! residual distribution. The same walk gives both the random verdict ([`Verifier::verify`])
+//! and the exact output distribution given the drafts ([`Verifier::output_distribution`]),
+//! which the tests enumerate over all draft tuples.
+//!
+//! Temperature 0 is the case of one-hot `p` and `q` (see [`crate::dist::Warp`]); every
+//! verifier then outputs the argmax of `p` and so accepts exactly when a draft equals it.
+
+mod greedy;
+mod kseq;
+mod membership;
+mod rrs;
+
+pub use kseq::{solve_rho, KSeqRho};
+
+use crate::construction::DraftConstruction;
+use crate::dist::sample_weighted;
+use crate::error::{Result, SamplerError};
+use crate::pairs::validate_pair;
+use crate::TokenId;
+use rand::Rng;
+use std::fmt;
+use std::str::FromStr;
+
+/// The verification algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verifier {
+    /// Recursive rejection sampling (appendix A.1): RRS-w for drafts with replacement,
+    /// RRS-wo for drafts without replacement. With one draft, standard speculative sampling.
+    Rrs,
+    /// K-SEQ (appendix A.2) for i.i.d. drafts, with `rho` solving `1-(1-beta)^n = rho beta`.
+    KSeq,
+    /// Section 5.2: optimal transport between `p` and `q` without the top `n-1` tokens,
+    /// applied to the one random draft; the top tokens are accepted through the residual.
+    Greedy,
+    /// SpecHub (`n = 2`): the optimal plan for SpecHub's sparse pairs, which always contain
+    /// the hub (the top token of `q`).
+    SpecHub,
+    /// For deterministic (top-k) drafts, and valid for any construction: accept draft `x`
+    /// with probability `p(x)` (renormalised over the drafts not yet offered), else remove it;
+    /// sample `p` without the drafts at the end. Acceptance `E[p(drafts)]`.
+    TopK,
+}
+
+impl Verifier {
+    pub const ALL: [Verifier; 5] = [Self::Rrs, Self::KSeq, Self::Greedy, Self::SpecHub, Self::TopK];
+    pub const NAMES: &'static str = "rrs, kseq, greedy, spechub, topk";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rrs => "rrs",
+            Self::KSeq => "kseq",
+            Self::Greedy => "greedy",
+            Self::SpecHub => "spechub",
+            Self::TopK => "topk",
+        }
+    }
+
+    /// Verifies `drafts` (drawn by `construction` from `q` with `n` asked) against `p`.
+    /// Allocation-free once `scratch` is warm.
+    #[allow(clippy::too_many_arguments)]
+    pub fn verify<R: Rng + ?Sized>(
+        self,
+        construction: DraftConstruction,
+        n: usize,
+        p: &[f64],
+        q: &[f64],
+        drafts: &[TokenId],
+        rng: &mut R,
+        scratch: &mut VerifyScratch,
+    ) -> Result<Verdict> {
+        check_inputs(self, construction, n, p, q, drafts)?;
+        let mut accepted = None;
+        let residual = walk(self, construction, n, p, q, drafts, scratch, &mut |k, a| {
+            let take = a >= 1.0 || (a > 0.0 && rng.random::<f64>() < a);
+            if take {
+                accepted = Some(k);
+            }
+            take
+        });
+        let token = match (accepted, residual) {
+            (Some(k), _) => drafts[k],
+            (None, Some((w, total))) => sample_weighted(w, total, |_| false, rng),
+            (None, None) => unreachable!("a walk ends with an acceptance or a residual"),
+        };
+        Ok(Verdict { token, accepted: drafts.iter().position(|&d| d == token) })
+    }
+
+    /// The exact distribution of the output token given the drafts.
+    pub fn output_distribution(
+        self,
+        construction: DraftConstruction,
+        n: usize,
+        p: &[f64],
+        q: &[f64],
+        drafts: &[TokenId],
+    ) -> Result<Vec<f64>> {
+        check_inputs(self, construction, n, p, q, drafts)?;
+        let mut out = vec![0.0; p.len()];
+        let mut mass = 1.0;
+        let mut scratch = VerifyScratch::default();
+        let residual = walk(self, construction, n, p, q, drafts, &mut scratch, &mut |k, a| {
+            let a = a.clamp(0.0, 1.0);
+            out[drafts[k] as usize] += mass * a;
+            mass *= 1.0 - a;
+            false
+        });
+        if let Some((w, total)) = residual {
+            if mass > 0.0 {
+                for (o, &x) in out.iter_mut().zip(w) {
+                    *o += mass * x.max(0.0) / total;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Verifier {
+    type Err = SamplerError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "rrs" => Self::Rrs,
+            "kseq" | "k-seq" => Self::KSeq,
+            "greedy" => Self::Greedy,
+            "spechub" => Self::SpecHub,
+            "topk" | "top-k" => Self::TopK,
+            _ => return Err(SamplerError::UnknownName { kind: "verifier", name: s.into(), expected: Self::NAMES }),
+        })
+    }
+}
+
+/// The result of one verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The output token, distributed as `p`.
+    pub token: TokenId,
+    /// Index of the first draft equal to `token`, if any: the tree branch to descend into.
+    pub accepted: Option<usize>,
+}
+
+/// Reusable buffers of the verifiers (one residual vector of vocabulary size).
+#[derive(Debug, Default, Clone)]
+pub struct VerifyScratch {
+    pub(crate) residual: Vec<f64>,
+    pub(crate) removed: Vec<TokenId>,
+}
+
+fn check_inputs(
+    verifier: Verifier,
+    construction: DraftConstruction,
+    n: usize,
+    p: &[f64],
+    q: &[f64],
+    drafts: &[TokenId],
+) -> Result<()> {
+    validate_pair(construction, verifier)?;
+    construction.check_n(n)?;
+    if p.len() != q.len() {
+        return Err(SamplerError::LengthMismatch { p: p.len(), q: q.len() });
+    }
+    if drafts.is_empty() {
+        return Err(SamplerError::BadDrafts("no drafts".into()));
+    }
+    if let Some(&t) = drafts.iter().find(|&&t| t as usize >= p.len()) {
+        return Err(SamplerError::BadDrafts(format!("draft token {t} is outside the vocabulary of {}", p.len())));
+    }
+    Ok(())
+}
+
+/// Runs the verifier's walk: `visit(k, a)` offers draft `k` with acceptance probability `a`
+/// and returns whether it was taken (which ends the walk). If none is taken, returns the
+/// residual weights and their total.
+#[allow(clippy::too_many_arguments)]
+fn walk<'s>(
+    verifier: Verifier,
+    construction: DraftConstruction,
+    n: usize,
+    p: &'s [f64],
+    q: &[f64],
+    drafts: &[TokenId],
+    scratch: &'s mut VerifyScratch,
+    visit: &mut dyn FnMut(usize, f64) -> bool,
+) -> Option<(&'s [f64], f64)> {
+    match verifier {
+        Verifier::Rrs => rrs::walk(p, q, drafts, construction == DraftConstruction::WithoutReplacement, scratch, visit),
+        Verifier::KSeq => kseq::walk(p, q, n, drafts, scratch, visit),
+        Verifier::Greedy => greedy::walk(p, q, drafts, drafts.len() - 1, scratch, visit),
+        Verifier::SpecHub => greedy::walk_spechub(p, q, drafts, scratch, visit),
+        Verifier::TopK => membership::walk(p, drafts, scratch, visit),
+    }
+}
+
+/// `min(1, a / b)` with the conventions `x/0 = 1` for `x > 0` and `0/0 = 0`.
+pub(crate) fn accept_ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        (a / b).min(1.0)
+    } else if a > 0.0 {
+        1.0
+    } else {
+        0.0
+    }
+}
