@@ -7,6 +7,7 @@
 //! drafts always number `n` and may repeat. All probabilities are taken relative to
 //! `sum(q)`, so a vector normalised only up to round-off is handled consistently.
 
+use crate::dist::fast_sum;
 use crate::dist::{rest_mass, sample_weighted, support_size, top_k_support};
 use crate::error::{Result, SamplerError};
 use crate::TokenId;
@@ -89,7 +90,7 @@ impl DraftConstruction {
     ) -> Result<()> {
         self.check_n(n)?;
         out.clear();
-        let total: f64 = q.iter().sum();
+        let total: f64 = fast_sum(q);
         if !(total > 0.0) {
             return Err(SamplerError::BadDrafts("the draft distribution q has no positive entry".into()));
         }
@@ -146,7 +147,7 @@ impl DraftConstruction {
         if tuple.iter().any(|&t| t as usize >= q.len()) {
             return 0.0;
         }
-        let total: f64 = q.iter().sum();
+        let total: f64 = fast_sum(q);
         let qt = |t: TokenId| q[t as usize] / total;
         let distinct = tuple.iter().enumerate().all(|(i, t)| !tuple[..i].contains(t));
         match self {

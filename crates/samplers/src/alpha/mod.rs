@@ -19,6 +19,7 @@ pub use without_replacement::{
     alpha_star_without_replacement, alpha_star_without_replacement_with, q_without_replacement, WorMethod,
 };
 
+use crate::dist::fast_sum;
 use crate::construction::DraftConstruction;
 use crate::dist::{top_k_support, validate_pair};
 use crate::error::Result;
@@ -42,7 +43,7 @@ pub fn alpha_star(construction: DraftConstruction, p: &[f64], q: &[f64], n: usiz
 /// pairs have the same unordered law as Greedy's at `n = 2`, hence the same `alpha*`.
 pub fn alpha_star_greedy(p: &[f64], q: &[f64], n: usize) -> f64 {
     let m = DraftConstruction::Greedy.num_drafts(q, n);
-    let (sp, sq): (f64, f64) = (p.iter().sum(), q.iter().sum());
+    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
     let top_p: f64 = top.iter().map(|&t| p[t as usize] / sp).sum();
@@ -54,7 +55,7 @@ pub fn alpha_star_greedy(p: &[f64], q: &[f64], n: usize) -> f64 {
 
 /// Deterministic drafts: `alpha* = p(Top_m(q))`.
 pub fn alpha_star_top_k(p: &[f64], q: &[f64], n: usize) -> f64 {
-    let sp: f64 = p.iter().sum();
+    let sp: f64 = fast_sum(p);
     let mut top = Vec::new();
     top_k_support(q, n, &mut top);
     top.iter().map(|&t| p[t as usize] / sp).sum::<f64>().min(1.0)

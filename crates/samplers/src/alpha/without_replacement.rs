@@ -22,7 +22,8 @@
 //! (`T_k(H)`: mass of the `k` largest tokens of `H`) select the prefixes that can hold the
 //! minimum; the quadrature runs only up to the last of them.
 
-use super::subset_scan::sorted_candidates;
+use crate::dist::fast_sum;
+use super::subset_scan::{with_sorted_candidates, Candidate};
 use crate::construction::DraftConstruction;
 use crate::dist::top_k_support;
 use std::sync::OnceLock;
@@ -77,19 +78,23 @@ fn gauss_legendre() -> &'static ([f64; NODES], [f64; NODES]) {
 struct Grid {
     panels: usize,
     weights: Vec<f64>,
+    times: Vec<f64>,
 }
 
 impl Grid {
     fn new(delta: f64) -> Self {
         let horizon = (64.0f64).max(64.0 / delta.max(1e-300));
         let panels = 1 + (horizon.log2().ceil() as usize).clamp(1, 1100);
-        let (_, w) = gauss_legendre();
+        let (u, w) = gauss_legendre();
         let mut weights = Vec::with_capacity(panels * NODES);
+        let mut times = Vec::with_capacity(panels * NODES);
         for k in 0..panels {
             let width = if k == 0 { 1.0 } else { 2f64.powi(k as i32 - 1) };
+            let start = if k == 0 { 0.0 } else { width };
             weights.extend(w.iter().map(|&wj| width * wj));
+            times.extend(u.iter().map(|&uj| start + width * uj));
         }
-        Self { panels, weights }
+        Self { panels, weights, times }
     }
 
     fn len(&self) -> usize {
@@ -140,6 +145,7 @@ impl ArrivalDp {
         Self { m, grid, probs, e: vec![0.0; g], s: vec![0.0; g] }
     }
 
+    /// Adds one token of probability `q` to `H`.
     fn add(&mut self, q: f64) {
         let g = self.grid.len();
         self.grid.fill(q, &mut self.e, &mut self.s);
@@ -153,6 +159,49 @@ impl ArrivalDp {
         }
         for i in 0..g {
             self.probs[i] *= self.e[i];
+        }
+    }
+
+    /// Adds a block of small tokens at once from their scaled power sums
+    /// `sums[k] = sum_i (q_i/theta)^k`, `k = 1..=L` (every `q_i t <= theta t_max <= 1/4`).
+    ///
+    /// With `x_i = e^{q_i t} - 1`, `prod_i (e^{-q_i t} + (1 - e^{-q_i t}) z)
+    /// = e^{-q(B) t} exp(sum_j (-1)^{j+1} X_j z^j / j)` where `X_j = sum_i x_i^j
+    /// = sum_k a_{j,k} t^k sum_i q_i^k` and `(e^y - 1)^j = sum_k a_{j,k} y^k`.
+    fn add_small_block(&mut self, mass: f64, sums: &[f64], theta: f64, series: &[Vec<f64>]) {
+        let (m, g) = (self.m, self.grid.len());
+        self.grid.fill(mass, &mut self.e, &mut self.s);
+        let mut lambda = [0.0f64; MAX_M];
+        let mut poly = [0.0f64; MAX_M];
+        for i in 0..g {
+            let u = self.grid.times[i] * theta; // <= 1/16
+            for j in 1..m {
+                let a = &series[j];
+                let mut x = 0.0;
+                let mut uk = u.powi(j as i32);
+                for k in j..a.len() {
+                    x += a[k] * uk * sums[k];
+                    uk *= u;
+                }
+                lambda[j] = if j % 2 == 1 { x } else { -x } / j as f64;
+            }
+            // poly = exp(sum_j lambda_j z^j) mod z^m: k e_k = sum_j j lambda_j e_{k-j}.
+            poly[0] = 1.0;
+            for k in 1..m {
+                let mut acc = 0.0;
+                for j in 1..=k {
+                    acc += j as f64 * lambda[j] * poly[k - j];
+                }
+                poly[k] = acc / k as f64;
+            }
+            let scale = self.e[i];
+            for k in (0..m).rev() {
+                let mut acc = 0.0;
+                for a in 0..=k {
+                    acc += self.probs[a * g + i] * poly[k - a];
+                }
+                self.probs[k * g + i] = acc * scale;
+            }
         }
     }
 
@@ -175,6 +224,35 @@ impl ArrivalDp {
     }
 }
 
+/// Largest `m` handled by the block update (drafts per node); larger `n` is capped by the
+/// support anyway and falls back to token-by-token updates.
+const MAX_M: usize = 16;
+/// Terms of the `(e^y - 1)^j` series: with `y <= 1/16` and `j < 16` the remainder is below
+/// `(15/16)^20 / 20! < 1e-19` relative.
+const SERIES_TERMS: usize = 20;
+/// Tokens per block of the coarse pass.
+const BLOCK: usize = 256;
+
+/// `series[j][k]` = coefficient of `y^k` in `(e^y - 1)^j`.
+fn power_series(m: usize) -> Vec<Vec<f64>> {
+    let mut base = vec![0.0; SERIES_TERMS];
+    let mut fact = 1.0;
+    for (k, b) in base.iter_mut().enumerate().skip(1) {
+        fact *= k as f64;
+        *b = 1.0 / fact;
+    }
+    let mut out = vec![vec![0.0; SERIES_TERMS]; m];
+    out[0][0] = 1.0;
+    for j in 1..m {
+        for a in 0..SERIES_TERMS {
+            for b in 1..SERIES_TERMS - a {
+                out[j][a + b] += out[j - 1][a] * base[b];
+            }
+        }
+    }
+    out
+}
+
 /// `alpha*` of `n` sequential draws without replacement (exact; see the module doc).
 pub fn alpha_star_without_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
     alpha_star_without_replacement_with(p, q, n, WorMethod::Auto)
@@ -183,88 +261,125 @@ pub fn alpha_star_without_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 /// [`alpha_star_without_replacement`] with a choice of method for `Q(H)`.
 pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, method: WorMethod) -> f64 {
     let m = DraftConstruction::WithoutReplacement.num_drafts(q, n);
-    let sq: f64 = q.iter().sum();
+    let sq: f64 = fast_sum(q);
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
     let top_mass: f64 = top.iter().map(|&t| q[t as usize] / sq).sum();
     let delta = (1.0 - top_mass).max(0.0);
     // pi_x <= m q_x / (1 - T_{m-1}): each draw picks x with probability <= q_x / (1 - T_{m-1}).
     let bound_scale = m as f64 / delta.max(1e-300);
-    let tokens = sorted_candidates(p, q, |px, qx| px < (bound_scale * qx).min(1.0));
-    if m == 1 {
-        let (mut pp, mut qq, mut best) = (0.0f64, 0.0f64, 0.0f64);
-        for (px, qx) in tokens {
-            pp += px;
-            qq += qx;
-            best = best.min(pp - qq.min(1.0));
+    with_sorted_candidates(p, q, |px, qx| px < (bound_scale * qx).min(1.0), |tokens| {
+        if m == 1 {
+            scan_closed_form(tokens, |qq, _| qq)
+        } else if m == 2 && method == WorMethod::Auto {
+            scan_closed_form(tokens, |qq, acc| {
+                let r = (1.0 - qq).max(0.0);
+                1.0 - r - r * acc
+            })
+        } else {
+            (1.0 + min_f_by_blocks(tokens, m, delta)).clamp(0.0, 1.0)
         }
-        return (1.0 + best).clamp(0.0, 1.0);
+    })
+}
+
+/// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), sum_{H_j} q/(1-q))`.
+fn scan_closed_form(tokens: &[Candidate], big_q: impl Fn(f64, f64) -> f64) -> f64 {
+    let (mut pp, mut qq, mut acc, mut best) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for c in tokens {
+        pp += c.p;
+        qq += c.q;
+        acc += c.q / (1.0 - c.q);
+        best = best.min(pp - big_q(qq.min(1.0), acc).clamp(0.0, 1.0));
     }
-    if m == 2 && method == WorMethod::Auto {
-        let (mut pp, mut qq, mut acc, mut best) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-        for (px, qx) in tokens {
-            pp += px;
-            qq += qx;
-            acc += qx / (1.0 - qx);
-            let r = (1.0 - qq).max(0.0);
-            let big_q = (1.0 - r - r * acc).clamp(0.0, 1.0);
-            best = best.min(pp - big_q);
-        }
-        return (1.0 + best).clamp(0.0, 1.0);
-    }
-    // Bounds on Q for every prefix, to find the prefixes that can hold the minimum.
-    let len = tokens.len();
-    let (mut f_lo, mut f_hi) = (Vec::with_capacity(len), Vec::with_capacity(len));
-    let mut largest: Vec<f64> = Vec::with_capacity(m); // the m-1 largest q in H, descending
-    let (mut pp, mut qq) = (0.0f64, 0.0f64);
-    for &(px, qx) in &tokens {
-        pp += px;
-        qq += qx;
-        let pos = largest.iter().position(|&v| v < qx).unwrap_or(largest.len());
-        if pos < m - 1 {
-            largest.insert(pos, qx);
-            largest.truncate(m - 1);
-        }
-        let s = qq.min(1.0);
-        let upper = s.powi(m as i32);
-        let mut lower = 1.0;
-        let mut used = 0.0;
-        for k in 0..m {
-            let num = s - used;
-            if num <= 0.0 {
-                lower = 0.0;
-                break;
-            }
-            lower *= num / (1.0 - used);
-            if k < largest.len() {
-                used += largest[k];
-            }
-        }
-        f_lo.push(pp - upper);
-        f_hi.push(pp - lower);
-    }
-    let bound = f_hi.iter().cloned().fold(0.0f64, f64::min);
-    let Some(last) = f_lo.iter().rposition(|&v| v <= bound + 1e-12) else {
-        return (1.0 + bound).clamp(0.0, 1.0);
-    };
+    (1.0 + best).clamp(0.0, 1.0)
+}
+
+/// `min(0, min_j P(H_j) - Q(H_j))` over the prefixes of `tokens` (sorted), for `m >= 2`.
+///
+/// Coarse pass: blocks of [`BLOCK`] tokens enter the DP at once (small tokens through power
+/// sums, the few tokens with `q t_max > 1/16` one by one), giving exact `Q` at block ends.
+/// Inside a block `Q` is convex in the cumulative mass `s = q(H)` (q-convexity), so it lies
+/// under the chord between the block's ends and `P_j - chord(s_j)` bounds `f` from below;
+/// only blocks whose bound beats the best exact value are replayed token by token.
+fn min_f_by_blocks(tokens: &[Candidate], m: usize, delta: f64) -> f64 {
     let mut dp = ArrivalDp::new(m, delta);
-    let (mut pp, mut qq, mut best) = (0.0f64, 0.0f64, 0.0f64);
-    for (j, &(px, qx)) in tokens[..=last].iter().enumerate() {
-        dp.add(qx);
-        pp += px;
-        qq += qx;
-        if f_lo[j] <= bound + 1e-12 {
+    if tokens.is_empty() {
+        return 0.0;
+    }
+    let t_max = *dp.grid.times.last().expect("grid has nodes");
+    let theta = 0.0625 / t_max;
+    let series = power_series(m.min(MAX_M));
+    let blocks = tokens.len().div_ceil(BLOCK);
+    let g = dp.grid.len();
+    let mut snapshots: Vec<f64> = Vec::with_capacity(blocks * m * g);
+    // Cumulative (P, s) at every block end, and Q there.
+    let mut ends: Vec<(f64, f64, f64)> = Vec::with_capacity(blocks + 1);
+    ends.push((0.0, 0.0, 0.0));
+    let (mut pp, mut qq) = (0.0f64, 0.0f64);
+    let mut sums = vec![0.0; SERIES_TERMS];
+    let mut best = 0.0f64;
+    for block in tokens.chunks(BLOCK) {
+        snapshots.extend_from_slice(&dp.probs);
+        sums.iter_mut().for_each(|x| *x = 0.0);
+        let mut small_mass = 0.0;
+        let mut small_count = 0;
+        for &Candidate { p: px, q: qx, .. } in block {
+            pp += px;
+            qq += qx;
+            if qx <= theta && m <= MAX_M {
+                let ratio = qx / theta;
+                let mut pw = ratio;
+                for s in sums.iter_mut().skip(1) {
+                    *s += pw;
+                    pw *= ratio;
+                }
+                small_mass += qx;
+                small_count += 1;
+            } else {
+                dp.add(qx);
+            }
+        }
+        if small_count > 0 {
+            dp.add_small_block(small_mass, &sums, theta, &series);
+        }
+        let big_q = dp.q_value((1.0 - qq).max(0.0));
+        best = best.min(pp - big_q);
+        ends.push((pp, qq, big_q));
+    }
+    // Refinement of the blocks whose chord bound can beat `best`.
+    let mut refine = Vec::new();
+    for (b, block) in tokens.chunks(BLOCK).enumerate() {
+        let (p0, s0, q0) = ends[b];
+        let (_, s1, q1) = ends[b + 1];
+        let slope = if s1 > s0 { (q1 - q0) / (s1 - s0) } else { 0.0 };
+        let (mut pp, mut qq, mut lower) = (p0, s0, f64::INFINITY);
+        for &Candidate { p: px, q: qx, .. } in block {
+            pp += px;
+            qq += qx;
+            lower = lower.min(pp - (q0 + slope * (qq - s0)).min(1.0));
+        }
+        if lower < best - 1e-15 {
+            refine.push(b);
+        }
+    }
+    for b in refine {
+        dp.probs.copy_from_slice(&snapshots[b * m * g..(b + 1) * m * g]);
+        let (mut pp, mut qq, _) = ends[b];
+        for &Candidate { p: px, q: qx, .. } in &tokens[b * BLOCK..((b + 1) * BLOCK).min(tokens.len())] {
+            dp.add(qx);
+            pp += px;
+            qq += qx;
             best = best.min(pp - dp.q_value((1.0 - qq).max(0.0)));
         }
     }
-    (1.0 + best).clamp(0.0, 1.0)
+    best
 }
 
 /// Exact `Q(H)`: the probability that all `m = min(n, |supp q|)` sequential draws without
 /// replacement from `q` lie in `H` (`in_h(i)` says whether token `i` is in `H`).
 pub fn q_without_replacement(q: &[f64], n: usize, in_h: impl Fn(usize) -> bool, method: WorMethod) -> f64 {
     let m = DraftConstruction::WithoutReplacement.num_drafts(q, n);
-    let sq: f64 = q.iter().sum();
+    let sq: f64 = fast_sum(q);
     let members: Vec<f64> = q.iter().enumerate().filter(|&(i, &x)| x > 0.0 && in_h(i)).map(|(_, &x)| x / sq).collect();
     let s: f64 = members.iter().sum();
     let r = (1.0 - s).max(0.0);

@@ -12,6 +12,7 @@
 //! plan above, with the hub as the deterministic token, is therefore lossless for SpecHub and
 //! reaches the optimal acceptance of SpecHub's draft distribution.
 
+use crate::dist::fast_sum;
 use super::{accept_ratio, VerifyScratch};
 use crate::dist::{rest_mass, top_k_support};
 use crate::TokenId;
@@ -61,7 +62,7 @@ fn plan<'s>(
     scratch: &'s mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
 ) -> Option<(&'s [f64], f64)> {
-    let (sp, sq): (f64, f64) = (p.iter().sum(), q.iter().sum());
+    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let top_mass: f64 = top.iter().map(|&t| q[t as usize]).sum();
     let zq = rest_mass(q, top, sq, top_mass); // q'(i) = q(i) / zq off the top tokens
     let a = accept_ratio(p[last as usize] / sp, q[last as usize] / zq);
@@ -75,7 +76,7 @@ fn plan<'s>(
     for &t in top {
         res[t as usize] = p[t as usize] * inv_p;
     }
-    let total: f64 = res.iter().sum();
+    let total: f64 = fast_sum(res);
     if total <= 0.0 {
         return Some((p, sp)); // p == q' up to round-off: rejection has no mass
     }

@@ -10,6 +10,7 @@
 //! smallest `rho` of the bracket that still satisfies `c <= rho`, so round-off can never make the
 //! residual negative.
 
+use crate::dist::fast_sum;
 use super::VerifyScratch;
 use crate::TokenId;
 
@@ -37,7 +38,7 @@ impl KSeqRho {
 
 /// `beta(rho) = sum_i min(p_i / rho, q_i)` (inputs normalised by their sums).
 pub fn beta(p: &[f64], q: &[f64], rho: f64) -> f64 {
-    let (sp, sq): (f64, f64) = (p.iter().sum(), q.iter().sum());
+    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     p.iter().zip(q).map(|(&pi, &qi)| (pi / (sp * rho)).min(qi / sq)).sum()
 }
 
@@ -48,7 +49,7 @@ pub fn beta(p: &[f64], q: &[f64], rho: f64) -> f64 {
 /// collects the breakpoints inside `(1, n)`, a binary search over them finds the piece where
 /// `g` changes sign, and bisection on that piece's closed form brackets the root to round-off.
 pub fn solve_rho(p: &[f64], q: &[f64], n: usize) -> KSeqRho {
-    let (sp, sq): (f64, f64) = (p.iter().sum(), q.iter().sum());
+    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let nf = n as f64;
     if n <= 1 {
         return KSeqRho { rho: 1.0, beta: beta(p, q, 1.0) };
@@ -138,7 +139,7 @@ pub(super) fn walk<'s>(
     scratch: &'s mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
 ) -> Option<(&'s [f64], f64)> {
-    let (sp, sq): (f64, f64) = (p.iter().sum(), q.iter().sum());
+    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let k = solve_rho(p, q, n);
     for (i, &d) in drafts.iter().enumerate() {
         let (pd, qd) = (p[d as usize] / sp, q[d as usize] / sq);

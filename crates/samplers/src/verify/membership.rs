@@ -7,6 +7,7 @@
 //! output is exactly `p` and the acceptance is `p(drafts)`: the optimum when the drafts are
 //! deterministic (`alpha*` of [`crate::DraftConstruction::TopK`]).
 
+use crate::dist::fast_sum;
 use super::{accept_ratio, VerifyScratch};
 use crate::TokenId;
 
@@ -16,7 +17,7 @@ pub(super) fn walk<'s>(
     scratch: &'s mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
 ) -> Option<(&'s [f64], f64)> {
-    let sp: f64 = p.iter().sum();
+    let sp: f64 = fast_sum(p);
     let mut remaining = sp;
     for (k, &d) in drafts.iter().enumerate() {
         if drafts[..k].contains(&d) {
@@ -35,6 +36,6 @@ pub(super) fn walk<'s>(
     for &d in drafts {
         res[d as usize] = 0.0;
     }
-    let total: f64 = res.iter().sum();
+    let total: f64 = fast_sum(res);
     Some((&scratch.residual[..], total))
 }

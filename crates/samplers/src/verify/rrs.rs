@@ -8,6 +8,7 @@
 //! A rejected draft has `p_k(x) < q_k(x)`, so its residual mass is exactly zero and stays zero;
 //! removed tokens therefore need no mask in the residual update.
 
+use crate::dist::fast_sum;
 use super::{accept_ratio, VerifyScratch};
 use crate::dist::rest_mass;
 use crate::TokenId;
@@ -20,8 +21,8 @@ pub(super) fn walk<'s>(
     scratch: &'s mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
 ) -> Option<(&'s [f64], f64)> {
-    let mut zp: f64 = p.iter().sum();
-    let sq: f64 = q.iter().sum();
+    let mut zp: f64 = fast_sum(p);
+    let sq: f64 = fast_sum(q);
     let mut zq = sq;
     let mut removed_mass = 0.0;
     scratch.removed.clear();
@@ -58,7 +59,7 @@ pub(super) fn walk<'s>(
             for (i, (r, &qi)) in res.iter_mut().zip(q).enumerate() {
                 *r = if removed.contains(&(i as TokenId)) { 0.0 } else { qi * inv_q };
             }
-            total = res.iter().sum();
+            total = fast_sum(res);
         }
         zp = total;
         if without_replacement {

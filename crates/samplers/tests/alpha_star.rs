@@ -1,0 +1,171 @@
+//! `alpha*` of every construction against two references on random small cases: brute force
+//! over all subsets (eq. (subset)) and the primal transport LP (eq. (lp), solved by minilp).
+//! Plus the exactness of sequential without-replacement `Q(H)` at large vocabularies.
+
+mod common;
+
+use samplers::alpha::reference::{alpha_star_brute_force, draft_table};
+use samplers::alpha::{self, q_without_replacement, WorMethod};
+use samplers::DraftConstruction;
+
+#[test]
+fn alpha_star_matches_brute_force_and_lp_on_random_cases() {
+    let mut r = common::rng(2024);
+    for construction in DraftConstruction::ALL {
+        let mut cases = 0;
+        let mut lp_cases = 0;
+        while cases < 200 {
+            let v = 2 + cases % 4; // 2..=5
+            let zeros = cases % 3 == 0;
+            let p = common::random_dist(&mut r, v, zeros);
+            let q = common::random_dist(&mut r, v, zeros);
+            for n in common::draft_counts(construction, 4) {
+                let fast = alpha::alpha_star(construction, &p, &q, n).unwrap();
+                let table = common::normalised_table(construction, &q, n);
+                let brute = alpha_star_brute_force(&p, &table);
+                assert!((fast - brute).abs() < 1e-9, "{construction} n={n}: scan {fast} vs brute force {brute}\np={p:?}\nq={q:?}");
+                if table.len() * v <= 2000 {
+                    let lp = common::alpha_star_lp(&p, &table);
+                    assert!((lp - brute).abs() < 1e-7, "{construction} n={n}: LP {lp} vs brute force {brute}");
+                    lp_cases += 1;
+                }
+            }
+            cases += 1;
+        }
+        assert!(lp_cases >= 200, "{construction}: only {lp_cases} LP checks");
+    }
+}
+
+#[test]
+fn alpha_star_handles_edge_cases() {
+    for v in 2..=5 {
+        for (name, p, q) in common::cases(v, 77, 2) {
+            for construction in DraftConstruction::ALL {
+                for n in common::draft_counts(construction, 4) {
+                    let fast = alpha::alpha_star(construction, &p, &q, n).unwrap();
+                    let brute = alpha_star_brute_force(&p, &common::normalised_table(construction, &q, n));
+                    assert!((fast - brute).abs() < 1e-9, "{construction} n={n} {name}: {fast} vs {brute}");
+                }
+            }
+        }
+    }
+}
+
+/// The paper's generating function `e_n(q_H)/e_n(q)` is not `P(all sequential draws in H)`:
+/// on three tokens it already differs, while it is exact for conditional-Poisson drafts.
+#[test]
+fn generating_function_is_conditional_poisson_not_sequential_sampling() {
+    let q = [0.6, 0.3, 0.1];
+    let n = 2;
+    let e = |h: &[usize]| {
+        let vals: Vec<f64> = h.iter().map(|&i| q[i]).collect();
+        samplers::construction::elementary_symmetric(vals.into_iter(), n)[n]
+    };
+    let h = [0usize, 1];
+    let gf = e(&h) / e(&[0, 1, 2]);
+    // Sequential: (0,1) + (1,0) = 0.6*0.3/0.4 + 0.3*0.6/0.7.
+    let brute_wor: f64 = draft_table(DraftConstruction::WithoutReplacement, &q, n)
+        .iter()
+        .filter(|(t, _)| t.iter().all(|x| h.contains(&(*x as usize))))
+        .map(|x| x.1)
+        .sum();
+    assert!((brute_wor - (0.6 * 0.3 / 0.4 + 0.3 * 0.6 / 0.7)).abs() < 1e-15);
+    assert!((gf - 0.18 / 0.27).abs() < 1e-15);
+    assert!((gf - brute_wor).abs() > 0.03, "GF {gf} vs sequential {brute_wor}");
+    let exact = q_without_replacement(&q, n, |i| h.contains(&i), WorMethod::Auto);
+    assert!((exact - brute_wor).abs() < 1e-14);
+    let quad = q_without_replacement(&q, n, |i| h.contains(&i), WorMethod::Quadrature);
+    assert!((quad - brute_wor).abs() < 1e-12, "quadrature {quad} vs {brute_wor}");
+    let brute_cps: f64 = draft_table(DraftConstruction::ConditionalPoisson, &q, n)
+        .iter()
+        .filter(|(t, _)| t.iter().all(|x| h.contains(&(*x as usize))))
+        .map(|x| x.1)
+        .sum();
+    assert!((brute_cps - gf).abs() < 1e-15);
+    // And the two alpha* differ for a suitable p.
+    let p = [0.2, 0.2, 0.6];
+    let wor = alpha::alpha_star_without_replacement(&p, &q, n);
+    let gf_alpha = alpha::alpha_generating_function(&p, &q, n);
+    assert!((wor - gf_alpha).abs() > 1e-3, "{wor} vs {gf_alpha}");
+}
+
+#[test]
+fn sequential_q_matches_enumeration_for_three_and_four_drafts() {
+    let mut r = common::rng(11);
+    for _ in 0..100 {
+        let v = 6;
+        let q = common::random_dist(&mut r, v, false);
+        let mask: u32 = rand::Rng::random_range(&mut r, 1..(1u32 << v));
+        for n in 3..=4 {
+            let brute: f64 = draft_table(DraftConstruction::WithoutReplacement, &q, n)
+                .iter()
+                .filter(|(t, _)| t.iter().all(|&x| mask >> x & 1 == 1))
+                .map(|x| x.1)
+                .sum();
+            let quad = q_without_replacement(&q, n, |i| mask >> i & 1 == 1, WorMethod::Quadrature);
+            assert!((quad - brute).abs() < 1e-10, "n={n}: quadrature {quad} vs enumeration {brute}, q={q:?}");
+        }
+    }
+}
+
+/// A vocabulary-sized distribution shaped like an LLM's: a few large tokens and a long tail.
+fn llm_like(v: usize, head: &[f64], seed: u64) -> Vec<f64> {
+    let mut r = common::rng(seed);
+    let mut x: Vec<f64> = (0..v).map(|_| (-rand::Rng::random::<f64>(&mut r).max(1e-300).ln()).powi(4)).collect();
+    let tail: f64 = x.iter().sum();
+    let head_mass: f64 = head.iter().sum();
+    x.iter_mut().for_each(|w| *w *= (1.0 - head_mass) / tail);
+    for (i, &h) in head.iter().enumerate() {
+        x[i * 7919 % v] = h;
+    }
+    let s: f64 = x.iter().sum();
+    x.iter_mut().for_each(|w| *w /= s);
+    x
+}
+
+/// At vocabulary 151,936 the quadrature used for n >= 3 must agree with the closed form of
+/// n = 2 to 1e-6 (it is forced onto n = 2 here), for flat and very peaked draft distributions.
+#[test]
+fn quadrature_matches_closed_form_at_qwen_vocabulary() {
+    let v = 151_936;
+    for (seed, head) in [(1u64, vec![0.3, 0.2]), (2, vec![0.97]), (3, vec![0.999]), (4, vec![])] {
+        let q = llm_like(v, &head, seed);
+        let p = llm_like(v, &[0.5, 0.1], seed + 10);
+        let closed = alpha::alpha_star_without_replacement(&p, &q, 2);
+        let quad = alpha::alpha_star_without_replacement_with(&p, &q, 2, WorMethod::Quadrature);
+        assert!((closed - quad).abs() < 1e-6, "head {head:?}: closed form {closed} vs quadrature {quad}");
+        // Q(H) itself on a large set: every other token.
+        let c = q_without_replacement(&q, 2, |i| i % 2 == 0, WorMethod::Auto);
+        let g = q_without_replacement(&q, 2, |i| i % 2 == 0, WorMethod::Quadrature);
+        assert!((c - g).abs() < 1e-6, "head {head:?}: Q(H) closed form {c} vs quadrature {g}");
+    }
+}
+
+/// For m = 3 the integral also has an exact finite form,
+/// `1 - Q = r [c0 + c1 sum_i 1/(1-q_i) + sum_{i<j} 1/(1-q_i-q_j)]`, `c0 = 1 - h + h(h-1)/2`,
+/// `c1 = 2 - h` (`h = |H|`), quadratic in `|H|`: checked on 2,000 tokens.
+#[test]
+fn quadrature_matches_exact_pair_formula_for_three_drafts() {
+    let v = 2000;
+    for (seed, head) in [(5u64, vec![0.4, 0.3]), (6, vec![0.9, 0.09]), (7, vec![])] {
+        let q = llm_like(v, &head, seed);
+        for modulus in [1usize, 3] {
+            let members: Vec<f64> = (0..v).filter(|i| i % modulus == 0).map(|i| q[i]).collect();
+            let h = members.len() as f64;
+            let r = 1.0 - members.iter().sum::<f64>();
+            let c0 = 1.0 - h + h * (h - 1.0) / 2.0;
+            let c1 = 2.0 - h;
+            let singles: f64 = members.iter().map(|x| 1.0 / (1.0 - x)).sum();
+            let mut pairs = 0.0;
+            for i in 0..members.len() {
+                for j in i + 1..members.len() {
+                    pairs += 1.0 / (1.0 - members[i] - members[j]);
+                }
+            }
+            let exact = 1.0 - r * (c0 + c1 * singles + pairs);
+            let quad = q_without_replacement(&q, 3, |i| i % modulus == 0, WorMethod::Quadrature);
+            let tol = if modulus == 1 { 1e-12 } else { 1e-7 };
+            assert!((exact - quad).abs() < tol, "head {head:?} every {modulus}: exact {exact} vs quadrature {quad}");
+        }
+    }
+}
