@@ -158,9 +158,9 @@ impl DraftConstruction {
                 }
                 let mut used = 0.0;
                 let mut prob = 1.0;
-                for &t in tuple {
-                    prob *= qt(t) / (1.0 - used);
-                    used += qt(t);
+                for (k, &t) in tuple.iter().enumerate() {
+                    prob *= q[t as usize] / rest_mass(q, &tuple[..k], total, used);
+                    used += q[t as usize];
                 }
                 prob
             }
@@ -172,8 +172,8 @@ impl DraftConstruction {
                 if tuple[..m - 1] != top[..] || top.contains(&last) {
                     return 0.0;
                 }
-                let removed: f64 = top.iter().map(|&t| qt(t)).sum();
-                qt(last) / (1.0 - removed)
+                let removed: f64 = top.iter().map(|&t| q[t as usize]).sum();
+                q[last as usize] / rest_mass(q, &top, total, removed)
             }
             Self::SpecHub => {
                 let mut top = Vec::new();
@@ -188,7 +188,7 @@ impl DraftConstruction {
                 } else if b == hub {
                     qt(a)
                 } else if a == hub {
-                    qt(a) * qt(b) / (1.0 - qt(a))
+                    qt(a) * q[b as usize] / rest_mass(q, &[hub], total, q[hub as usize])
                 } else {
                     0.0
                 }

@@ -37,5 +37,9 @@ pub(super) fn walk<'s>(
         res[d as usize] = 0.0;
     }
     let total: f64 = fast_sum(res);
+    if total <= 0.0 {
+        // The drafts cover the support of p; only round-off left mass to reject.
+        return Some((p, sp));
+    }
     Some((&scratch.residual[..], total))
 }
