@@ -1,1 +1,97 @@
-fn main(){}
+//! Criterion benchmarks of the samplers crate (single thread):
+//! alpha* of each construction, K-SEQ's rho, and one verification of each verifier, on
+//! LLM-like distributions of vocabulary 151,936 (Qwen) and 32,000 (LLaMA), n in {2, 3, 4, 8}.
+//!
+//! `cargo bench -p samplers --bench samplers` (results in `benches/RESULTS.md`).
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use samplers::construction::DraftScratch;
+use samplers::{alpha, DraftConstruction as C, Verifier as V, VerifyScratch};
+use std::time::Duration;
+
+/// Target and draft distributions shaped like a real model pair: shared Gaussian logits
+/// (sd 2.5) plus independent noise (sd 1) and five boosted head tokens, softmax at T = 1.
+pub fn model_like_pair(vocab: usize, seed: u64) -> (Vec<f64>, Vec<f64>) {
+    let mut r = StdRng::seed_from_u64(seed);
+    let mut gauss = move || {
+        let (u, v): (f64, f64) = (r.random::<f64>().max(1e-300), r.random());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    };
+    let base: Vec<f64> = (0..vocab).map(|_| 2.5 * gauss()).collect();
+    let mut t: Vec<f64> = base.iter().map(|b| b + gauss()).collect();
+    let mut d: Vec<f64> = base.iter().map(|b| b + gauss()).collect();
+    for k in 0..5 {
+        let i = (k * 7919 + 13) % vocab;
+        t[i] += 12.0;
+        d[i] += 11.0;
+    }
+    let softmax = |x: Vec<f64>| {
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.into_iter().map(|v| v / s).collect::<Vec<f64>>()
+    };
+    (softmax(t), softmax(d))
+}
+
+fn alpha_star(c: &mut Criterion) {
+    for vocab in [151_936usize, 32_000] {
+        let (p, q) = model_like_pair(vocab, 1);
+        let mut g = c.benchmark_group(format!("alpha_star/V={vocab}"));
+        g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        for n in [2usize, 3, 4, 8] {
+            for (name, cons) in [("wr", C::WithReplacement), ("greedy", C::Greedy), ("cps", C::ConditionalPoisson), ("wor", C::WithoutReplacement)] {
+                g.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| b.iter(|| alpha::alpha_star(cons, black_box(&p), black_box(&q), n).unwrap()));
+            }
+            g.bench_with_input(BenchmarkId::new("kseq", n), &n, |b, &n| b.iter(|| alpha::alpha_kseq(black_box(&p), black_box(&q), n)));
+        }
+        g.finish();
+    }
+}
+
+fn verification(c: &mut Criterion) {
+    let pairs = [
+        ("rrs-wr", C::WithReplacement, V::Rrs),
+        ("kseq", C::WithReplacement, V::KSeq),
+        ("rrs-wor", C::WithoutReplacement, V::Rrs),
+        ("greedy", C::Greedy, V::Greedy),
+        ("spechub", C::SpecHub, V::SpecHub),
+        ("topk", C::TopK, V::TopK),
+    ];
+    for vocab in [151_936usize, 32_000] {
+        let (p, q) = model_like_pair(vocab, 2);
+        let mut g = c.benchmark_group(format!("verify/V={vocab}"));
+        g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        for n in [2usize, 3, 4, 8] {
+            for (name, cons, ver) in pairs {
+                if cons.check_n(n).is_err() {
+                    continue;
+                }
+                // 64 draft tuples from the construction, verified in turn.
+                let mut r = StdRng::seed_from_u64(n as u64);
+                let mut ds = DraftScratch::default();
+                let tuples: Vec<Vec<u32>> = (0..64)
+                    .map(|_| {
+                        let mut t = Vec::new();
+                        cons.sample(&q, n, &mut r, &mut ds, &mut t).unwrap();
+                        t
+                    })
+                    .collect();
+                let mut vs = VerifyScratch::default();
+                let mut k = 0;
+                g.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| {
+                    b.iter(|| {
+                        k = (k + 1) % tuples.len();
+                        ver.verify(cons, n, black_box(&p), black_box(&q), &tuples[k], &mut r, &mut vs).unwrap()
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, alpha_star, verification);
+criterion_main!(benches);

@@ -9,6 +9,7 @@
 //! - [`reference`]: brute force over subsets for any explicit draft table (tests, small
 //!   vocabularies).
 
+mod bucketed;
 pub mod reference;
 pub mod rrs;
 mod subset_scan;

@@ -11,6 +11,7 @@
 
 use crate::dist::fast_sum;
 use crate::construction::{elementary_symmetric, DraftConstruction};
+use super::bucketed::{min_over_prefixes, PrefixQ};
 use std::cell::RefCell;
 
 /// Normalised `(p, q)` of the candidate tokens sorted by `q/p` descending.
@@ -38,16 +39,19 @@ pub(crate) fn with_sorted_candidates<R>(
 fn fill_sorted(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, items: &mut Vec<Candidate>, buf: &mut Vec<Candidate>) {
     let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let (ip, iq) = (1.0 / sp, 1.0 / sq);
-    // Key: the ratio rounded to f32, bits inverted so that ascending keys = descending ratios
-    // (ratios are >= 0, so their bit patterns order like the values).
     items.clear();
     for (&pi, &qi) in p.iter().zip(q) {
         let (pn, qn) = (pi * ip, qi * iq);
         if qi > 0.0 && keep(pn, qn) {
-            let ratio = if pn > 0.0 { (qn / pn) as f32 } else { f32::INFINITY };
-            items.push(Candidate { key: !ratio.to_bits(), p: pn, q: qn });
+            items.push(Candidate::new(pn, qn));
         }
     }
+    sort_exact(items, buf);
+}
+
+/// Sorts candidates by `q/p` descending: radix sort on the f32 key, then an exact f64
+/// fix-up inside runs of equal keys.
+pub(crate) fn sort_exact(items: &mut Vec<Candidate>, buf: &mut Vec<Candidate>) {
     radix_sort(items, buf);
     let ratio = |r: &Candidate| if r.p > 0.0 { r.q / r.p } else { f64::INFINITY };
     // Exact order inside runs that share an f32 key: insertion sort on the f64 ratio
@@ -73,6 +77,20 @@ pub(crate) struct Candidate {
     key: u32,
     pub p: f64,
     pub q: f64,
+}
+
+impl Candidate {
+    pub(crate) fn new(p: f64, q: f64) -> Self {
+        Self { key: Self::key_of(p, q), p, q }
+    }
+
+    /// The ratio `q/p` rounded to f32, bits inverted so that ascending keys are descending
+    /// ratios (ratios are >= 0, so their bit patterns order like the values).
+    #[inline]
+    pub(crate) fn key_of(p: f64, q: f64) -> u32 {
+        let ratio = if p > 0.0 { (q / p) as f32 } else { f32::INFINITY };
+        !ratio.to_bits()
+    }
 }
 
 /// LSD radix sort of candidates by `key` (three passes of 11 bits).
@@ -108,40 +126,71 @@ fn radix_sort(items: &mut Vec<Candidate>, buf: &mut Vec<Candidate>) {
 
 /// `alpha*` for `n` drafts with replacement: `Q(H) = q(H)^n`.
 pub fn alpha_star_with_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
-    // Inclusion probability 1 - (1-q)^n.
-    with_sorted_candidates(p, q, |px, qx| px < 1.0 - ipow(1.0 - qx, n), |tokens| {
-        let (mut pp, mut qq, mut best) = (0.0f64, 0.0f64, 0.0f64);
-        for c in tokens {
-            pp += c.p;
-            qq += c.q;
-            best = best.min(pp - ipow(qq.min(1.0), n));
+    struct WithReplacement(usize);
+    impl PrefixQ for WithReplacement {
+        fn width(&self) -> usize {
+            1
         }
-        (1.0 + best).clamp(0.0, 1.0)
-    })
+        fn empty(&self, s: &mut [f64]) {
+            s[0] = 0.0;
+        }
+        fn add(&self, s: &mut [f64], q: f64) {
+            s[0] += q;
+        }
+        fn merge(&self, s: &mut [f64], acc: &[f64]) {
+            s[0] += acc[0];
+        }
+        fn value(&self, s: &[f64]) -> f64 {
+            ipow(s[0].min(1.0), self.0)
+        }
+    }
+    // Inclusion probability 1 - (1-q)^n.
+    let best = min_over_prefixes(p, q, |px, qx| px < 1.0 - ipow(1.0 - qx, n), &WithReplacement(n));
+    (1.0 + best).clamp(0.0, 1.0)
 }
 
 /// `alpha*` of conditional-Poisson drafts: `Q(H) = e_m(q_H) / e_m(q)` with
 /// `m = min(n, |supp q|)` (the paper's generating-function formula, exact for this law).
 pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
+    struct ConditionalPoisson {
+        m: usize,
+        total: f64,
+    }
+    impl PrefixQ for ConditionalPoisson {
+        fn width(&self) -> usize {
+            self.m + 1
+        }
+        fn empty(&self, s: &mut [f64]) {
+            s.iter_mut().for_each(|x| *x = 0.0);
+            s[0] = 1.0;
+        }
+        fn add(&self, s: &mut [f64], q: f64) {
+            for k in (1..=self.m).rev() {
+                s[k] += q * s[k - 1];
+            }
+        }
+        fn merge(&self, s: &mut [f64], acc: &[f64]) {
+            // Truncated product of the two generating polynomials.
+            for k in (0..=self.m).rev() {
+                let mut v = 0.0;
+                for j in 0..=k {
+                    v += s[j] * acc[k - j];
+                }
+                s[k] = v;
+            }
+        }
+        fn value(&self, s: &[f64]) -> f64 {
+            (s[self.m] / self.total).min(1.0)
+        }
+    }
     let m = DraftConstruction::ConditionalPoisson.num_drafts(q, n);
     let sq: f64 = fast_sum(q);
     let e = elementary_symmetric(q.iter().map(|&x| x / sq), m);
-    let total = e[m];
     // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q).
-    let scale = e[m - 1] / total;
-    with_sorted_candidates(p, q, |px, qx| px < (scale * qx).min(1.0), |tokens| {
-        let mut e = vec![0.0; m + 1];
-        e[0] = 1.0;
-        let (mut pp, mut best) = (0.0f64, 0.0f64);
-        for c in tokens {
-            for k in (1..=m).rev() {
-                e[k] += c.q * e[k - 1];
-            }
-            pp += c.p;
-            best = best.min(pp - (e[m] / total).min(1.0));
-        }
-        (1.0 + best).clamp(0.0, 1.0)
-    })
+    let scale = e[m - 1] / e[m];
+    let model = ConditionalPoisson { m, total: e[m] };
+    let best = min_over_prefixes(p, q, |px, qx| px < (scale * qx).min(1.0), &model);
+    (1.0 + best).clamp(0.0, 1.0)
 }
 
 /// `x^n` by binary exponentiation, inlined (the scans call it once per token).

@@ -12,73 +12,69 @@
 //! plan above, with the hub as the deterministic token, is therefore lossless for SpecHub and
 //! reaches the optimal acceptance of SpecHub's draft distribution.
 
-use crate::dist::fast_sum;
-use super::{accept_ratio, VerifyScratch};
-use crate::dist::{rest_mass, top_k_support};
+use super::{accept_ratio, fill_residual, overwrite_residual, Residual, VerifyScratch};
+use crate::dist::rest_mass;
 use crate::TokenId;
 
 /// Greedy walk: `drafts[..n_top]` are the deterministic top tokens, `drafts[n_top]` the
 /// random one.
-pub(super) fn walk<'s>(
-    p: &'s [f64],
+pub(super) fn walk(
+    p: &[f64],
     q: &[f64],
     drafts: &[TokenId],
     n_top: usize,
-    scratch: &'s mut VerifyScratch,
+    scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
-) -> Option<(&'s [f64], f64)> {
+) -> Residual {
     plan(p, q, &drafts[..n_top], n_top, drafts[n_top], scratch, visit)
 }
 
-pub(super) fn walk_spechub<'s>(
-    p: &'s [f64],
+/// SpecHub walk: the hub is the draft of larger `q` (ties: lower id), as the top token of `q`
+/// is always one of SpecHub's two drafts.
+pub(super) fn walk_spechub(
+    p: &[f64],
     q: &[f64],
     drafts: &[TokenId],
-    scratch: &'s mut VerifyScratch,
+    scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
-) -> Option<(&'s [f64], f64)> {
+) -> Residual {
     if drafts.len() == 1 {
         return plan(p, q, &[], 0, drafts[0], scratch, visit);
     }
-    let mut hub = std::mem::take(&mut scratch.removed);
-    top_k_support(q, 1, &mut hub);
-    let is_hub_first = hub.first() == Some(&drafts[0]);
-    scratch.removed = hub;
-    if is_hub_first {
-        plan(p, q, &drafts[..1], 1, drafts[1], scratch, visit)
+    let (a, b) = (drafts[0], drafts[1]);
+    let (qa, qb) = (q[a as usize], q[b as usize]);
+    if qa > qb || (qa == qb && a < b) {
+        plan(p, q, &drafts[..1], 1, b, scratch, visit)
     } else {
-        plan(p, q, &drafts[1..2], 0, drafts[0], scratch, visit)
+        plan(p, q, &drafts[1..2], 0, a, scratch, visit)
     }
 }
 
 /// `pi*_{p,q'}(. | last)` with `q' = q` without `top`, renormalised; `last_index` is the
 /// position of `last` among the drafts.
-fn plan<'s>(
-    p: &'s [f64],
+fn plan(
+    p: &[f64],
     q: &[f64],
     top: &[TokenId],
     last_index: usize,
     last: TokenId,
-    scratch: &'s mut VerifyScratch,
+    scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
-) -> Option<(&'s [f64], f64)> {
-    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
+) -> Residual {
     let top_mass: f64 = top.iter().map(|&t| q[t as usize]).sum();
-    let zq = rest_mass(q, top, sq, top_mass); // q'(i) = q(i) / zq off the top tokens
-    let a = accept_ratio(p[last as usize] / sp, q[last as usize] / zq);
+    let zq = rest_mass(q, top, 1.0, top_mass); // q'(i) = q(i) / zq off the top tokens
+    let a = accept_ratio(p[last as usize], q[last as usize] / zq);
     if visit(last_index, a) || a >= 1.0 {
-        return Some((p, sp));
+        return Residual::Target;
     }
-    let res = &mut scratch.residual;
-    res.clear();
-    let (inv_p, inv_q) = (1.0 / sp, 1.0 / zq);
-    res.extend(p.iter().zip(q).map(|(&pi, &qi)| (pi * inv_p - qi * inv_q).max(0.0)));
+    let inv_q = 1.0 / zq;
+    let VerifyScratch { residual, blocks, .. } = scratch;
+    let mut total = fill_residual(residual, blocks, p.len(), |i, _| (p[i] - q[i] * inv_q).max(0.0));
     for &t in top {
-        res[t as usize] = p[t as usize] * inv_p;
+        total += overwrite_residual(residual, blocks, t as usize, p[t as usize]);
     }
-    let total: f64 = fast_sum(res);
     if total <= 0.0 {
-        return Some((p, sp)); // p == q' up to round-off: rejection has no mass
+        return Residual::Target; // p == q' up to round-off: rejection has no mass
     }
-    Some((&scratch.residual[..], total))
+    Residual::Scratch(total)
 }

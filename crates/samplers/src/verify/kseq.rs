@@ -7,11 +7,11 @@
 //! output is exactly `p` whenever the residual is non-negative, i.e. whenever `c <= rho`.
 //! The largest acceptance `1-(1-beta)^n` is reached at the root of
 //! `1-(1-beta(rho))^n = rho beta(rho)`, which lies in `[1, n]`; [`solve_rho`] returns the
-//! smallest `rho` of the bracket that still satisfies `c <= rho`, so round-off can never make the
-//! residual negative.
+//! upper end of a bracket of that root, which still satisfies `c <= rho`, so round-off can
+//! never make the residual negative.
 
+use super::{accept_ratio, fill_residual, Residual, VerifyScratch};
 use crate::dist::fast_sum;
-use super::VerifyScratch;
 use crate::TokenId;
 
 /// The K-SEQ parameter and the resulting single-draft acceptance `beta(rho)`.
@@ -36,130 +36,113 @@ impl KSeqRho {
     }
 }
 
-/// `beta(rho) = sum_i min(p_i / rho, q_i)` (inputs normalised by their sums).
-pub fn beta(p: &[f64], q: &[f64], rho: f64) -> f64 {
-    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
-    p.iter().zip(q).map(|(&pi, &qi)| (pi / (sp * rho)).min(qi / sq)).sum()
+/// Reusable buffers of the rho solver (the breakpoints inside `(1, n)`).
+#[derive(Debug, Default, Clone)]
+pub struct RhoBuffers {
+    mid: Vec<(f64, f64, f64)>,
 }
 
-/// Solves `1 - (1-beta(rho))^n = rho beta(rho)` for `rho` in `[1, n]` robustly.
-///
-/// `beta` is piecewise `a/rho + b` with breakpoints at the ratios `p_i/q_i`; the function
-/// `g(rho) = 1-(1-beta)^n - rho beta` is non-increasing, `g(1) >= 0` and `g(n) <= 0`. One pass
-/// collects the breakpoints inside `(1, n)`, a binary search over them finds the piece where
-/// `g` changes sign, and bisection on that piece's closed form brackets the root to round-off.
+/// Solves `1 - (1-beta(rho))^n = rho beta(rho)` for `rho` in `[1, n]` (inputs are normalised
+/// by their sums here).
 pub fn solve_rho(p: &[f64], q: &[f64], n: usize) -> KSeqRho {
-    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
+    solve_rho_in(p, q, n, 1.0 / fast_sum(p), 1.0 / fast_sum(q), &mut RhoBuffers::default())
+}
+
+/// The solver, for `p * ip` and `q * iq`.
+///
+/// `beta` is piecewise `A/rho + B` with breakpoints at the ratios `p_i/q_i`; the function
+/// `g(rho) = 1-(1-beta)^n - rho beta` is non-increasing, `g(1) >= 0` and `g(n) <= 0`. One pass
+/// sorts the tokens into "ratio <= 1" (always `p/rho`), "ratio >= n" (always `q`) and the
+/// breakpoints in between; a quickselect-style search over those (median pivot, keep the half
+/// where `g` changes sign, expected linear time) finds the piece holding the root, and
+/// bisection on that piece's closed form brackets the root to round-off.
+pub(crate) fn solve_rho_in(p: &[f64], q: &[f64], n: usize, ip: f64, iq: f64, buffers: &mut RhoBuffers) -> KSeqRho {
     let nf = n as f64;
-    if n <= 1 {
-        return KSeqRho { rho: 1.0, beta: beta(p, q, 1.0) };
-    }
-    // a: p-mass of tokens whose term is p/rho on all of [1, n] (ratio <= 1);
-    // b: q-mass of tokens whose term is q on all of [1, n] (ratio >= n).
-    let (mut a, mut b) = (0.0, 0.0);
-    let mut mid: Vec<(f64, f64, f64)> = Vec::new();
+    let mid = &mut buffers.mid;
+    mid.clear();
+    let (mut lo_p, mut hi_q) = (0.0, 0.0); // p of tokens below the piece, q of those above
     for (&pi, &qi) in p.iter().zip(q) {
-        let (pi, qi) = (pi / sp, qi / sq);
+        let (pi, qi) = (pi * ip, qi * iq);
         if qi <= 0.0 {
             continue;
         }
         if pi <= qi {
-            a += pi;
+            lo_p += pi;
         } else if pi >= nf * qi {
-            b += qi;
+            hi_q += qi;
         } else {
             mid.push((pi / qi, pi, qi));
         }
     }
-    mid.sort_unstable_by(|x, y| x.0.total_cmp(&y.0));
-    // Piece k (k = 0..=len) covers rho between breakpoint k-1 and k: the first k middle
-    // tokens contribute p/rho, the others q.
-    let mut pa = Vec::with_capacity(mid.len() + 1); // a + sum of p over the first k
-    let mut qb = Vec::with_capacity(mid.len() + 1); // b + sum of q over the rest
-    let mut acc = a;
-    pa.push(acc);
-    for m in &mid {
-        acc += m.1;
-        pa.push(acc);
-    }
-    let mut acc = b;
-    qb.push(acc);
-    for m in mid.iter().rev() {
-        acc += m.2;
-        qb.push(acc);
-    }
-    qb.reverse();
-    let g = |k: usize, rho: f64| {
-        let beta = (pa[k] / rho + qb[k]).min(1.0);
+    let g = |a: f64, b: f64, rho: f64| {
+        let beta = (a / rho + b).min(1.0);
         1.0 - (1.0 - beta).powi(n as i32) - rho * beta
     };
-    let bp = |k: usize| if k == 0 { 1.0 } else if k > mid.len() { nf } else { mid[k - 1].0 };
-    // Largest k with g(k, start of piece k) >= 0; then the root lies in piece k.
-    let (mut lo, mut hi) = (0usize, mid.len());
-    if g(0, 1.0) <= 0.0 {
-        return KSeqRho { rho: 1.0, beta: beta(p, q, 1.0) };
+    let whole = |a: f64, b: f64, rho: f64| KSeqRho { rho, beta: (a / rho + b).min(1.0) };
+    let all_mid_q: f64 = mid.iter().map(|m| m.2).sum();
+    if n <= 1 || g(lo_p, hi_q + all_mid_q, 1.0) <= 0.0 {
+        return whole(lo_p, hi_q + all_mid_q, 1.0);
     }
-    while lo < hi {
-        let k = (lo + hi).div_ceil(2);
-        if g(k, bp(k)) >= 0.0 {
-            lo = k;
+    let (mut lo, mut hi) = (1.0, nf);
+    let mut cand: &mut [(f64, f64, f64)] = &mut mid[..];
+    while !cand.is_empty() {
+        let k = cand.len() / 2;
+        cand.select_nth_unstable_by(k, |a, b| a.0.total_cmp(&b.0));
+        let pivot = cand[k].0;
+        let below_p: f64 = cand[..=k].iter().map(|m| m.1).sum();
+        let above_q: f64 = cand[k + 1..].iter().map(|m| m.2).sum();
+        if g(lo_p + below_p, hi_q + above_q, pivot) >= 0.0 {
+            lo = pivot;
+            lo_p += below_p;
+            cand = &mut cand[k + 1..];
         } else {
-            hi = k - 1;
+            hi = pivot;
+            hi_q += above_q + cand[k].2;
+            cand = &mut cand[..k];
         }
     }
-    let k = lo;
-    let (mut x0, mut x1) = (bp(k), bp(k + 1));
+    // The root lies in [lo, hi], where beta = lo_p / rho + hi_q.
+    let (mut x0, mut x1) = (lo, hi);
     for _ in 0..200 {
         let m = 0.5 * (x0 + x1);
         if m <= x0 || m >= x1 {
             break;
         }
-        if g(k, m) >= 0.0 {
+        if g(lo_p, hi_q, m) >= 0.0 {
             x0 = m;
         } else {
             x1 = m;
         }
     }
-    // x1 satisfies g <= 0 (c <= rho) unless the piece ended exactly at the root.
-    let rho = x1;
-    let mut r = KSeqRho { rho, beta: beta(p, q, rho) };
-    // Guard against round-off between the closed form and the direct sum.
+    let mut r = whole(lo_p, hi_q, x1);
+    // Guard against round-off: keep c <= rho so that the residual is non-negative.
     while r.c(n) > r.rho * (1.0 + 1e-15) && r.rho < nf {
-        r.rho = (r.rho * (1.0 + 1e-13)).min(nf);
-        r.beta = beta(p, q, r.rho);
+        r = whole(lo_p, hi_q, (r.rho * (1.0 + 1e-13)).min(nf));
     }
     r
 }
 
-pub(super) fn walk<'s>(
-    p: &'s [f64],
+pub(super) fn walk(
+    p: &[f64],
     q: &[f64],
     n: usize,
     drafts: &[TokenId],
-    scratch: &'s mut VerifyScratch,
+    scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
-) -> Option<(&'s [f64], f64)> {
-    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
-    let k = solve_rho(p, q, n);
+) -> Residual {
+    let k = solve_rho_in(p, q, n, 1.0, 1.0, &mut scratch.rho);
     for (i, &d) in drafts.iter().enumerate() {
-        let (pd, qd) = (p[d as usize] / sp, q[d as usize] / sq);
-        let a = super::accept_ratio(pd, k.rho * qd);
+        let a = accept_ratio(p[d as usize], k.rho * q[d as usize]);
         if visit(i, a) || a >= 1.0 {
-            return Some((p, sp));
+            return Residual::Target;
         }
     }
     let c = k.c(n);
-    let res = &mut scratch.residual;
-    res.clear();
-    let mut total = 0.0;
-    res.extend(p.iter().zip(q).map(|(&pi, &qi)| {
-        let (pi, qi) = (pi / sp, qi / sq);
-        let r = (pi - c * qi.min(pi / k.rho)).max(0.0);
-        total += r;
-        r
-    }));
+    let inv_rho = 1.0 / k.rho;
+    let VerifyScratch { residual, blocks, .. } = scratch;
+    let total = fill_residual(residual, blocks, p.len(), |i, _| (p[i] - c * q[i].min(p[i] * inv_rho)).max(0.0));
     if total <= 0.0 {
-        return Some((p, sp));
+        return Residual::Target;
     }
-    Some((&scratch.residual[..], total))
+    Residual::Scratch(total)
 }

@@ -7,18 +7,16 @@
 //! output is exactly `p` and the acceptance is `p(drafts)`: the optimum when the drafts are
 //! deterministic (`alpha*` of [`crate::DraftConstruction::TopK`]).
 
-use crate::dist::fast_sum;
-use super::{accept_ratio, VerifyScratch};
+use super::{accept_ratio, fill_residual, overwrite_residual, Residual, VerifyScratch};
 use crate::TokenId;
 
-pub(super) fn walk<'s>(
-    p: &'s [f64],
+pub(super) fn walk(
+    p: &[f64],
     drafts: &[TokenId],
-    scratch: &'s mut VerifyScratch,
+    scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
-) -> Option<(&'s [f64], f64)> {
-    let sp: f64 = fast_sum(p);
-    let mut remaining = sp;
+) -> Residual {
+    let mut remaining = 1.0;
     for (k, &d) in drafts.iter().enumerate() {
         if drafts[..k].contains(&d) {
             continue;
@@ -26,20 +24,18 @@ pub(super) fn walk<'s>(
         let pd = p[d as usize];
         let a = accept_ratio(pd, remaining);
         if visit(k, a) || a >= 1.0 {
-            return Some((p, sp));
+            return Residual::Target;
         }
         remaining -= pd;
     }
-    let res = &mut scratch.residual;
-    res.clear();
-    res.extend_from_slice(p);
+    let VerifyScratch { residual, blocks, .. } = scratch;
+    let mut total = fill_residual(residual, blocks, p.len(), |i, _| p[i]);
     for &d in drafts {
-        res[d as usize] = 0.0;
+        total += overwrite_residual(residual, blocks, d as usize, 0.0);
     }
-    let total: f64 = fast_sum(res);
     if total <= 0.0 {
         // The drafts cover the support of p; only round-off left mass to reject.
-        return Some((p, sp));
+        return Residual::Target;
     }
-    Some((&scratch.residual[..], total))
+    Residual::Scratch(total)
 }

@@ -16,7 +16,7 @@ mod kseq;
 mod membership;
 mod rrs;
 
-pub use kseq::{solve_rho, KSeqRho};
+pub use kseq::{solve_rho, KSeqRho, RhoBuffers};
 
 use crate::construction::DraftConstruction;
 use crate::dist::sample_weighted;
@@ -62,7 +62,11 @@ impl Verifier {
     }
 
     /// Verifies `drafts` (drawn by `construction` from `q` with `n` asked) against `p`.
-    /// Allocation-free once `scratch` is warm.
+    ///
+    /// `p` and `q` must be normalised (they are not summed again on this hot path); the output
+    /// is distributed as `p` to the precision of that normalisation. Allocation-free once
+    /// `scratch` is warm; costs O(1) when a draft is accepted at once, and one pass over the
+    /// vocabulary per rejection that needs a residual.
     #[allow(clippy::too_many_arguments)]
     pub fn verify<R: Rng + ?Sized>(
         self,
@@ -85,8 +89,8 @@ impl Verifier {
         });
         let token = match (accepted, residual) {
             (Some(k), _) => drafts[k],
-            (None, Some((w, total))) => sample_weighted(w, total, |_| false, rng),
-            (None, None) => unreachable!("a walk ends with an acceptance or a residual"),
+            (None, Residual::Target) => sample_weighted(p, 1.0, |_| false, rng),
+            (None, Residual::Scratch(total)) => sample_blocked(&scratch.residual, &scratch.blocks, total, rng),
         };
         Ok(Verdict { token, accepted: drafts.iter().position(|&d| d == token) })
     }
@@ -110,11 +114,13 @@ impl Verifier {
             mass *= 1.0 - a;
             false
         });
-        if let Some((w, total)) = residual {
-            if mass > 0.0 {
-                for (o, &x) in out.iter_mut().zip(w) {
-                    *o += mass * x.max(0.0) / total;
-                }
+        if mass > 0.0 {
+            let (w, total) = match residual {
+                Residual::Target => (p, 1.0),
+                Residual::Scratch(total) => (&scratch.residual[..], total),
+            };
+            for (o, &x) in out.iter_mut().zip(w) {
+                *o += mass * x / total;
             }
         }
         Ok(out)
@@ -150,11 +156,88 @@ pub struct Verdict {
     pub accepted: Option<usize>,
 }
 
-/// Reusable buffers of the verifiers (one residual vector of vocabulary size).
+/// Reusable buffers of the verifiers (one residual vector of vocabulary size and its block
+/// sums).
 #[derive(Debug, Default, Clone)]
 pub struct VerifyScratch {
     pub(crate) residual: Vec<f64>,
+    pub(crate) blocks: Vec<f64>,
     pub(crate) removed: Vec<TokenId>,
+    pub(crate) rho: RhoBuffers,
+}
+
+/// Where a walk's residual distribution lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Residual {
+    /// `p` itself (a walk that never needed a residual).
+    Target,
+    /// `scratch.residual`, with this total and block sums in `scratch.blocks`.
+    Scratch(f64),
+}
+
+/// Tokens per block of a residual's block sums.
+const RESIDUAL_BLOCK: usize = 1024;
+
+/// Writes `residual[i] = f(i, residual[i])` for `i < len` (the old value is 0 on first use)
+/// and the block sums; returns the total. One pass over the vocabulary.
+pub(crate) fn fill_residual(
+    residual: &mut Vec<f64>,
+    blocks: &mut Vec<f64>,
+    len: usize,
+    mut f: impl FnMut(usize, f64) -> f64,
+) -> f64 {
+    residual.resize(len, 0.0);
+    blocks.clear();
+    let mut total = 0.0;
+    for (b, chunk) in residual.chunks_mut(RESIDUAL_BLOCK).enumerate() {
+        let base = b * RESIDUAL_BLOCK;
+        let mut s = 0.0;
+        for (j, r) in chunk.iter_mut().enumerate() {
+            let v = f(base + j, *r);
+            *r = v;
+            s += v;
+        }
+        blocks.push(s);
+        total += s;
+    }
+    total
+}
+
+/// Sets `residual[i] = v` keeping the block sums right; returns the change of the total.
+pub(crate) fn overwrite_residual(residual: &mut [f64], blocks: &mut [f64], i: usize, v: f64) -> f64 {
+    let delta = v - residual[i];
+    residual[i] = v;
+    blocks[i / RESIDUAL_BLOCK] += delta;
+    delta
+}
+
+/// Draws from `residual / total` using its block sums: O(V / block + block).
+fn sample_blocked<R: Rng + ?Sized>(residual: &[f64], blocks: &[f64], total: f64, rng: &mut R) -> TokenId {
+    let target = rng.random::<f64>() * total;
+    let mut acc = 0.0;
+    for (b, &s) in blocks.iter().enumerate() {
+        if s > 0.0 && target < acc + s {
+            let start = b * RESIDUAL_BLOCK;
+            let chunk = &residual[start..(start + RESIDUAL_BLOCK).min(residual.len())];
+            let mut inner = acc;
+            let mut last = None;
+            for (j, &w) in chunk.iter().enumerate() {
+                if w > 0.0 {
+                    inner += w;
+                    last = Some(j);
+                    if target < inner {
+                        return (start + j) as TokenId;
+                    }
+                }
+            }
+            if let Some(j) = last {
+                return (start + j) as TokenId; // round-off at the block's end
+            }
+        }
+        acc += s;
+    }
+    // Round-off beyond the total: the last positive weight.
+    residual.iter().rposition(|&w| w > 0.0).unwrap_or(0) as TokenId
 }
 
 fn check_inputs(
@@ -176,23 +259,25 @@ fn check_inputs(
     if let Some(&t) = drafts.iter().find(|&&t| t as usize >= p.len()) {
         return Err(SamplerError::BadDrafts(format!("draft token {t} is outside the vocabulary of {}", p.len())));
     }
+    debug_assert!((crate::dist::fast_sum(p) - 1.0).abs() < 1e-9, "p is not normalised");
+    debug_assert!((crate::dist::fast_sum(q) - 1.0).abs() < 1e-9, "q is not normalised");
     Ok(())
 }
 
 /// Runs the verifier's walk: `visit(k, a)` offers draft `k` with acceptance probability `a`
-/// and returns whether it was taken (which ends the walk). If none is taken, returns the
-/// residual weights and their total.
+/// and returns whether it was taken (which ends the walk). Returns where the residual is
+/// (meaningful only when no draft was taken).
 #[allow(clippy::too_many_arguments)]
-fn walk<'s>(
+fn walk(
     verifier: Verifier,
     construction: DraftConstruction,
     n: usize,
-    p: &'s [f64],
+    p: &[f64],
     q: &[f64],
     drafts: &[TokenId],
-    scratch: &'s mut VerifyScratch,
+    scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
-) -> Option<(&'s [f64], f64)> {
+) -> Residual {
     match verifier {
         Verifier::Rrs => rrs::walk(p, q, drafts, construction == DraftConstruction::WithoutReplacement, scratch, visit),
         Verifier::KSeq => kseq::walk(p, q, n, drafts, scratch, visit),

@@ -8,72 +8,59 @@
 //! A rejected draft has `p_k(x) < q_k(x)`, so its residual mass is exactly zero and stays zero;
 //! removed tokens therefore need no mask in the residual update.
 
-use crate::dist::fast_sum;
-use super::{accept_ratio, VerifyScratch};
+use super::{accept_ratio, fill_residual, Residual, VerifyScratch};
 use crate::dist::rest_mass;
 use crate::TokenId;
 
-pub(super) fn walk<'s>(
-    p: &'s [f64],
+pub(super) fn walk(
+    p: &[f64],
     q: &[f64],
     drafts: &[TokenId],
     without_replacement: bool,
-    scratch: &'s mut VerifyScratch,
+    scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
-) -> Option<(&'s [f64], f64)> {
-    let mut zp: f64 = fast_sum(p);
-    let sq: f64 = fast_sum(q);
-    let mut zq = sq;
+) -> Residual {
+    // p_k(i) = cur(i) / zp with cur = p until the first rejection, then scratch.residual.
+    let mut zp = 1.0;
+    let mut zq = 1.0;
     let mut removed_mass = 0.0;
     scratch.removed.clear();
     let mut owned = false;
     for (k, &d) in drafts.iter().enumerate() {
         let d = d as usize;
-        let cur = if owned { &scratch.residual[..] } else { p };
-        let a = accept_ratio(cur[d] / zp, q[d] / zq);
+        let cur_d = if owned { scratch.residual[d] } else { p[d] };
+        let a = accept_ratio(cur_d / zp, q[d] / zq);
         if visit(k, a) || a >= 1.0 {
             // Taken, or rejection has probability zero: the rest of the walk has no mass.
-            return if owned { Some((&scratch.residual[..], zp)) } else { Some((p, zp)) };
+            return if owned { Residual::Scratch(zp) } else { Residual::Target };
         }
-        let res = &mut scratch.residual;
         let (inv_p, inv_q) = (1.0 / zp, 1.0 / zq);
-        let mut total = 0.0;
-        if owned {
-            for (r, &qi) in res.iter_mut().zip(q) {
-                *r = (*r * inv_p - qi * inv_q).max(0.0);
-                total += *r;
-            }
+        let VerifyScratch { residual, blocks, removed, .. } = scratch;
+        let mut total = if owned {
+            fill_residual(residual, blocks, p.len(), |i, old| (old * inv_p - q[i] * inv_q).max(0.0))
         } else {
-            res.clear();
-            res.extend(p.iter().zip(q).map(|(&pi, &qi)| {
-                let r = (pi * inv_p - qi * inv_q).max(0.0);
-                total += r;
-                r
-            }));
-            owned = true;
-        }
+            fill_residual(residual, blocks, p.len(), |i, _| (p[i] * inv_p - q[i] * inv_q).max(0.0))
+        };
+        owned = true;
         if total <= 0.0 {
             // p_k == q_k up to round-off: the residual is arbitrary (paper); use q_k.
-            let removed = &scratch.removed;
-            let res = &mut scratch.residual;
-            for (i, (r, &qi)) in res.iter_mut().zip(q).enumerate() {
-                *r = if removed.contains(&(i as TokenId)) { 0.0 } else { qi * inv_q };
-            }
-            total = fast_sum(res);
+            total = fill_residual(residual, blocks, p.len(), |i, _| {
+                if removed.contains(&(i as TokenId)) { 0.0 } else { q[i] * inv_q }
+            });
         }
         zp = total;
         if without_replacement {
-            scratch.removed.push(d as TokenId);
+            removed.push(d as TokenId);
             removed_mass += q[d];
-            zq = rest_mass(q, &scratch.removed, sq, removed_mass);
+            zq = rest_mass(q, removed, 1.0, removed_mass);
             if zq <= 0.0 {
                 break;
             }
         }
     }
     if owned {
-        Some((&scratch.residual[..], zp))
+        Residual::Scratch(zp)
     } else {
-        Some((p, zp))
+        Residual::Target
     }
 }
