@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::alpha::{self, rrs};
-use samplers::dist::{validate_pair, Warp};
+use samplers::dist::{validate_target_and_draft, Warp};
 use samplers::DraftConstruction;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -108,7 +108,7 @@ fn evaluate(text: &str, args: &AlphaArgs, warp: &Warp, rng: &mut StdRng) -> Resu
     if n == 0 {
         bail!("n = 0: the number of drafts must be at least 1");
     }
-    validate_pair(&p, &q)?;
+    validate_target_and_draft(&p, &q)?;
     let mut o = Map::new();
     o.insert("n".into(), json!(n));
     o.insert("vocab".into(), json!(p.len()));

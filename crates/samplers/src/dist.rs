@@ -31,8 +31,8 @@ pub fn validate(v: &[f64], which: &'static str, tolerance: f64) -> Result<()> {
     Ok(())
 }
 
-/// Validates a (p, q) pair of equal length.
-pub fn validate_pair(p: &[f64], q: &[f64]) -> Result<()> {
+/// Validates a target `p` and a draft `q`: equal lengths, each a probability vector.
+pub fn validate_target_and_draft(p: &[f64], q: &[f64]) -> Result<()> {
     if p.len() != q.len() {
         return Err(SamplerError::LengthMismatch { p: p.len(), q: q.len() });
     }

@@ -22,13 +22,13 @@ pub use without_replacement::{
 
 use crate::dist::fast_sum;
 use crate::construction::DraftConstruction;
-use crate::dist::{top_k_support, validate_pair};
+use crate::dist::{rest_mass, top_k_support, validate_target_and_draft};
 use crate::error::Result;
 use crate::verify::solve_rho;
 
 /// `alpha*` of `construction` with `n` drafts from `q` against target `p` (validated).
 pub fn alpha_star(construction: DraftConstruction, p: &[f64], q: &[f64], n: usize) -> Result<f64> {
-    validate_pair(p, q)?;
+    validate_target_and_draft(p, q)?;
     construction.check_n(n)?;
     Ok(match construction {
         DraftConstruction::WithReplacement => alpha_star_with_replacement(p, q, n),
@@ -48,7 +48,7 @@ pub fn alpha_star_greedy(p: &[f64], q: &[f64], n: usize) -> f64 {
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
     let top_p: f64 = top.iter().map(|&t| p[t as usize] / sp).sum();
-    let zq = sq - top.iter().map(|&t| q[t as usize]).sum::<f64>();
+    let zq = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum::<f64>());
     let overlap: f64 = p.iter().zip(q).map(|(&pi, &qi)| (pi / sp).min(qi / zq)).sum::<f64>()
         - top.iter().map(|&t| (p[t as usize] / sp).min(q[t as usize] / zq)).sum::<f64>();
     (top_p + overlap).min(1.0)

@@ -38,39 +38,37 @@ pub enum WorMethod {
 
 const NODES: usize = 16;
 
+/// `(P_n(z), P_n'(z))`, the Legendre polynomial of degree `n` and its derivative.
+fn legendre(n: usize, z: f64) -> (f64, f64) {
+    let (mut p0, mut p1) = (1.0, z);
+    for k in 2..=n {
+        let p2 = ((2 * k - 1) as f64 * z * p1 - (k - 1) as f64 * p0) / k as f64;
+        p0 = p1;
+        p1 = p2;
+    }
+    (p1, n as f64 * (z * p1 - p0) / (z * z - 1.0))
+}
+
+/// Gauss-Legendre nodes and weights on `[0, 1]` (Newton's method on `P_16`).
 fn gauss_legendre() -> &'static ([f64; NODES], [f64; NODES]) {
     static GL: OnceLock<([f64; NODES], [f64; NODES])> = OnceLock::new();
     GL.get_or_init(|| {
-        let n = NODES;
         let (mut x, mut w) = ([0.0; NODES], [0.0; NODES]);
-        for i in 0..n {
-            let mut z = (std::f64::consts::PI * (i as f64 + 0.75) / (n as f64 + 0.5)).cos();
+        for i in 0..NODES {
+            let mut z = (std::f64::consts::PI * (i as f64 + 0.75) / (NODES as f64 + 0.5)).cos();
             for _ in 0..100 {
-                let (mut p0, mut p1) = (1.0, z);
-                for k in 2..=n {
-                    let p2 = ((2 * k - 1) as f64 * z * p1 - (k - 1) as f64 * p0) / k as f64;
-                    p0 = p1;
-                    p1 = p2;
-                }
-                let dp = n as f64 * (z * p1 - p0) / (z * z - 1.0);
-                let dz = p1 / dp;
+                let (pn, dp) = legendre(NODES, z);
+                let dz = pn / dp;
                 z -= dz;
                 if dz.abs() < 1e-16 {
-                    let (mut p0, mut p1) = (1.0, z);
-                    for k in 2..=n {
-                        let p2 = ((2 * k - 1) as f64 * z * p1 - (k - 1) as f64 * p0) / k as f64;
-                        p0 = p1;
-                        p1 = p2;
-                    }
-                    let dp = n as f64 * (z * p1 - p0) / (z * z - 1.0);
-                    w[i] = 2.0 / ((1.0 - z * z) * dp * dp);
                     break;
                 }
             }
-            x[i] = z;
+            let (_, dp) = legendre(NODES, z);
+            x[i] = 0.5 * (z + 1.0);
+            w[i] = 0.5 * 2.0 / ((1.0 - z * z) * dp * dp);
         }
-        // Map [-1, 1] to [0, 1].
-        (x.map(|z| 0.5 * (z + 1.0)), w.map(|v| 0.5 * v))
+        (x, w)
     })
 }
 
