@@ -202,7 +202,7 @@ impl DraftConstruction {
                 if !distinct || !is_cps_order(q, tuple) {
                     return 0.0;
                 }
-                let e = elementary_symmetric(q.iter().map(|&x| x / total), tuple.len());
+                let e = elementary_symmetric_scaled(q, 1.0 / total, tuple.len());
                 tuple.iter().map(|&t| qt(t)).product::<f64>() / e[tuple.len()]
             }
         }
@@ -287,11 +287,35 @@ pub fn elementary_symmetric(values: impl Iterator<Item = f64>, m: usize) -> Vec<
     let mut e = vec![0.0; m + 1];
     e[0] = 1.0;
     for x in values {
-        for k in (1..=m).rev() {
-            e[k] += x * e[k - 1];
-        }
+        add_to_elementary_symmetric(&mut e, x);
     }
     e
+}
+
+/// `e ← e * (1 + x t)` truncated to the length of `e` (one value added).
+#[inline]
+pub fn add_to_elementary_symmetric(e: &mut [f64], x: f64) {
+    for k in (1..e.len()).rev() {
+        e[k] += x * e[k - 1];
+    }
+}
+
+/// `e_0..=e_m` of `scale * v` for a whole vector: two interleaved accumulators (halving the
+/// dependency chain), combined by a truncated polynomial product.
+pub fn elementary_symmetric_scaled(v: &[f64], scale: f64, m: usize) -> Vec<f64> {
+    let mut a = vec![0.0; m + 1];
+    let mut b = vec![0.0; m + 1];
+    a[0] = 1.0;
+    b[0] = 1.0;
+    let pairs = v.chunks_exact(2);
+    if let [x] = pairs.remainder() {
+        add_to_elementary_symmetric(&mut a, x * scale);
+    }
+    for pair in pairs {
+        add_to_elementary_symmetric(&mut a, pair[0] * scale);
+        add_to_elementary_symmetric(&mut b, pair[1] * scale);
+    }
+    (0..=m).map(|k| (0..=k).map(|j| a[j] * b[k - j]).sum()).collect()
 }
 
 /// Conditional-Poisson drafts are listed most probable first (ties: lower id first).

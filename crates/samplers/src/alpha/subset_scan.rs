@@ -10,7 +10,7 @@
 //!   optimal and leaves a prefix of the pruned order, so they can be dropped.
 
 use crate::dist::fast_sum;
-use crate::construction::{elementary_symmetric, DraftConstruction};
+use crate::construction::{add_to_elementary_symmetric, elementary_symmetric_scaled, DraftConstruction};
 use super::bucketed::{min_over_prefixes, PrefixQ};
 use std::cell::RefCell;
 
@@ -165,9 +165,7 @@ pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
             s[0] = 1.0;
         }
         fn add(&self, s: &mut [f64], q: f64) {
-            for k in (1..=self.m).rev() {
-                s[k] += q * s[k - 1];
-            }
+            add_to_elementary_symmetric(&mut s[..=self.m], q);
         }
         fn merge(&self, s: &mut [f64], acc: &[f64]) {
             // Truncated product of the two generating polynomials.
@@ -185,7 +183,7 @@ pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
     }
     let m = DraftConstruction::ConditionalPoisson.num_drafts(q, n);
     let sq: f64 = fast_sum(q);
-    let e = elementary_symmetric(q.iter().map(|&x| x / sq), m);
+    let e = elementary_symmetric_scaled(q, 1.0 / sq, m);
     // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q).
     let scale = e[m - 1] / e[m];
     let model = ConditionalPoisson { m, total: e[m] };

@@ -229,7 +229,7 @@ const MAX_M: usize = 16;
 /// `(15/16)^20 / 20! < 1e-19` relative.
 const SERIES_TERMS: usize = 20;
 /// Tokens per block of the coarse pass.
-const BLOCK: usize = 256;
+const BLOCK: usize = 1024;
 
 /// `series[j][k]` = coefficient of `y^k` in `(e^y - 1)^j`.
 fn power_series(m: usize) -> Vec<Vec<f64>> {
