@@ -91,6 +91,7 @@ impl Verifier {
             (Some(k), _) => drafts[k],
             (None, Residual::Target) => sample_weighted(p, 1.0, |_| false, rng),
             (None, Residual::Scratch(total)) => sample_blocked(&scratch.residual, &scratch.blocks, total, rng),
+            (None, Residual::Split(split, total)) => sample_split(p, q, split, &scratch.blocks, total, rng),
         };
         Ok(Verdict { token, accepted: drafts.iter().position(|&d| d == token) })
     }
@@ -115,12 +116,16 @@ impl Verifier {
             false
         });
         if mass > 0.0 {
-            let (w, total) = match residual {
-                Residual::Target => (p, 1.0),
-                Residual::Scratch(total) => (&scratch.residual[..], total),
-            };
-            for (o, &x) in out.iter_mut().zip(w) {
-                *o += mass * x / total;
+            match residual {
+                Residual::Target => out.iter_mut().zip(p).for_each(|(o, &x)| *o += mass * x),
+                Residual::Scratch(total) => {
+                    out.iter_mut().zip(&scratch.residual).for_each(|(o, &x)| *o += mass * x / total)
+                }
+                Residual::Split(split, total) => {
+                    for (i, o) in out.iter_mut().enumerate() {
+                        *o += mass * split.weight(p[i], q[i]) / total;
+                    }
+                }
             }
         }
         Ok(out)
@@ -173,6 +178,29 @@ pub(crate) enum Residual {
     Target,
     /// `scratch.residual`, with this total and block sums in `scratch.blocks`.
     Scratch(f64),
+    /// The weights of a [`Split`] of `(p, q)` (computed on the fly, never stored), with this
+    /// total and block sums in `scratch.blocks`.
+    Split(Split, f64),
+}
+
+/// Residual weights that depend on a token only through `(p_i, q_i)` and a ratio threshold
+/// `T`: `low_scale * min(p_i, T q_i) + (p_i - T q_i)_+`, i.e. `low_scale * p_i` where
+/// `p_i <= T q_i` and `p_i - T (1 - low_scale) q_i` above. RRS's residuals are `(p - S q)_+`
+/// (`T = S`, `low_scale = 0`); K-SEQ's is `(1 - c/rho) p` below `rho` and `p - c q` above
+/// (`T = rho`, `low_scale = 1 - c/rho`). The min/max form is branch-free, so the passes
+/// vectorise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Split {
+    pub threshold: f64,
+    pub low_scale: f64,
+}
+
+impl Split {
+    #[inline(always)]
+    pub(crate) fn weight(&self, p: f64, q: f64) -> f64 {
+        let tq = self.threshold * q;
+        self.low_scale * p.min(tq) + (p - tq).max(0.0)
+    }
 }
 
 /// Tokens per block of a residual's block sums.
@@ -201,6 +229,69 @@ pub(crate) fn fill_residual(
         total += s;
     }
     total
+}
+
+/// Block sums of a split's weights into `blocks`; returns the total. A read-only pass with
+/// four independent accumulators (vectorisable); nothing of vocabulary size is written.
+pub(crate) fn split_sums(p: &[f64], q: &[f64], split: Split, blocks: &mut Vec<f64>) -> f64 {
+    if split.low_scale == 0.0 {
+        // RRS: (p - T q)_+ alone.
+        let positive = Split { threshold: split.threshold, low_scale: 0.0 };
+        return block_sums(p, q, blocks, |a, b| (a - positive.threshold * b).max(0.0));
+    }
+    block_sums(p, q, blocks, |a, b| split.weight(a, b))
+}
+
+#[inline(always)]
+fn block_sums(p: &[f64], q: &[f64], blocks: &mut Vec<f64>, weight: impl Fn(f64, f64) -> f64) -> f64 {
+    blocks.clear();
+    let mut total = 0.0;
+    for (pc, qc) in p.chunks(RESIDUAL_BLOCK).zip(q.chunks(RESIDUAL_BLOCK)) {
+        let mut acc = [0.0f64; 4];
+        let (p4, q4) = (pc.chunks_exact(4), qc.chunks_exact(4));
+        let mut rest = 0.0;
+        for (&a, &b) in p4.remainder().iter().zip(q4.remainder()) {
+            rest += weight(a, b);
+        }
+        for (a, b) in p4.zip(q4) {
+            for l in 0..4 {
+                acc[l] += weight(a[l], b[l]);
+            }
+        }
+        let sum = (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest;
+        blocks.push(sum);
+        total += sum;
+    }
+    total
+}
+
+/// Draws from a split's weights over `total`, using the block sums of [`split_sums`].
+fn sample_split<R: Rng + ?Sized>(p: &[f64], q: &[f64], split: Split, blocks: &[f64], total: f64, rng: &mut R) -> TokenId {
+    let target = rng.random::<f64>() * total;
+    let mut acc = 0.0;
+    let mut last = None;
+    for (b, &sum) in blocks.iter().enumerate() {
+        let range = b * RESIDUAL_BLOCK..((b + 1) * RESIDUAL_BLOCK).min(p.len());
+        if sum > 0.0 && target < acc + sum {
+            let mut inner = acc;
+            for i in range {
+                let w = split.weight(p[i], q[i]);
+                if w > 0.0 {
+                    inner += w;
+                    last = Some(i);
+                    if target < inner {
+                        return i as TokenId;
+                    }
+                }
+            }
+            break; // round-off at the block's end: its last positive weight
+        }
+        if sum > 0.0 {
+            last = range.rev().find(|&i| split.weight(p[i], q[i]) > 0.0);
+        }
+        acc += sum;
+    }
+    last.unwrap_or(0) as TokenId
 }
 
 /// Sets `residual[i] = v` keeping the block sums right; returns the change of the total.

@@ -5,10 +5,15 @@
 //! `(p_k - q_k)_+ / sum (p_k - q_k)_+`, and `q_{k+1} = q` (RRS-w) or `q_k` without `x_k`,
 //! renormalised (RRS-wo). After the last rejection the output is drawn from `p_{n+1}`.
 //!
-//! A rejected draft has `p_k(x) < q_k(x)`, so its residual mass is exactly zero and stays zero;
-//! removed tokens therefore need no mask in the residual update.
+//! Closed form of the residuals: `p_k = (p - S_k q)_+ / Z_k` with `S_1 = 0`, `Z_1 = 1`,
+//! `S_{k+1} = S_k + Z_k / z_k` (`z_k`: the mass of `q` not yet removed, 1 for RRS-w) and
+//! `Z_{k+1} = sum (p - S_{k+1} q)_+`. Indeed, where `p > S_k q`,
+//! `(p_k - q/z_k)_+ = (p - S_{k+1} q)_+ / Z_k`, and elsewhere both sides are 0. A rejected token
+//! `x` has `p(x) < S_{k+1} q(x)`, so its residual stays 0 and RRS-wo needs no mask. A rejection
+//! therefore costs one read-only pass for `Z_{k+1}` (with block sums for the final draw), and
+//! nothing of vocabulary size is written.
 
-use super::{accept_ratio, fill_residual, Residual, VerifyScratch};
+use super::{accept_ratio, split_sums, Residual, Split, VerifyScratch};
 use crate::dist::rest_mass;
 use crate::TokenId;
 
@@ -20,47 +25,34 @@ pub(super) fn walk(
     scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
 ) -> Residual {
-    // p_k(i) = cur(i) / zp with cur = p until the first rejection, then scratch.residual.
-    let mut zp = 1.0;
+    let (mut s, mut z) = (0.0f64, 1.0f64); // p_k = (p - s q)_+ / z
     let mut zq = 1.0;
     let mut removed_mass = 0.0;
     scratch.removed.clear();
-    let mut owned = false;
+    let positive_part = |s: f64| Split { threshold: s, low_scale: 0.0 };
+    let residual = |s: f64, z: f64| if s > 0.0 { Residual::Split(positive_part(s), z) } else { Residual::Target };
     for (k, &d) in drafts.iter().enumerate() {
         let d = d as usize;
-        let cur_d = if owned { scratch.residual[d] } else { p[d] };
-        let a = accept_ratio(cur_d / zp, q[d] / zq);
+        let pk = (p[d] - s * q[d]).max(0.0) / z;
+        let a = accept_ratio(pk, q[d] / zq);
         if visit(k, a) || a >= 1.0 {
             // Taken, or rejection has probability zero: the rest of the walk has no mass.
-            return if owned { Residual::Scratch(zp) } else { Residual::Target };
+            return residual(s, z);
         }
-        let (inv_p, inv_q) = (1.0 / zp, 1.0 / zq);
-        let VerifyScratch { residual, blocks, removed, .. } = scratch;
-        let mut total = if owned {
-            fill_residual(residual, blocks, p.len(), |i, old| (old * inv_p - q[i] * inv_q).max(0.0))
-        } else {
-            fill_residual(residual, blocks, p.len(), |i, _| (p[i] * inv_p - q[i] * inv_q).max(0.0))
-        };
-        owned = true;
-        if total <= 0.0 {
-            // p_k == q_k up to round-off: the residual is arbitrary (paper); use q_k.
-            total = fill_residual(residual, blocks, p.len(), |i, _| {
-                if removed.contains(&(i as TokenId)) { 0.0 } else { q[i] * inv_q }
-            });
+        s += z / zq;
+        z = split_sums(p, q, positive_part(s), &mut scratch.blocks);
+        if z <= 0.0 {
+            // p_k == q_k up to round-off: the residual is arbitrary (paper); use p.
+            return Residual::Target;
         }
-        zp = total;
         if without_replacement {
-            removed.push(d as TokenId);
+            scratch.removed.push(d as TokenId);
             removed_mass += q[d];
-            zq = rest_mass(q, removed, 1.0, removed_mass);
+            zq = rest_mass(q, &scratch.removed, 1.0, removed_mass);
             if zq <= 0.0 {
                 break;
             }
         }
     }
-    if owned {
-        Residual::Scratch(zp)
-    } else {
-        Residual::Target
-    }
+    residual(s, z)
 }
