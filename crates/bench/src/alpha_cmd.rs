@@ -65,7 +65,8 @@ pub fn run(args: &AlphaArgs) -> Result<usize> {
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
-        let f = std::fs::File::open(&args.input).with_context(|| format!("cannot open input file {}", args.input.display()))?;
+        let f = std::fs::File::open(&args.input)
+            .with_context(|| format!("cannot open input file {}", args.input.display()))?;
         Box::new(std::io::BufReader::new(f))
     };
     let mut rng = StdRng::seed_from_u64(args.seed);
@@ -118,10 +119,7 @@ fn evaluate(text: &str, args: &AlphaArgs, warp: &Warp, rng: &mut StdRng) -> Resu
     o.insert("alpha_star_greedy".into(), json!(star(DraftConstruction::Greedy)?));
     o.insert("alpha_star_cps".into(), json!(star(DraftConstruction::ConditionalPoisson)?));
     o.insert("alpha_star_topk".into(), json!(star(DraftConstruction::TopK)?));
-    o.insert(
-        "alpha_star_spechub".into(),
-        if n == 2 { json!(star(DraftConstruction::SpecHub)?) } else { Value::Null },
-    );
+    o.insert("alpha_star_spechub".into(), if n == 2 { json!(star(DraftConstruction::SpecHub)?) } else { Value::Null });
     o.insert("alpha_kseq".into(), json!(alpha::alpha_kseq(&p, &q, n)));
     if args.methods == "all" {
         o.insert("alpha_rrs_wr".into(), json!(rrs::alpha_rrs_with_replacement(&p, &q, n)));

@@ -94,10 +94,14 @@ fn bad_lines_are_named_and_the_rest_still_computed() {
         (6, "not a valid JSON"),
         (7, "target_logits has 2 entries but draft_logits has 1"),
     ] {
-        assert!(stderr.contains(&format!("line {line}: ")) && stderr.contains(text), "line {line} ({text}) in:\n{stderr}");
+        assert!(
+            stderr.contains(&format!("line {line}: ")) && stderr.contains(text),
+            "line {line} ({text}) in:\n{stderr}"
+        );
     }
     assert!(!stderr.contains("panicked"));
-    let missing = Command::new(env!("CARGO_BIN_EXE_bench")).args(["alpha", "--input", "/nonexistent/x.jsonl"]).output().unwrap();
+    let missing =
+        Command::new(env!("CARGO_BIN_EXE_bench")).args(["alpha", "--input", "/nonexistent/x.jsonl"]).output().unwrap();
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot open input file /nonexistent/x.jsonl"));
 }

@@ -42,10 +42,19 @@ fn alpha_star(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("alpha_star/V={vocab}"));
         g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
         for n in [2usize, 3, 4, 8] {
-            for (name, cons) in [("wr", C::WithReplacement), ("greedy", C::Greedy), ("cps", C::ConditionalPoisson), ("wor", C::WithoutReplacement)] {
-                g.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| b.iter(|| alpha::alpha_star(cons, black_box(&p), black_box(&q), n).unwrap()));
+            for (name, cons) in [
+                ("wr", C::WithReplacement),
+                ("greedy", C::Greedy),
+                ("cps", C::ConditionalPoisson),
+                ("wor", C::WithoutReplacement),
+            ] {
+                g.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| {
+                    b.iter(|| alpha::alpha_star(cons, black_box(&p), black_box(&q), n).unwrap())
+                });
             }
-            g.bench_with_input(BenchmarkId::new("kseq", n), &n, |b, &n| b.iter(|| alpha::alpha_kseq(black_box(&p), black_box(&q), n)));
+            g.bench_with_input(BenchmarkId::new("kseq", n), &n, |b, &n| {
+                b.iter(|| alpha::alpha_kseq(black_box(&p), black_box(&q), n))
+            });
         }
         g.finish();
     }

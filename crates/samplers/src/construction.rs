@@ -7,8 +7,7 @@
 //! drafts always number `n` and may repeat. All probabilities are taken relative to
 //! `sum(q)`, so a vector normalised only up to round-off is handled consistently.
 
-use crate::dist::fast_sum;
-use crate::dist::{rest_mass, sample_weighted, support_size, top_k_support};
+use crate::dist::{fast_sum, rest_mass, sample_weighted, support_size, top_k_support};
 use crate::error::{Result, SamplerError};
 use crate::TokenId;
 use rand::Rng;
@@ -91,7 +90,7 @@ impl DraftConstruction {
         self.check_n(n)?;
         out.clear();
         let total: f64 = fast_sum(q);
-        if !(total > 0.0) {
+        if total.is_nan() || total <= 0.0 {
             return Err(SamplerError::BadDrafts("the draft distribution q has no positive entry".into()));
         }
         match self {
@@ -196,7 +195,11 @@ impl DraftConstruction {
             Self::TopK => {
                 let mut top = Vec::new();
                 top_k_support(q, n, &mut top);
-                if top[..] == *tuple { 1.0 } else { 0.0 }
+                if top[..] == *tuple {
+                    1.0
+                } else {
+                    0.0
+                }
             }
             Self::ConditionalPoisson => {
                 if !distinct || !is_cps_order(q, tuple) {

@@ -96,11 +96,11 @@ pub fn top_k_support(v: &[f64], k: usize, out: &mut Vec<TokenId>) {
     if k == 0 {
         return;
     }
+    // Admission threshold: the k-th largest so far (0 until k tokens are held), kept in a
+    // register so that the common case is one comparison per token.
+    let mut threshold = 0.0;
     for (i, &x) in v.iter().enumerate() {
-        if x <= 0.0 {
-            continue;
-        }
-        if out.len() == k && x <= v[out[k - 1] as usize] {
+        if x <= threshold {
             continue;
         }
         // Insert keeping the order (descending probability, ascending id on ties).
@@ -112,6 +112,9 @@ pub fn top_k_support(v: &[f64], k: usize, out: &mut Vec<TokenId>) {
             out.pop();
         }
         out.insert(pos, i as TokenId);
+        if out.len() == k {
+            threshold = v[out[k - 1] as usize];
+        }
     }
 }
 
@@ -145,10 +148,7 @@ impl Warp {
             )));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(SamplerError::BadParameter(format!(
-                "top-p must be in (0, 1], got {}",
-                self.top_p
-            )));
+            return Err(SamplerError::BadParameter(format!("top-p must be in (0, 1], got {}", self.top_p)));
         }
         Ok(())
     }
@@ -161,9 +161,7 @@ impl Warp {
         if logits.is_empty() {
             return Err(SamplerError::Empty { which: "logits" });
         }
-        if let Some((index, &v)) =
-            logits.iter().enumerate().find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
-        {
+        if let Some((index, &v)) = logits.iter().enumerate().find(|(_, v)| v.is_nan() || **v == f32::INFINITY) {
             return Err(SamplerError::InvalidEntry { which: "logits", index, value: v as f64 });
         }
         out.clear();
@@ -192,9 +190,7 @@ impl Warp {
         out.iter_mut().for_each(|x| *x /= sum);
         if (self.top_k > 0 && self.top_k < out.len()) || self.top_p < 1.0 {
             let mut order: Vec<u32> = (0..out.len() as u32).collect();
-            order.sort_unstable_by(|&a, &b| {
-                out[b as usize].total_cmp(&out[a as usize]).then(a.cmp(&b))
-            });
+            order.sort_unstable_by(|&a, &b| out[b as usize].total_cmp(&out[a as usize]).then(a.cmp(&b)));
             let mut keep = if self.top_k > 0 { self.top_k.min(out.len()) } else { out.len() };
             if self.top_p < 1.0 {
                 let mut acc = 0.0;
@@ -221,6 +217,33 @@ pub fn softmax(logits: &[f32], temperature: f64) -> Result<Vec<f64>> {
     let mut out = Vec::with_capacity(logits.len());
     Warp::temperature(temperature).apply(logits, &mut out)?;
     Ok(out)
+}
+
+/// `sum_{i not in excluded} v_i`, given `total = sum v` and `excluded_mass = sum_{excluded} v`.
+/// Subtracting is exact enough while the excluded mass is at most half the total; beyond that
+/// the subtraction would lose relative precision of the small remainder, so it is summed.
+pub fn rest_mass(v: &[f64], excluded: &[TokenId], total: f64, excluded_mass: f64) -> f64 {
+    if excluded_mass <= 0.5 * total {
+        total - excluded_mass
+    } else {
+        v.iter().enumerate().filter(|(i, _)| !excluded.contains(&(*i as TokenId))).map(|(_, &x)| x).sum()
+    }
+}
+
+/// Sum of a slice with four independent accumulators (breaks the add latency chain; the
+/// vocabulary-sized sums are on every hot path).
+#[inline]
+pub fn fast_sum(v: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let chunks = v.chunks_exact(4);
+    let rest: f64 = chunks.remainder().iter().sum();
+    for c in chunks {
+        acc[0] += c[0];
+        acc[1] += c[1];
+        acc[2] += c[2];
+        acc[3] += c[3];
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
 }
 
 #[cfg(test)]
@@ -260,31 +283,4 @@ mod tests {
         assert!(matches!(validate(&[0.5, 0.2], "q", 1e-6), Err(SamplerError::NotNormalized { .. })));
         assert!(validate(&[0.5, 0.5], "q", 1e-6).is_ok());
     }
-}
-
-/// `sum_{i not in excluded} v_i`, given `total = sum v` and `excluded_mass = sum_{excluded} v`.
-/// Subtracting is exact enough while the excluded mass is at most half the total; beyond that
-/// the subtraction would lose relative precision of the small remainder, so it is summed.
-pub fn rest_mass(v: &[f64], excluded: &[TokenId], total: f64, excluded_mass: f64) -> f64 {
-    if excluded_mass <= 0.5 * total {
-        total - excluded_mass
-    } else {
-        v.iter().enumerate().filter(|(i, _)| !excluded.contains(&(*i as TokenId))).map(|(_, &x)| x).sum()
-    }
-}
-
-/// Sum of a slice with four independent accumulators (breaks the add latency chain; the
-/// vocabulary-sized sums are on every hot path).
-#[inline]
-pub fn fast_sum(v: &[f64]) -> f64 {
-    let mut acc = [0.0f64; 4];
-    let chunks = v.chunks_exact(4);
-    let rest: f64 = chunks.remainder().iter().sum();
-    for c in chunks {
-        acc[0] += c[0];
-        acc[1] += c[1];
-        acc[2] += c[2];
-        acc[3] += c[3];
-    }
-    (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
 }

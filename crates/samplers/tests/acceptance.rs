@@ -34,15 +34,27 @@ fn exact_acceptance_equals_each_formula() {
         let q = common::random_dist(&mut r, v, zeros);
         for n in 1..=4 {
             let g = reference::acceptance(C::Greedy, V::Greedy, &p, &q, n).unwrap();
-            assert!((g - alpha::alpha_star_greedy(&p, &q, n)).abs() < 1e-12, "greedy n={n}: {g} vs {} p={p:?} q={q:?}", alpha::alpha_star_greedy(&p, &q, n));
+            assert!(
+                (g - alpha::alpha_star_greedy(&p, &q, n)).abs() < 1e-12,
+                "greedy n={n}: {g} vs {} p={p:?} q={q:?}",
+                alpha::alpha_star_greedy(&p, &q, n)
+            );
             let k = reference::acceptance(C::WithReplacement, V::KSeq, &p, &q, n).unwrap();
-            assert!((k - alpha::alpha_kseq(&p, &q, n)).abs() < 1e-12, "kseq n={n}: {k} vs {}", alpha::alpha_kseq(&p, &q, n));
+            assert!(
+                (k - alpha::alpha_kseq(&p, &q, n)).abs() < 1e-12,
+                "kseq n={n}: {k} vs {}",
+                alpha::alpha_kseq(&p, &q, n)
+            );
             let w = reference::acceptance(C::WithReplacement, V::Rrs, &p, &q, n).unwrap();
             assert!((w - rrs::alpha_rrs_with_replacement(&p, &q, n)).abs() < 1e-12, "rrs-w n={n}");
             let wo = reference::acceptance(C::WithoutReplacement, V::Rrs, &p, &q, n).unwrap();
             assert!((wo - rrs::alpha_rrs_without_replacement_exact(&p, &q, n)).abs() < 1e-12, "rrs-wo n={n}");
             let t = reference::acceptance(C::TopK, V::TopK, &p, &q, n).unwrap();
-            assert!((t - alpha::alpha_star_top_k(&p, &q, n)).abs() < 1e-12, "topk n={n}: {t} vs {} p={p:?} q={q:?}", alpha::alpha_star_top_k(&p, &q, n));
+            assert!(
+                (t - alpha::alpha_star_top_k(&p, &q, n)).abs() < 1e-12,
+                "topk n={n}: {t} vs {} p={p:?} q={q:?}",
+                alpha::alpha_star_top_k(&p, &q, n)
+            );
             // Optimality gaps have the right sign: nothing beats alpha* of its construction.
             let wr_star = alpha::alpha_star(C::WithReplacement, &p, &q, n).unwrap();
             assert!(w <= wr_star + 1e-12 && k <= wr_star + 1e-12);
@@ -88,7 +100,12 @@ fn monte_carlo_rrs_without_replacement_matches_enumeration() {
         let exact = rrs::alpha_rrs_without_replacement_exact(&p, &q, n);
         let est = rrs::alpha_rrs_without_replacement_monte_carlo(&p, &q, n, 20_000, &mut r);
         assert!(est.stderr > 0.0);
-        assert!((est.mean - exact).abs() < 4.5 * est.stderr, "n={n}: MC {} ± {} vs exact {exact}", est.mean, est.stderr);
+        assert!(
+            (est.mean - exact).abs() < 4.5 * est.stderr,
+            "n={n}: MC {} ± {} vs exact {exact}",
+            est.mean,
+            est.stderr
+        );
     }
 }
 

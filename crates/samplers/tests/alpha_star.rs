@@ -23,7 +23,10 @@ fn alpha_star_matches_brute_force_and_lp_on_random_cases() {
                 let fast = alpha::alpha_star(construction, &p, &q, n).unwrap();
                 let table = common::normalised_table(construction, &q, n);
                 let brute = alpha_star_brute_force(&p, &table);
-                assert!((fast - brute).abs() < 1e-9, "{construction} n={n}: scan {fast} vs brute force {brute}\np={p:?}\nq={q:?}");
+                assert!(
+                    (fast - brute).abs() < 1e-9,
+                    "{construction} n={n}: scan {fast} vs brute force {brute}\np={p:?}\nq={q:?}"
+                );
                 if table.len() * v <= 2000 {
                     let lp = common::alpha_star_lp(&p, &table);
                     assert!((lp - brute).abs() < 1e-7, "{construction} n={n}: LP {lp} vs brute force {brute}");

@@ -20,7 +20,10 @@ fn every_valid_pair_outputs_exactly_p() {
                 for n in common::draft_counts(construction, 4) {
                     let table = draft_table(construction, &q, n);
                     let mass: f64 = table.iter().map(|t| t.1).sum();
-                    assert!((mass - 1.0).abs() < 1e-12, "{construction} n={n} V={v} {name}: tuple probabilities sum to {mass}");
+                    assert!(
+                        (mass - 1.0).abs() < 1e-12,
+                        "{construction} n={n} V={v} {name}: tuple probabilities sum to {mass}"
+                    );
                     let out = output_distribution(construction, verifier, &p, &q, n).unwrap();
                     let d = max_abs_diff(&out, &p);
                     assert!(d < 1e-12, "{construction}+{verifier} n={n} V={v} case {name}: |out - p| = {d:e}\np={p:?}\nq={q:?}\nout={out:?}");

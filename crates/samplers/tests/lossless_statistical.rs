@@ -67,7 +67,10 @@ fn sampled_verdicts_follow_the_exact_conditional_distribution() {
             counts[verifier.verify(construction, n, &p, &q, &drafts, &mut r, &mut vs).unwrap().token as usize] += 1;
         }
         let (stat, df, pval) = common::chi_square(&counts, &exact);
-        assert!(pval > SIGNIFICANCE, "{construction}+{verifier} drafts {drafts:?}: chi2 {stat:.2} on {df} df, p {pval:e}");
+        assert!(
+            pval > SIGNIFICANCE,
+            "{construction}+{verifier} drafts {drafts:?}: chi2 {stat:.2} on {df} df, p {pval:e}"
+        );
     }
 }
 
@@ -103,7 +106,8 @@ fn temperature_zero_accepts_exactly_the_target_argmax() {
             for n in common::draft_counts(construction, 3) {
                 let mut drafts = Vec::new();
                 construction.sample(&q, n, &mut r, &mut DraftScratch::default(), &mut drafts).unwrap();
-                let v = verifier.verify(construction, n, &p, &q, &drafts, &mut r, &mut VerifyScratch::default()).unwrap();
+                let v =
+                    verifier.verify(construction, n, &p, &q, &drafts, &mut r, &mut VerifyScratch::default()).unwrap();
                 assert_eq!(v.token, target);
                 assert_eq!(v.accepted.is_some(), drafts.contains(&target), "{construction}+{verifier}");
             }

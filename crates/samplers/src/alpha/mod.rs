@@ -20,9 +20,8 @@ pub use without_replacement::{
     alpha_star_without_replacement, alpha_star_without_replacement_with, q_without_replacement, WorMethod,
 };
 
-use crate::dist::fast_sum;
 use crate::construction::DraftConstruction;
-use crate::dist::{rest_mass, top_k_support, validate_target_and_draft};
+use crate::dist::{fast_sum, rest_mass, top_k_support, validate_target_and_draft};
 use crate::error::Result;
 use crate::verify::solve_rho;
 
@@ -47,10 +46,19 @@ pub fn alpha_star_greedy(p: &[f64], q: &[f64], n: usize) -> f64 {
     let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
-    let top_p: f64 = top.iter().map(|&t| p[t as usize] / sp).sum();
-    let zq = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum::<f64>());
-    let overlap: f64 = p.iter().zip(q).map(|(&pi, &qi)| (pi / sp).min(qi / zq)).sum::<f64>()
-        - top.iter().map(|&t| (p[t as usize] / sp).min(q[t as usize] / zq)).sum::<f64>();
+    let (ip, iq) = (1.0 / sp, 1.0 / rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum::<f64>()));
+    let top_p: f64 = top.iter().map(|&t| p[t as usize] * ip).sum();
+    // sum_i min(p_i, q'_i) over the non-top tokens: over all tokens, minus the top ones.
+    let mut acc = [0.0f64; 4];
+    let (p4, q4) = (p.chunks_exact(4), q.chunks_exact(4));
+    let rest: f64 = p4.remainder().iter().zip(q4.remainder()).map(|(&a, &b)| (a * ip).min(b * iq)).sum();
+    for (a, b) in p4.zip(q4) {
+        for l in 0..4 {
+            acc[l] += (a[l] * ip).min(b[l] * iq);
+        }
+    }
+    let overlap = (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
+        - top.iter().map(|&t| (p[t as usize] * ip).min(q[t as usize] * iq)).sum::<f64>();
     (top_p + overlap).min(1.0)
 }
 

@@ -33,8 +33,7 @@ pub fn draft_table(construction: DraftConstruction, q: &[f64], n: usize) -> Vec<
 pub fn alpha_star_brute_force(p: &[f64], table: &[(Vec<TokenId>, f64)]) -> f64 {
     let v = p.len();
     assert!(v <= 24, "brute force over subsets is for small vocabularies");
-    let masks: Vec<(u32, f64)> =
-        table.iter().map(|(t, pr)| (t.iter().fold(0u32, |m, &x| m | (1 << x)), *pr)).collect();
+    let masks: Vec<(u32, f64)> = table.iter().map(|(t, pr)| (t.iter().fold(0u32, |m, &x| m | (1 << x)), *pr)).collect();
     let mut best = 0.0f64;
     for h in 0u32..(1u32 << v) {
         let ph: f64 = (0..v).filter(|i| h >> i & 1 == 1).map(|i| p[i]).sum();

@@ -103,6 +103,7 @@ fn rrs_wo_rec(p: &[f64], q: &[f64], left: usize) -> f64 {
 
 /// Monte Carlo acceptance of RRS-wo: each sample follows one rejection path, drawing the
 /// rejected token from `(q_k - p_k)_+`, and scores `b_1 + (1-b_1)(b_2 + ...)` exactly along it.
+#[allow(clippy::needless_range_loop)] // the loops index p_k, q_k and the residual together
 pub fn alpha_rrs_without_replacement_monte_carlo<R: Rng + ?Sized>(
     p: &[f64],
     q: &[f64],

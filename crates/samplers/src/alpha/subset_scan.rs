@@ -9,9 +9,9 @@
 //!   `Q(x|H) <= Q(x|Σ\x) = pi_x`). Removing such tokens from an optimal prefix keeps it
 //!   optimal and leaves a prefix of the pruned order, so they can be dropped.
 
-use crate::dist::fast_sum;
-use crate::construction::{add_to_elementary_symmetric, elementary_symmetric_scaled, DraftConstruction};
 use super::bucketed::{min_over_prefixes, PrefixQ};
+use crate::construction::{add_to_elementary_symmetric, elementary_symmetric_scaled, DraftConstruction};
+use crate::dist::fast_sum;
 use std::cell::RefCell;
 
 /// Normalised `(p, q)` of the candidate tokens sorted by `q/p` descending.
@@ -36,7 +36,13 @@ pub(crate) fn with_sorted_candidates<R>(
     })
 }
 
-fn fill_sorted(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, items: &mut Vec<Candidate>, buf: &mut Vec<Candidate>) {
+fn fill_sorted(
+    p: &[f64],
+    q: &[f64],
+    keep: impl Fn(f64, f64) -> bool,
+    items: &mut Vec<Candidate>,
+    buf: &mut Vec<Candidate>,
+) {
     let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let (ip, iq) = (1.0 / sp, 1.0 / sq);
     items.clear();

@@ -22,10 +22,9 @@
 //! (`T_k(H)`: mass of the `k` largest tokens of `H`) select the prefixes that can hold the
 //! minimum; the quadrature runs only up to the last of them.
 
-use crate::dist::fast_sum;
 use super::subset_scan::{with_sorted_candidates, Candidate};
 use crate::construction::DraftConstruction;
-use crate::dist::top_k_support;
+use crate::dist::{fast_sum, top_k_support};
 use std::sync::OnceLock;
 
 /// How `Q(H)` is evaluated (`Quadrature` forces the general method even for `m = 2`, which
@@ -233,7 +232,7 @@ const BLOCK: usize = 1024;
 
 /// `series[j][k]` = coefficient of `y^k` in `(e^y - 1)^j`.
 fn power_series(m: usize) -> Vec<Vec<f64>> {
-    let mut base = vec![0.0; SERIES_TERMS];
+    let mut base = [0.0; SERIES_TERMS];
     let mut fact = 1.0;
     for (k, b) in base.iter_mut().enumerate().skip(1) {
         fact *= k as f64;
@@ -266,18 +265,23 @@ pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, metho
     let delta = (1.0 - top_mass).max(0.0);
     // pi_x <= m q_x / (1 - T_{m-1}): each draw picks x with probability <= q_x / (1 - T_{m-1}).
     let bound_scale = m as f64 / delta.max(1e-300);
-    with_sorted_candidates(p, q, |px, qx| px < (bound_scale * qx).min(1.0), |tokens| {
-        if m == 1 {
-            scan_closed_form(tokens, |qq, _| qq)
-        } else if m == 2 && method == WorMethod::Auto {
-            scan_closed_form(tokens, |qq, acc| {
-                let r = (1.0 - qq).max(0.0);
-                1.0 - r - r * acc
-            })
-        } else {
-            (1.0 + min_f_by_blocks(tokens, m, delta)).clamp(0.0, 1.0)
-        }
-    })
+    with_sorted_candidates(
+        p,
+        q,
+        |px, qx| px < (bound_scale * qx).min(1.0),
+        |tokens| {
+            if m == 1 {
+                scan_closed_form(tokens, |qq, _| qq)
+            } else if m == 2 && method == WorMethod::Auto {
+                scan_closed_form(tokens, |qq, acc| {
+                    let r = (1.0 - qq).max(0.0);
+                    1.0 - r - r * acc
+                })
+            } else {
+                (1.0 + min_f_by_blocks(tokens, m, delta)).clamp(0.0, 1.0)
+            }
+        },
+    )
 }
 
 /// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), sum_{H_j} q/(1-q))`.

@@ -90,7 +90,14 @@ fn classify(p: f64, q: f64, lo: f64, hi: f64, lo_p: &mut f64, hi_q: &mut f64, mi
 /// `beta` is piecewise `A/rho + B` with breakpoints at the ratios of `mid`. A quickselect-style
 /// search (median pivot, keep the half where `g` changes sign; expected linear time) finds the
 /// piece holding the root, and bisection on that piece's closed form brackets it to round-off.
-fn solve_bracketed(n: usize, lo: f64, hi: f64, mut lo_p: f64, mut hi_q: f64, mid: &mut [(f64, f64, f64)]) -> Option<KSeqRho> {
+fn solve_bracketed(
+    n: usize,
+    lo: f64,
+    hi: f64,
+    mut lo_p: f64,
+    mut hi_q: f64,
+    mid: &mut [(f64, f64, f64)],
+) -> Option<KSeqRho> {
     let nf = n as f64;
     let mid_q: f64 = mid.iter().map(|m| m.2).sum();
     let mid_p: f64 = mid.iter().map(|m| m.1).sum();

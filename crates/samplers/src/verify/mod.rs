@@ -266,7 +266,14 @@ fn block_sums(p: &[f64], q: &[f64], blocks: &mut Vec<f64>, weight: impl Fn(f64, 
 }
 
 /// Draws from a split's weights over `total`, using the block sums of [`split_sums`].
-fn sample_split<R: Rng + ?Sized>(p: &[f64], q: &[f64], split: Split, blocks: &[f64], total: f64, rng: &mut R) -> TokenId {
+fn sample_split<R: Rng + ?Sized>(
+    p: &[f64],
+    q: &[f64],
+    split: Split,
+    blocks: &[f64],
+    total: f64,
+    rng: &mut R,
+) -> TokenId {
     let target = rng.random::<f64>() * total;
     let mut acc = 0.0;
     let mut last = None;

@@ -79,7 +79,14 @@ pub fn cases(v: usize, seed: u64, random: usize) -> Vec<(String, Vec<f64>, Vec<f
 /// Regularised upper incomplete gamma `Q(a, x)` (Numerical Recipes' series / continued fraction).
 pub fn gamma_q(a: f64, x: f64) -> f64 {
     fn ln_gamma(z: f64) -> f64 {
-        let c = [76.18009172947146, -86.50532032941677, 24.01409824083091, -1.231739572450155, 0.1208650973866179e-2, -0.5395239384953e-5];
+        let c = [
+            76.18009172947146,
+            -86.50532032941677,
+            24.01409824083091,
+            -1.231739572450155,
+            0.1208650973866179e-2,
+            -0.5395239384953e-5,
+        ];
         let mut y = z;
         let tmp = z + 5.5 - (z + 0.5) * (z + 5.5).ln();
         let mut ser = 1.000000000190015;
