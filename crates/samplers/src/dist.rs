@@ -246,6 +246,21 @@ pub fn fast_sum(v: &[f64]) -> f64 {
     (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
 }
 
+/// `sum_i f(a_i, b_i)` over two equal-length slices with four independent accumulators (the
+/// vocabulary-sized passes of the verifiers and of alpha*; the compiler can vectorise it).
+#[inline(always)]
+pub fn pair_sum(a: &[f64], b: &[f64], f: impl Fn(f64, f64) -> f64) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let (a4, b4) = (a.chunks_exact(4), b.chunks_exact(4));
+    let rest: f64 = a4.remainder().iter().zip(b4.remainder()).map(|(&x, &y)| f(x, y)).sum();
+    for (x, y) in a4.zip(b4) {
+        for l in 0..4 {
+            acc[l] += f(x[l], y[l]);
+        }
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

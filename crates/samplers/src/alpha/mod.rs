@@ -21,7 +21,7 @@ pub use without_replacement::{
 };
 
 use crate::construction::DraftConstruction;
-use crate::dist::{fast_sum, rest_mass, top_k_support, validate_target_and_draft};
+use crate::dist::{fast_sum, pair_sum, rest_mass, top_k_support, validate_target_and_draft};
 use crate::error::Result;
 use crate::verify::solve_rho;
 
@@ -49,15 +49,7 @@ pub fn alpha_star_greedy(p: &[f64], q: &[f64], n: usize) -> f64 {
     let (ip, iq) = (1.0 / sp, 1.0 / rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum::<f64>()));
     let top_p: f64 = top.iter().map(|&t| p[t as usize] * ip).sum();
     // sum_i min(p_i, q'_i) over the non-top tokens: over all tokens, minus the top ones.
-    let mut acc = [0.0f64; 4];
-    let (p4, q4) = (p.chunks_exact(4), q.chunks_exact(4));
-    let rest: f64 = p4.remainder().iter().zip(q4.remainder()).map(|(&a, &b)| (a * ip).min(b * iq)).sum();
-    for (a, b) in p4.zip(q4) {
-        for l in 0..4 {
-            acc[l] += (a[l] * ip).min(b[l] * iq);
-        }
-    }
-    let overlap = (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
+    let overlap = pair_sum(p, q, |a, b| (a * ip).min(b * iq))
         - top.iter().map(|&t| (p[t as usize] * ip).min(q[t as usize] * iq)).sum::<f64>();
     (top_p + overlap).min(1.0)
 }

@@ -69,7 +69,7 @@ fn plan(
     }
     let inv_q = 1.0 / zq;
     let VerifyScratch { residual, blocks, .. } = scratch;
-    let mut total = fill_residual(residual, blocks, p.len(), |i, _| (p[i] - q[i] * inv_q).max(0.0));
+    let mut total = fill_residual(residual, blocks, p.len(), |i| (p[i] - q[i] * inv_q).max(0.0));
     for &t in top {
         total += overwrite_residual(residual, blocks, t as usize, p[t as usize]);
     }

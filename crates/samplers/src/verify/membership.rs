@@ -29,7 +29,7 @@ pub(super) fn walk(
         remaining -= pd;
     }
     let VerifyScratch { residual, blocks, .. } = scratch;
-    let mut total = fill_residual(residual, blocks, p.len(), |i, _| p[i]);
+    let mut total = fill_residual(residual, blocks, p.len(), |i| p[i]);
     for &d in drafts {
         total += overwrite_residual(residual, blocks, d as usize, 0.0);
     }

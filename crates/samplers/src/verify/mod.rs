@@ -206,13 +206,13 @@ impl Split {
 /// Tokens per block of a residual's block sums.
 const RESIDUAL_BLOCK: usize = 1024;
 
-/// Writes `residual[i] = f(i, residual[i])` for `i < len` (the old value is 0 on first use)
-/// and the block sums; returns the total. One pass over the vocabulary.
+/// Writes `residual[i] = f(i)` for `i < len` and the block sums; returns the total. One pass
+/// over the vocabulary.
 pub(crate) fn fill_residual(
     residual: &mut Vec<f64>,
     blocks: &mut Vec<f64>,
     len: usize,
-    mut f: impl FnMut(usize, f64) -> f64,
+    mut f: impl FnMut(usize) -> f64,
 ) -> f64 {
     residual.resize(len, 0.0);
     blocks.clear();
@@ -221,7 +221,7 @@ pub(crate) fn fill_residual(
         let base = b * RESIDUAL_BLOCK;
         let mut s = 0.0;
         for (j, r) in chunk.iter_mut().enumerate() {
-            let v = f(base + j, *r);
+            let v = f(base + j);
             *r = v;
             s += v;
         }
@@ -247,18 +247,7 @@ fn block_sums(p: &[f64], q: &[f64], blocks: &mut Vec<f64>, weight: impl Fn(f64, 
     blocks.clear();
     let mut total = 0.0;
     for (pc, qc) in p.chunks(RESIDUAL_BLOCK).zip(q.chunks(RESIDUAL_BLOCK)) {
-        let mut acc = [0.0f64; 4];
-        let (p4, q4) = (pc.chunks_exact(4), qc.chunks_exact(4));
-        let mut rest = 0.0;
-        for (&a, &b) in p4.remainder().iter().zip(q4.remainder()) {
-            rest += weight(a, b);
-        }
-        for (a, b) in p4.zip(q4) {
-            for l in 0..4 {
-                acc[l] += weight(a[l], b[l]);
-            }
-        }
-        let sum = (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest;
+        let sum = crate::dist::pair_sum(pc, qc, &weight);
         blocks.push(sum);
         total += sum;
     }
