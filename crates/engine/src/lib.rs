@@ -5,3 +5,7 @@
 pub const NOT_BUILT: &str = "the decoding engine is not built yet: `generate` and `fetch` \
 arrive with the engine issue. The samplers crate and `cargo run --release -p bench -- alpha` \
 work today.";
+
+pub mod tree;
+
+pub use tree::{DraftTree, TreeError};
