@@ -6,6 +6,8 @@ pub const NOT_BUILT: &str = "the decoding engine is not built yet: `generate` an
 arrive with the engine issue. The samplers crate and `cargo run --release -p bench -- alpha` \
 work today.";
 
+pub mod speculative;
 pub mod tree;
 
+pub use speculative::{speculative_step, NextTokenModel, StepOutcome, StepScratch};
 pub use tree::{DraftTree, TreeError};
