@@ -235,9 +235,10 @@ pub(crate) fn fill_residual(
 /// four independent accumulators (vectorisable); nothing of vocabulary size is written.
 pub(crate) fn split_sums(p: &[f64], q: &[f64], split: Split, blocks: &mut Vec<f64>) -> f64 {
     if split.low_scale == 0.0 {
-        // RRS: (p - T q)_+ alone.
-        let positive = Split { threshold: split.threshold, low_scale: 0.0 };
-        return block_sums(p, q, blocks, |a, b| (a - positive.threshold * b).max(0.0));
+        // RRS's residual (p - T q)_+: the same weight without the low side's min and multiply,
+        // which measured about twice as fast on the vocabulary pass.
+        let t = split.threshold;
+        return block_sums(p, q, blocks, |a, b| (a - t * b).max(0.0));
     }
     block_sums(p, q, blocks, |a, b| split.weight(a, b))
 }
