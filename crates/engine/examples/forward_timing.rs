@@ -1,0 +1,44 @@
+//! Times one forward of t new tokens after a 64-token prefix, for t in 1..=32.
+use candle_core::{DType, Device};
+use engine::load::{load, LoadOptions};
+use engine::model::causal_bias;
+use std::time::Instant;
+fn main() {
+    let path = std::path::PathBuf::from(std::env::args().nth(1).expect("model path"));
+    let weights = match std::env::args().nth(2).as_deref() {
+        Some("fast") => engine::model::gguf::WeightFormat::FastCpu,
+        Some("f32") => engine::model::gguf::WeightFormat::Dequantized,
+        _ => engine::model::gguf::WeightFormat::AsStored,
+    };
+    let m = load(&path, &Device::Cpu, &LoadOptions { weights, ..Default::default() }).unwrap().model;
+    let prefix: Vec<u32> = (0..64).map(|i| 100 + i).collect();
+    let mut cache = m.new_cache(256).unwrap();
+    let bias = causal_bias(0, 64, DType::F32, &Device::Cpu).unwrap();
+    let pos: Vec<u32> = (0..64).collect();
+    m.forward(&prefix, &pos, &bias, &mut cache).unwrap();
+    for t in [1usize, 2, 4, 5, 8, 16, 26, 32] {
+        let toks: Vec<u32> = (0..t as u32).map(|i| 500 + i).collect();
+        let pos: Vec<u32> = (64..64 + t as u32).collect();
+        let bias = causal_bias(64, t, DType::F32, &Device::Cpu).unwrap();
+        let reps = 5;
+        let mut best = f64::MAX;
+        let mut best_lm = f64::MAX;
+        for _ in 0..reps {
+            cache.truncate(64);
+            let s = Instant::now();
+            let h = m.forward(&toks, &pos, &bias, &mut cache).unwrap();
+            let el = s.elapsed().as_secs_f64();
+            let s = Instant::now();
+            let l = m.logits(&h).unwrap();
+            let _ = l.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            best_lm = best_lm.min(s.elapsed().as_secs_f64());
+            best = best.min(el);
+        }
+        println!(
+            "t={t:3} body {:7.1} ms  lm_head {:6.1} ms  total/t {:6.1} ms",
+            best * 1e3,
+            best_lm * 1e3,
+            (best + best_lm) * 1e3 / t as f64
+        );
+    }
+}

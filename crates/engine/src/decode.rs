@@ -1,0 +1,450 @@
+//! The decoding loop: multi-draft speculative decoding on a [`DraftTree`] (the paper's
+//! appendix `multi_draft_speculative_decoding`), and plain autoregressive decoding with the
+//! same model code and sampling.
+//!
+//! State between steps: the target cache holds every token before the *pending* token (the
+//! last emitted one, not yet run); the draft cache may lag further behind (accepted tokens it
+//! never ran). One speculative step:
+//! 1. **Draft**, one batched forward per tree depth: the pending token (after the draft's
+//!    missing tokens) gives `q` at the root; every expandable node at depth `d` runs at once
+//!    with the tree attention bias and gives `q` at that node; a node with `k` children draws
+//!    `k` drafts from its `q` with the [`DraftConstruction`].
+//! 2. **Target**, one forward over the whole tree (root plus drafts), logits of every node
+//!    copied to the host once.
+//! 3. **Verify** from the root: the [`Verifier`] turns `(p, q, drafts)` at the node into the
+//!    next token; descend while it is one of the drafts; at a node without drafts sample `p`.
+//! 4. **Compact** both caches to the accepted root-to-node path.
+//!
+//! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
+//! tokens are then distributed exactly as autoregressive sampling of the warped target.
+
+use crate::kv_cache::KvCache;
+use crate::model::{attention_bias, DecoderModel};
+use crate::tree::DraftTree;
+use candle_core::{Error, Result, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use samplers::construction::DraftScratch;
+use samplers::dist::Warp;
+use samplers::{DraftConstruction, Verifier, VerifyScratch};
+use std::time::{Duration, Instant};
+
+/// How to pick drafts and verify them.
+#[derive(Debug, Clone)]
+pub struct SpecConfig {
+    pub tree: DraftTree,
+    pub construction: DraftConstruction,
+    pub verifier: Verifier,
+}
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerationConfig {
+    pub max_new_tokens: usize,
+    pub warp: Warp,
+    pub seed: u64,
+    /// `None`: plain autoregressive decoding of the target (`--no-spec`).
+    pub speculative: Option<SpecConfig>,
+}
+
+/// Counters and timings of one generation.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    /// Target forwards after the prompt (one per step).
+    pub target_forwards: usize,
+    /// Draft forwards (one per tree depth per step).
+    pub draft_forwards: usize,
+    /// Mean tokens emitted per target forward, bonus token included.
+    pub tau: f64,
+    /// Fraction of steps that accepted a draft at depth `d` (index `d - 1`).
+    pub acceptance_per_depth: Vec<f64>,
+    /// Steps that accepted at least `d` drafts (index `d - 1`).
+    #[serde(skip)]
+    pub accepted_at_depth: Vec<usize>,
+    pub prefill_s: f64,
+    pub draft_s: f64,
+    pub target_s: f64,
+    pub verify_s: f64,
+    pub total_s: f64,
+    /// New tokens per second of decoding (prefill excluded).
+    pub tokens_per_s: f64,
+    /// Why generation stopped: `max_new_tokens` or `stop_token`.
+    pub stop_reason: String,
+}
+
+/// Runs generations with a target (and optionally a draft) model, reusing caches and buffers.
+pub struct Generator<'a> {
+    target: &'a DecoderModel,
+    draft: Option<&'a DecoderModel>,
+    target_cache: KvCache,
+    draft_cache: Option<KvCache>,
+    vocab: usize,
+    buf: StepBuffers,
+}
+
+#[derive(Default)]
+struct StepBuffers {
+    token: Vec<Option<u32>>,
+    q_at: Vec<Vec<f64>>,
+    p: Vec<f64>,
+    row_of: Vec<usize>,
+    draft_slot: Vec<Option<usize>>,
+    drafts: Vec<u32>,
+    kids: Vec<usize>,
+    path: Vec<usize>,
+    emitted: Vec<u32>,
+    draft_scratch: DraftScratch,
+    verify_scratch: VerifyScratch,
+}
+
+impl<'a> Generator<'a> {
+    /// A generator holding up to `capacity` positions per cache (prompt, new tokens and one
+    /// tree). The draft's vocabulary must be the target's or a prefix of it (checked by the
+    /// caller on the tokenizers; here on the sizes).
+    pub fn new(target: &'a DecoderModel, draft: Option<&'a DecoderModel>, capacity: usize) -> Result<Self> {
+        let vocab = target.config().vocab_size;
+        if let Some(d) = draft {
+            if d.config().vocab_size > vocab {
+                candle_core::bail!(
+                    "vocabulary mismatch: the draft has {} tokens, the target {vocab}",
+                    d.config().vocab_size
+                );
+            }
+        }
+        let capacity = capacity.min(target.config().context_length);
+        let target_cache = target.new_cache(capacity)?;
+        let draft_cache = match draft {
+            Some(d) => Some(d.new_cache(capacity.min(d.config().context_length))?),
+            None => None,
+        };
+        Ok(Self { target, draft, target_cache, draft_cache, vocab, buf: StepBuffers::default() })
+    }
+
+    /// Generates after `prompt`, calling `on_tokens` with each batch of accepted tokens (for
+    /// streaming); stops after `max_new_tokens` or at a token for which `is_stop` holds (that
+    /// token is not emitted). Returns the new tokens and the statistics.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        is_stop: impl Fn(u32) -> bool,
+        mut on_tokens: impl FnMut(&[u32]) -> Result<()>,
+    ) -> Result<(Vec<u32>, Stats)> {
+        config.warp.check().map_err(|e| Error::Msg(e.to_string()))?;
+        if prompt.is_empty() {
+            candle_core::bail!("the prompt is empty");
+        }
+        let spec = match (&config.speculative, self.draft) {
+            (Some(s), Some(_)) => {
+                samplers::validate_pair(s.construction, s.verifier).map_err(|e| Error::Msg(e.to_string()))?;
+                Some(s)
+            }
+            (Some(_), None) => candle_core::bail!("speculative decoding needs a draft model"),
+            (None, _) => None,
+        };
+        let tree_len = spec.map_or(1, |s| s.tree.len());
+        let capacity = self.target_cache.capacity();
+        if prompt.len() + tree_len > capacity {
+            candle_core::bail!(
+                "the prompt has {} tokens: with a tree of {tree_len} nodes it does not fit the context of {capacity} positions",
+                prompt.len()
+            );
+        }
+        let mut rng = StdRng::seed_from_u64(config.seed);
+        let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
+        let start = Instant::now();
+        // Prefill every prompt token but the last, which becomes the pending token.
+        self.target_cache.truncate(0);
+        let n = prompt.len();
+        if n > 1 {
+            run(self.target, &prompt[..n - 1], &mut self.target_cache)?;
+        }
+        let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
+        if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
+            cache.truncate(0);
+            if spec.is_some() && n > 1 {
+                run(d, &prompt[..n - 1], cache)?;
+            }
+        }
+        stats.prefill_s = start.elapsed().as_secs_f64();
+        let decode_start = Instant::now();
+        let mut pending = prompt[n - 1];
+        let mut out = Vec::with_capacity(config.max_new_tokens);
+        let mut timings = [Duration::ZERO; 3];
+        stats.stop_reason = "max_new_tokens".into();
+        'outer: while out.len() < config.max_new_tokens {
+            // Leave room for one more tree.
+            if self.target_cache.len() + tree_len + 1 > capacity {
+                stats.stop_reason = "context_length".into();
+                break;
+            }
+            self.buf.emitted.clear();
+            match spec {
+                None => {
+                    let t0 = Instant::now();
+                    let hidden = run(self.target, &[pending], &mut self.target_cache)?;
+                    let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+                    timings[1] += t0.elapsed();
+                    let t1 = Instant::now();
+                    config.warp.apply(&logits, &mut self.buf.p).map_err(|e| nan_error(e, "target"))?;
+                    self.buf.emitted.push(samplers::dist::sample(&self.buf.p, &mut rng));
+                    timings[2] += t1.elapsed();
+                    stats.target_forwards += 1;
+                }
+                Some(s) => {
+                    let accepted = self.spec_step(
+                        s,
+                        config.warp,
+                        pending,
+                        &mut draft_pending,
+                        &mut rng,
+                        &mut stats,
+                        &mut timings,
+                    )?;
+                    if stats.accepted_at_depth.len() < s.tree.max_depth() {
+                        stats.accepted_at_depth.resize(s.tree.max_depth(), 0);
+                    }
+                    for d in 0..accepted {
+                        stats.accepted_at_depth[d] += 1;
+                    }
+                }
+            }
+            for i in 0..self.buf.emitted.len() {
+                let t = self.buf.emitted[i];
+                if is_stop(t) {
+                    on_tokens(&self.buf.emitted[..i])?;
+                    out.extend_from_slice(&self.buf.emitted[..i]);
+                    stats.stop_reason = "stop_token".into();
+                    break 'outer;
+                }
+                if out.len() + i + 1 >= config.max_new_tokens {
+                    on_tokens(&self.buf.emitted[..=i])?;
+                    out.extend_from_slice(&self.buf.emitted[..=i]);
+                    break 'outer;
+                }
+            }
+            on_tokens(&self.buf.emitted)?;
+            out.extend_from_slice(&self.buf.emitted);
+            pending = *self.buf.emitted.last().expect("a step emits at least one token");
+        }
+        stats.new_tokens = out.len();
+        let steps = stats.target_forwards.max(1) as f64;
+        stats.tau = out.len() as f64 / steps;
+        stats.acceptance_per_depth = stats.accepted_at_depth.iter().map(|&a| a as f64 / steps).collect();
+        stats.draft_s = timings[0].as_secs_f64();
+        stats.target_s = timings[1].as_secs_f64();
+        stats.verify_s = timings[2].as_secs_f64();
+        let decode_s = decode_start.elapsed().as_secs_f64();
+        stats.total_s = start.elapsed().as_secs_f64();
+        stats.tokens_per_s = if decode_s > 0.0 { out.len() as f64 / decode_s } else { 0.0 };
+        Ok((out, stats))
+    }
+
+    /// One speculative step; fills `self.buf.emitted` and returns the accepted draft count.
+    #[allow(clippy::too_many_arguments)]
+    fn spec_step(
+        &mut self,
+        spec: &SpecConfig,
+        warp: Warp,
+        pending: u32,
+        draft_pending: &mut Vec<u32>,
+        rng: &mut StdRng,
+        stats: &mut Stats,
+        timings: &mut [Duration; 3],
+    ) -> Result<usize> {
+        let tree = &spec.tree;
+        let draft = self.draft.expect("checked by generate");
+        let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
+        let b = &mut self.buf;
+        let nodes = tree.len();
+        b.token.clear();
+        b.token.resize(nodes, None);
+        b.token[0] = Some(pending);
+        b.draft_slot.clear();
+        b.draft_slot.resize(nodes, None);
+        if b.q_at.len() < nodes {
+            b.q_at.resize_with(nodes, Vec::new);
+        }
+        let root_pos = self.target_cache.len();
+
+        // 1. Draft, level by level.
+        let t0 = Instant::now();
+        let mut level_nodes: Vec<usize> = Vec::new();
+        if !tree.children(0).is_empty() {
+            // Catch up on the tokens the draft never ran, then the root.
+            let m = draft_pending.len();
+            let dbase = dcache.len();
+            if dbase + m != root_pos + 1 {
+                candle_core::bail!("internal: draft cache at {dbase} + {m} pending, target at {root_pos}");
+            }
+            let bias = crate::model::causal_bias(dbase, m, draft.dtype(), draft.device())?;
+            let pos: Vec<u32> = (dbase..dbase + m).map(|p| p as u32).collect();
+            let hidden = draft.forward(draft_pending, &pos, &bias, dcache)?;
+            stats.draft_forwards += 1;
+            b.draft_slot[0] = Some(root_pos);
+            level_nodes.push(0);
+            let logits = draft.logits(&hidden.narrow(0, m - 1, 1)?)?;
+            draw_children(tree, spec.construction, warp, &logits, &level_nodes, self.vocab, rng, b)?;
+            let committed = root_pos + 1;
+            for level in tree.levels().iter().skip(1) {
+                level_nodes.clear();
+                level_nodes.extend(level.clone().filter(|&i| b.token[i].is_some() && !tree.children(i).is_empty()));
+                if level_nodes.is_empty() {
+                    break;
+                }
+                let past = dcache.len();
+                let fed = past - committed; // tree nodes the draft already ran this step
+                for (r, &i) in level_nodes.iter().enumerate() {
+                    b.draft_slot[i] = Some(past + r);
+                }
+                let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
+                let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
+                // Columns: committed prefix (all visible), then the tree slots of this step.
+                let slots = &b.draft_slot;
+                let owner: Vec<usize> = (0..nodes).filter(|&i| slots[i].is_some_and(|s| s >= committed)).collect();
+                let mut slot_node = vec![usize::MAX; fed + level_nodes.len()];
+                for &i in &owner {
+                    slot_node[slots[i].expect("owner") - committed] = i;
+                }
+                let bias = attention_bias(
+                    committed,
+                    level_nodes.len(),
+                    fed + level_nodes.len(),
+                    |r, c| tree.is_ancestor_or_self(slot_node[c], level_nodes[r]),
+                    draft.dtype(),
+                    draft.device(),
+                )?;
+                let hidden = draft.forward(&tokens, &pos, &bias, dcache)?;
+                stats.draft_forwards += 1;
+                let logits = draft.logits(&hidden)?;
+                draw_children(tree, spec.construction, warp, &logits, &level_nodes, self.vocab, rng, b)?;
+            }
+        }
+        timings[0] += t0.elapsed();
+
+        // 2. Target: the whole tree in one forward.
+        let t1 = Instant::now();
+        b.row_of.clear();
+        let live: Vec<usize> = (0..nodes).filter(|&i| b.token[i].is_some()).collect();
+        b.row_of.resize(nodes, usize::MAX);
+        for (r, &i) in live.iter().enumerate() {
+            b.row_of[i] = r;
+        }
+        let tokens: Vec<u32> = live.iter().map(|&i| b.token[i].expect("live")).collect();
+        let pos: Vec<u32> = live.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
+        let tbase = self.target_cache.len();
+        let bias = attention_bias(
+            tbase,
+            live.len(),
+            live.len(),
+            |r, c| tree.is_ancestor_or_self(live[c], live[r]),
+            self.target.dtype(),
+            self.target.device(),
+        )?;
+        let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
+        let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+        stats.target_forwards += 1;
+        timings[1] += t1.elapsed();
+
+        // 3. Verify from the root.
+        let t2 = Instant::now();
+        let v = self.vocab;
+        let mut node = 0;
+        b.path.clear();
+        b.path.push(0);
+        loop {
+            let row = b.row_of[node];
+            warp.apply(&logits[row * v..(row + 1) * v], &mut b.p).map_err(|e| nan_error(e, "target"))?;
+            b.kids.clear();
+            b.kids.extend(tree.children(node).iter().copied().filter(|&c| b.token[c].is_some()));
+            if b.kids.is_empty() {
+                b.emitted.push(samplers::dist::sample(&b.p, rng));
+                break;
+            }
+            b.drafts.clear();
+            b.drafts.extend(b.kids.iter().map(|&c| b.token[c].expect("drafted")));
+            let verdict = spec
+                .verifier
+                .verify(
+                    spec.construction,
+                    tree.children(node).len(),
+                    &b.p,
+                    &b.q_at[node],
+                    &b.drafts,
+                    rng,
+                    &mut b.verify_scratch,
+                )
+                .map_err(|e| Error::Msg(format!("verification: {e}")))?;
+            b.emitted.push(verdict.token);
+            match verdict.accepted {
+                Some(j) => {
+                    node = b.kids[j];
+                    b.path.push(node);
+                }
+                None => break,
+            }
+        }
+        timings[2] += t2.elapsed();
+
+        // 4. Keep the accepted path in both caches.
+        let t3 = Instant::now();
+        let rows: Vec<usize> = b.path.iter().map(|&i| b.row_of[i]).collect();
+        self.target_cache.compact(tbase, &rows)?;
+        let committed = root_pos + 1;
+        let fed: Vec<usize> = b.path[1..].iter().map_while(|&i| b.draft_slot[i]).map(|s| s - committed).collect();
+        if b.draft_slot[0].is_some() {
+            dcache.compact(committed, &fed)?;
+            draft_pending.clear();
+        }
+        // Otherwise the draft ran nothing this step (a tree without drafts): what it owes,
+        // the root included, stays in `draft_pending`.
+        draft_pending.extend(b.path[1 + fed.len()..].iter().map(|&i| b.token[i].expect("on the path")));
+        draft_pending.push(*b.emitted.last().expect("emitted"));
+        timings[1] += t3.elapsed();
+        Ok(b.path.len() - 1)
+    }
+}
+
+/// Warps the draft logits of `level_nodes` (one row each) into `q`, padded with zeros to the
+/// target vocabulary, and draws each node's children.
+#[allow(clippy::too_many_arguments)]
+fn draw_children(
+    tree: &DraftTree,
+    construction: DraftConstruction,
+    warp: Warp,
+    logits: &Tensor,
+    level_nodes: &[usize],
+    vocab: usize,
+    rng: &mut StdRng,
+    b: &mut StepBuffers,
+) -> Result<()> {
+    let (rows, dv) = logits.dims2()?;
+    let host = logits.flatten_all()?.to_vec1::<f32>()?;
+    for (r, &i) in level_nodes.iter().enumerate().take(rows) {
+        let q = &mut b.q_at[i];
+        warp.apply(&host[r * dv..(r + 1) * dv], q).map_err(|e| nan_error(e, "draft"))?;
+        q.resize(vocab, 0.0);
+        let kids = tree.children(i);
+        construction
+            .sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts)
+            .map_err(|e| Error::Msg(format!("drafting: {e}")))?;
+        for (&child, &t) in kids.iter().zip(&b.drafts) {
+            b.token[child] = Some(t);
+        }
+    }
+    Ok(())
+}
+
+/// Runs a chain of tokens after the cache (causal), returning the hidden states.
+fn run(model: &DecoderModel, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+    let past = cache.len();
+    let bias = crate::model::causal_bias(past, tokens.len(), model.dtype(), model.device())?;
+    let pos: Vec<u32> = (past..past + tokens.len()).map(|p| p as u32).collect();
+    model.forward(tokens, &pos, &bias, cache)
+}
+
+fn nan_error(e: samplers::SamplerError, which: &str) -> Error {
+    Error::Msg(format!("the {which} model produced invalid logits: {e}"))
+}

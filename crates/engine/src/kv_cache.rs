@@ -1,0 +1,157 @@
+//! The key/value cache, kept outside the model weights.
+//!
+//! Each layer owns two preallocated buffers `[1, kv_heads, capacity, head_dim]`; new keys and
+//! values are written in place (`slice_set`), so appending allocates nothing per token. A
+//! speculative step appends the whole draft tree, then [`KvCache::compact`] keeps the
+//! accepted root-to-node path and drops the rest, with one small index upload per step and
+//! one gather per layer on the device (no host round trip per layer).
+
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Keys and values of every layer of one model, for one sequence.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `layers` layers holding up to `capacity` positions.
+    pub fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let shape = (1, kv_heads, capacity, head_dim);
+        let mut keys = Vec::with_capacity(layers);
+        let mut values = Vec::with_capacity(layers);
+        for _ in 0..layers {
+            keys.push(Tensor::zeros(shape, dtype, device)?);
+            values.push(Tensor::zeros(shape, dtype, device)?);
+        }
+        Ok(Self { keys, values, len: 0, capacity })
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Most positions the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Checks that `new` more positions fit.
+    pub fn reserve(&self, new: usize) -> Result<()> {
+        if self.len + new > self.capacity {
+            candle_core::bail!(
+                "the KV cache holds {} positions and {} more do not fit in its capacity of {} \
+                 (prompt plus new tokens exceed the context length)",
+                self.len,
+                new,
+                self.capacity
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes `k`, `v` (`[1, kv_heads, t, head_dim]`) of `layer` after the cached positions and
+    /// returns every cached key and value of that layer, new ones included. The cache length
+    /// advances once all layers have appended: call [`KvCache::advance`] after the forward.
+    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = k.dim(2)?;
+        self.reserve(t)?;
+        self.keys[layer].slice_set(&k.contiguous()?, 2, self.len)?;
+        self.values[layer].slice_set(&v.contiguous()?, 2, self.len)?;
+        let total = self.len + t;
+        Ok((self.keys[layer].narrow(2, 0, total)?, self.values[layer].narrow(2, 0, total)?))
+    }
+
+    /// Counts `t` appended positions as cached (after every layer appended them).
+    pub fn advance(&mut self, t: usize) -> Result<()> {
+        self.reserve(t)?;
+        self.len += t;
+        Ok(())
+    }
+
+    /// Forgets every position from `len` on.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Keeps, of the positions from `start` on, only those at offsets `kept` (increasing,
+    /// relative to `start`), moved to `start, start + 1, ...`; drops the others.
+    pub fn compact(&mut self, start: usize, kept: &[usize]) -> Result<()> {
+        if start > self.len || kept.iter().any(|&k| start + k >= self.len) || kept.windows(2).any(|w| w[0] >= w[1]) {
+            candle_core::bail!("KV cache compact: offsets {kept:?} from {start} out of range (length {})", self.len);
+        }
+        let is_prefix = kept.iter().enumerate().all(|(i, &k)| i == k);
+        if !is_prefix {
+            let n = self.len - start;
+            let device = self.keys[0].device().clone();
+            let idx: Vec<u32> = kept.iter().map(|&k| k as u32).collect();
+            let idx = Tensor::from_vec(idx, kept.len(), &device)?;
+            for buf in self.keys.iter().chain(self.values.iter()) {
+                let gathered = buf.narrow(2, start, n)?.contiguous()?.index_select(&idx, 2)?;
+                buf.slice_set(&gathered, 2, start)?;
+            }
+        }
+        self.len = start + kept.len();
+        Ok(())
+    }
+
+    /// Cached keys of `layer` (for tests).
+    pub fn keys(&self, layer: usize) -> Result<Tensor> {
+        self.keys[layer].narrow(2, 0, self.len)
+    }
+
+    /// Cached values of `layer` (for tests).
+    pub fn values(&self, layer: usize) -> Result<Tensor> {
+        self.values[layer].narrow(2, 0, self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(start: f32, t: usize) -> Tensor {
+        let data: Vec<f32> = (0..2 * t * 3).map(|i| start + i as f32).collect();
+        Tensor::from_vec(data, (1, 2, t, 3), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn append_truncate_and_compact() {
+        let mut c = KvCache::new(1, 2, 3, 8, DType::F32, &Device::Cpu).unwrap();
+        let a = block(0.0, 2);
+        let (k, _) = c.append(0, &a, &a).unwrap();
+        c.advance(2).unwrap();
+        assert_eq!(k.dims(), &[1, 2, 2, 3]);
+        let b = block(100.0, 4);
+        c.append(0, &b, &b).unwrap();
+        c.advance(4).unwrap();
+        assert_eq!(c.len(), 6);
+        // Keep offsets 1 and 3 of the four new positions.
+        c.compact(2, &[1, 3]).unwrap();
+        assert_eq!(c.len(), 4);
+        let got = c.keys(0).unwrap();
+        let expect = Tensor::cat(&[a.clone(), b.narrow(2, 1, 1).unwrap(), b.narrow(2, 3, 1).unwrap()], 2).unwrap();
+        let diff = (got - expect).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(diff, 0.0);
+        c.truncate(1);
+        assert_eq!(c.len(), 1);
+        assert!(c.compact(0, &[3]).is_err());
+        let big = block(0.0, 8);
+        assert!(c.append(0, &big, &big).unwrap_err().to_string().contains("capacity"));
+    }
+}

@@ -1,0 +1,88 @@
+//! Opening a model and its tokenizer from a path: a GGUF file, or a Hugging Face model folder
+//! (`config.json`, safetensors or PyTorch weights, `tokenizer.json`).
+
+use crate::model::gguf::WeightFormat;
+use crate::model::{gguf, hf, DecoderModel};
+use crate::tokenizer::TextTokenizer;
+use candle_core::{DType, Device, Error, Result};
+use std::path::{Path, PathBuf};
+
+/// A model ready to run, with the tokenizer found beside it.
+pub struct LoadedModel {
+    pub model: DecoderModel,
+    pub tokenizer: TextTokenizer,
+    pub path: PathBuf,
+}
+
+/// Options of [`load`].
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Keep only the first blocks (a cheaper draft from the same file).
+    pub max_layers: Option<usize>,
+    /// A `tokenizer.json` to use instead of the one found with the model.
+    pub tokenizer: Option<PathBuf>,
+    /// How GGUF weight matrices become matmuls.
+    pub weights: WeightFormat,
+    /// Compute logits only for the first N token ids (GGUF drafts; see [`gguf::load`]).
+    pub output_rows: Option<usize>,
+}
+
+/// The activation dtype for unquantized weights: f32 on CPU, bf16 on CUDA.
+pub fn default_dtype(device: &Device) -> DType {
+    if device.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}
+
+/// Loads the model at `path` (a `.gguf` file or a model folder) on `device`.
+pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
+    if !path.exists() {
+        return Err(Error::Msg(format!("{}: no such model file or folder", path.display())));
+    }
+    let beside = |name: &str| -> Option<PathBuf> {
+        let dir = if path.is_dir() { path.to_path_buf() } else { path.parent()?.to_path_buf() };
+        let p = dir.join(name);
+        p.is_file().then_some(p)
+    };
+    if path.is_dir() {
+        let model = hf::load(path, default_dtype(device), device, opts.max_layers)?;
+        let tok_path = opts.tokenizer.clone().or_else(|| beside("tokenizer.json")).ok_or_else(|| {
+            Error::Msg(format!("{}: no tokenizer.json in the model folder (pass --tokenizer)", path.display()))
+        })?;
+        let tokenizer = TextTokenizer::from_file(&tok_path)?;
+        return Ok(LoadedModel { model, tokenizer, path: path.to_path_buf() });
+    }
+    let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) || has_gguf_magic(path);
+    if !is_gguf {
+        return Err(Error::Msg(format!(
+            "{}: not a GGUF file nor a model folder (expected a .gguf file, or a folder with config.json)",
+            path.display()
+        )));
+    }
+    let (model, file) = gguf::load(path, device, opts.max_layers, opts.output_rows, opts.weights)?;
+    let tokenizer = match opts.tokenizer.clone() {
+        Some(t) => TextTokenizer::from_file(&t)?,
+        None => TextTokenizer::from_gguf(&file)?,
+    };
+    Ok(LoadedModel { model, tokenizer, path: path.to_path_buf() })
+}
+
+fn has_gguf_magic(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
+}
+
+/// Parses `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Device::new_cuda(0),
+        _ => match s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) => Device::new_cuda(n),
+            None => Err(Error::Msg(format!("unknown device `{s}` (expected cpu, cuda or cuda:N)"))),
+        },
+    }
+}

@@ -1,0 +1,339 @@
+//! Loading a [`DecoderModel`] from a GGUF file (llama.cpp's format): LLaMA (`llama`) and
+//! Qwen2 (`qwen2`) architectures, any quantization candle's quantized matmul supports.
+//!
+//! Tensor names follow llama.cpp: `token_embd`, `blk.N.{attn_norm, attn_q, attn_k, attn_v,
+//! attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}`, `output_norm`, `output` (absent when
+//! the embeddings are tied: the embedding matrix then serves as the output head). Every tensor
+//! is checked to lie inside the file before anything is read, so a truncated download is
+//! reported as such.
+
+use super::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Error, Result};
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+/// An opened GGUF file: its metadata and tensor directory.
+pub struct GgufFile {
+    path: PathBuf,
+    content: Content,
+    reader: BufReader<File>,
+}
+
+fn err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("{}: {what}", path.display()))
+}
+
+impl GgufFile {
+    /// Opens `path`, reads the header and checks that every tensor lies inside the file.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| err(path, format!("cannot open the model file: {e}")))?;
+        let file_len = file.metadata().map_err(|e| err(path, e))?.len();
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(|e| err(path, format!("not a valid GGUF file: {e}")))?;
+        for (name, info) in &content.tensor_infos {
+            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+            let end = content.tensor_data_offset + info.offset + bytes as u64;
+            if end > file_len {
+                return Err(err(
+                    path,
+                    format!(
+                        "truncated GGUF file: tensor `{name}` ends at byte {end} but the file has {file_len} bytes \
+                         (an incomplete download? delete it and fetch again)"
+                    ),
+                ));
+            }
+        }
+        Ok(Self { path: path.to_path_buf(), content, reader })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A metadata value.
+    pub fn meta(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    /// A required metadata value.
+    pub fn require(&self, key: &str) -> Result<&Value> {
+        self.meta(key).ok_or_else(|| err(&self.path, format!("missing GGUF metadata key `{key}`")))
+    }
+
+    /// A metadata string.
+    pub fn string(&self, key: &str) -> Result<Option<String>> {
+        match self.meta(key) {
+            None => Ok(None),
+            Some(v) => v.to_string().map(|s| Some(s.clone())).map_err(|e| err(&self.path, format!("`{key}`: {e}"))),
+        }
+    }
+
+    /// A metadata unsigned integer of any width.
+    pub fn uint(&self, key: &str) -> Result<Option<u64>> {
+        let v = match self.meta(key) {
+            None => return Ok(None),
+            Some(v) => v,
+        };
+        let n = match v {
+            Value::U8(x) => *x as u64,
+            Value::U16(x) => *x as u64,
+            Value::U32(x) => *x as u64,
+            Value::U64(x) => *x,
+            Value::I8(x) if *x >= 0 => *x as u64,
+            Value::I16(x) if *x >= 0 => *x as u64,
+            Value::I32(x) if *x >= 0 => *x as u64,
+            Value::I64(x) if *x >= 0 => *x as u64,
+            other => return Err(err(&self.path, format!("`{key}` is {other:?}, expected an unsigned integer"))),
+        };
+        Ok(Some(n))
+    }
+
+    fn require_uint(&self, key: &str) -> Result<usize> {
+        self.uint(key)?.map(|n| n as usize).ok_or_else(|| err(&self.path, format!("missing GGUF metadata key `{key}`")))
+    }
+
+    /// A metadata float.
+    pub fn float(&self, key: &str) -> Result<Option<f64>> {
+        match self.meta(key) {
+            None => Ok(None),
+            Some(Value::F32(x)) => Ok(Some(*x as f64)),
+            Some(Value::F64(x)) => Ok(Some(*x)),
+            Some(other) => Err(err(&self.path, format!("`{key}` is {other:?}, expected a float"))),
+        }
+    }
+
+    /// A metadata array of strings.
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>> {
+        match self.meta(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.to_string().cloned().map_err(|e| err(&self.path, format!("`{key}`: {e}"))))
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(other) => Err(err(&self.path, format!("`{key}` is {:?}, expected an array", other.value_type()))),
+        }
+    }
+
+    /// A metadata array of integers.
+    pub fn ints(&self, key: &str) -> Result<Option<Vec<i64>>> {
+        match self.meta(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::I32(x) => Ok(*x as i64),
+                    Value::U32(x) => Ok(*x as i64),
+                    Value::I8(x) => Ok(*x as i64),
+                    Value::U8(x) => Ok(*x as i64),
+                    Value::I64(x) => Ok(*x),
+                    other => Err(err(&self.path, format!("`{key}` holds {other:?}, expected integers"))),
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(other) => Err(err(&self.path, format!("`{key}` is {:?}, expected an array", other.value_type()))),
+        }
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Reads a tensor; a missing one is an error naming it and the file.
+    pub fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+        if !self.has_tensor(name) {
+            return Err(err(&self.path, format!("missing tensor `{name}`")));
+        }
+        self.content
+            .tensor(&mut self.reader, name, device)
+            .map_err(|e| err(&self.path, format!("tensor `{name}`: {e}")))
+    }
+
+    /// The first `rows` rows of a 2-D tensor `[rows_total, cols]` (rows are stored
+    /// contiguously, so this reads a prefix of the tensor's data).
+    pub fn tensor_rows(&mut self, name: &str, rows: usize, device: &Device) -> Result<QTensor> {
+        let info =
+            self.content.tensor_infos.get(name).ok_or_else(|| err(&self.path, format!("missing tensor `{name}`")))?;
+        let dims = info.shape.dims().to_vec();
+        if dims.len() != 2 || rows == 0 || rows > dims[0] {
+            return Err(err(&self.path, format!("cannot take {rows} rows of `{name}` with shape {dims:?}")));
+        }
+        let sub = candle_core::quantized::gguf_file::TensorInfo {
+            ggml_dtype: info.ggml_dtype,
+            shape: candle_core::Shape::from((rows, dims[1])),
+            offset: info.offset,
+        };
+        sub.read(&mut self.reader, self.content.tensor_data_offset, device)
+            .map_err(|e| err(&self.path, format!("tensor `{name}`: {e}")))
+    }
+
+    /// The architecture string (`general.architecture`).
+    pub fn architecture(&self) -> Result<String> {
+        self.string("general.architecture")?.ok_or_else(|| err(&self.path, "missing `general.architecture`"))
+    }
+
+    /// The model hyper-parameters from the metadata.
+    pub fn config(&self) -> Result<ModelConfig> {
+        let arch_name = self.architecture()?;
+        let architecture = match arch_name.as_str() {
+            "llama" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            other => {
+                return Err(err(
+                    &self.path,
+                    format!("unsupported GGUF architecture `{other}` (supported: llama, qwen2)"),
+                ))
+            }
+        };
+        let a = |k: &str| format!("{arch_name}.{k}");
+        let hidden_size = self.require_uint(&a("embedding_length"))?;
+        let num_heads = self.require_uint(&a("attention.head_count"))?;
+        let num_kv_heads = self.uint(&a("attention.head_count_kv"))?.map(|n| n as usize).unwrap_or(num_heads);
+        let head_dim = match self.uint(&a("attention.key_length"))? {
+            Some(n) => n as usize,
+            None if num_heads > 0 => hidden_size / num_heads,
+            None => 0,
+        };
+        let vocab_size = match self.strings("tokenizer.ggml.tokens")? {
+            Some(t) => t.len(),
+            None => match self.content.tensor_infos.get("token_embd.weight") {
+                Some(info) => info.shape.dims().iter().copied().max().unwrap_or(0),
+                None => return Err(err(&self.path, "missing tensor `token_embd.weight`")),
+            },
+        };
+        let config = ModelConfig {
+            architecture,
+            vocab_size,
+            hidden_size,
+            intermediate_size: self.require_uint(&a("feed_forward_length"))?,
+            num_layers: self.require_uint(&a("block_count"))?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self.float(&a("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+            rope_theta: self.float(&a("rope.freq_base"))?.unwrap_or(10_000.0),
+            context_length: self.uint(&a("context_length"))?.map(|n| n as usize).unwrap_or(4096),
+            // llama.cpp's converter permutes LLaMA's q/k rows into interleaved pairs; Qwen2
+            // keeps the Hugging Face (NeoX) layout.
+            rope_interleaved: architecture == Architecture::Llama,
+        };
+        config.validate(&self.path.display().to_string())?;
+        Ok(config)
+    }
+}
+
+/// How the weight matrices of a GGUF file are turned into matmuls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightFormat {
+    /// As stored.
+    #[default]
+    #[value(name = "stored")]
+    AsStored,
+    /// Matrices stored in a format without a SIMD CPU kernel in candle (Q4_1, Q5_0, Q5_1,
+    /// Q8_1) are re-quantized to Q8_0 at load time. Fine for a draft (any draft keeps the
+    /// output exact; this one only gets faster); it changes the numerics of a target.
+    #[value(name = "fast-cpu")]
+    FastCpu,
+    /// Every matrix dequantized to f32: slow, but batch-invariant numerics (the quantized
+    /// kernels round differently for one row and for many, so `--no-spec` and speculative
+    /// decoding at temperature 0 can part at near-ties; dense f32 does not).
+    #[value(name = "f32")]
+    Dequantized,
+}
+
+impl WeightFormat {
+    fn matmul(self, t: QTensor, device: &Device) -> Result<QMatMul> {
+        use candle_core::quantized::GgmlDType as G;
+        match self {
+            Self::AsStored => QMatMul::from_qtensor(t),
+            Self::Dequantized => Ok(QMatMul::Tensor(t.dequantize(device)?)),
+            Self::FastCpu => {
+                // Q4_0 was measured too: no faster than Q8_0 here (the kernels are compute-bound).
+                let slow = matches!(t.dtype(), G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_1);
+                let cols = t.shape().dims().last().copied().unwrap_or(0);
+                if slow && device.is_cpu() && cols % 32 == 0 {
+                    let dense = t.dequantize(device)?;
+                    QMatMul::from_qtensor(QTensor::quantize(&dense, G::Q8_0)?)
+                } else {
+                    QMatMul::from_qtensor(t)
+                }
+            }
+        }
+    }
+}
+
+/// Loads the model in `path`. `max_layers` keeps only the first blocks (a cheaper draft from
+/// the same file); `output_rows` keeps only the logits of the first token ids (a cheaper draft
+/// head: byte-level BPE ids follow merge order, roughly frequency; the other ids get q = 0,
+/// which keeps speculative decoding exact). Activations are f32 (the quantized matmul takes
+/// f32 inputs).
+pub fn load(
+    path: &Path,
+    device: &Device,
+    max_layers: Option<usize>,
+    output_rows: Option<usize>,
+    format: WeightFormat,
+) -> Result<(DecoderModel, GgufFile)> {
+    let mut file = GgufFile::open(path)?;
+    let mut config = file.config()?;
+    if let Some(n) = max_layers {
+        config.num_layers = config.num_layers.min(n.max(1));
+    }
+    let dtype = DType::F32;
+    let embed_q = file.tensor("token_embd.weight", device)?;
+    let embed = embed_q.dequantize(device)?;
+    if embed.dims() != [config.vocab_size, config.hidden_size] {
+        return Err(err(
+            path,
+            format!(
+                "`token_embd.weight` has shape {:?}, expected [{}, {}]",
+                embed.dims(),
+                config.vocab_size,
+                config.hidden_size
+            ),
+        ));
+    }
+    let dense = |file: &mut GgufFile, name: &str| -> Result<Tensor> { file.tensor(name, device)?.dequantize(device) };
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for i in 0..config.num_layers {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        let linear = |file: &mut GgufFile, name: &str, with_bias: bool| -> Result<Linear> {
+            let w = format.matmul(file.tensor(&p(&format!("{name}.weight")), device)?, device)?;
+            let bias_name = p(&format!("{name}.bias"));
+            let b = if with_bias && file.has_tensor(&bias_name) {
+                Some(file.tensor(&bias_name, device)?.dequantize(device)?)
+            } else {
+                None
+            };
+            Ok(Linear::new(w, b))
+        };
+        let qkv_bias = config.architecture == Architecture::Qwen2;
+        layers.push(Layer {
+            attn_norm: dense(&mut file, &p("attn_norm.weight"))?,
+            q: linear(&mut file, "attn_q", qkv_bias)?,
+            k: linear(&mut file, "attn_k", qkv_bias)?,
+            v: linear(&mut file, "attn_v", qkv_bias)?,
+            o: linear(&mut file, "attn_output", false)?,
+            mlp_norm: dense(&mut file, &p("ffn_norm.weight"))?,
+            gate: linear(&mut file, "ffn_gate", false)?,
+            up: linear(&mut file, "ffn_up", false)?,
+            down: linear(&mut file, "ffn_down", false)?,
+        });
+    }
+    let norm = dense(&mut file, "output_norm.weight")?;
+    // Tied embeddings (SmolLM2) use the embedding matrix as the output head.
+    let head_name = if file.has_tensor("output.weight") { "output.weight" } else { "token_embd.weight" };
+    let head = match output_rows {
+        Some(rows) if rows < config.vocab_size => file.tensor_rows(head_name, rows, device)?,
+        _ if head_name == "token_embd.weight" => embed_q,
+        _ => file.tensor(head_name, device)?,
+    };
+    let lm_head = format.matmul(head, device)?;
+    let model = DecoderModel::new(config, embed, layers, norm, Linear::new(lm_head, None), dtype, device)?;
+    Ok((model, file))
+}
+
+use candle_core::Tensor;

@@ -1,0 +1,232 @@
+//! Loading a [`DecoderModel`] from a Hugging Face model folder: `config.json` plus
+//! `model.safetensors`, sharded `model-*.safetensors` with `model.safetensors.index.json`, or
+//! `pytorch_model*.bin` (with its index when sharded).
+//!
+//! Weight names follow transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM`:
+//! `model.embed_tokens`, `model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
+//! post_attention_layernorm, mlp.{gate,up,down}_proj}`, `model.norm`, `lm_head` (absent when
+//! `tie_word_embeddings`).
+
+use super::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Error, Result};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("{}: {what}", path.display()))
+}
+
+/// `config.json` of a LLaMA-family or Qwen2 checkpoint, as transformers writes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HfConfig {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "default_ctx")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    pub attention_bias: Option<bool>,
+    pub rope_scaling: Option<serde_json::Value>,
+    pub hidden_act: Option<String>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f64 {
+    10_000.0
+}
+fn default_ctx() -> usize {
+    2048
+}
+
+impl HfConfig {
+    /// Reads and checks `config.json`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+        serde_json::from_str(&text).map_err(|e| err(path, format!("not a valid model config.json: {e}")))
+    }
+
+    /// The plain configuration; unsupported features are errors naming `path`.
+    pub fn resolve(&self, path: &Path) -> Result<ModelConfig> {
+        let architecture = match self.model_type.as_str() {
+            "llama" | "mistral" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            other => {
+                return Err(err(path, format!("unsupported model_type `{other}` (supported: llama, mistral, qwen2)")))
+            }
+        };
+        if let Some(s) = &self.rope_scaling {
+            if !s.is_null() {
+                return Err(err(path, format!("rope_scaling {s} is not supported yet")));
+            }
+        }
+        if let Some(act) = &self.hidden_act {
+            if act != "silu" {
+                return Err(err(path, format!("hidden_act `{act}` is not supported (only silu)")));
+            }
+        }
+        let config = ModelConfig {
+            architecture,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
+            head_dim: self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1)),
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            context_length: self.max_position_embeddings,
+            rope_interleaved: false,
+        };
+        config.validate(&path.display().to_string())?;
+        Ok(config)
+    }
+
+    fn qkv_bias(&self) -> bool {
+        self.attention_bias.unwrap_or(self.model_type == "qwen2")
+    }
+}
+
+/// The weight files of a model folder, in load order.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    for index in ["model.safetensors.index.json", "pytorch_model.bin.index.json"] {
+        let index_path = dir.join(index);
+        if index_path.is_file() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| err(&index_path, e))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| err(&index_path, format!("not valid JSON: {e}")))?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| err(&index_path, "no `weight_map` object"))?;
+            let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+            files.sort();
+            files.dedup();
+            let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+            if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+                return Err(err(missing, format!("weight shard listed in {index} is missing")));
+            }
+            return Ok(files);
+        }
+    }
+    for single in ["model.safetensors", "pytorch_model.bin"] {
+        if dir.join(single).is_file() {
+            return Ok(vec![dir.join(single)]);
+        }
+    }
+    Err(err(dir, "no weights: expected model.safetensors, model.safetensors.index.json or pytorch_model.bin"))
+}
+
+/// Loads the model in folder `dir`. Weights are cast to `dtype` (f32 on CPU; f16/bf16 on
+/// CUDA). `max_layers` keeps only the first blocks.
+pub fn load(dir: &Path, dtype: DType, device: &Device, max_layers: Option<usize>) -> Result<DecoderModel> {
+    let config_path = dir.join("config.json");
+    let hf = HfConfig::load(&config_path)?;
+    let mut config = hf.resolve(&config_path)?;
+    if let Some(n) = max_layers {
+        config.num_layers = config.num_layers.min(n.max(1));
+    }
+    let files = weight_files(dir)?;
+    let vb = if files.iter().all(|f| f.extension().is_some_and(|e| e == "safetensors")) {
+        for f in &files {
+            check_safetensors(f)?;
+        }
+        // SAFETY: the files are memory-mapped read-only; they must not change while loaded.
+        unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? }
+    } else {
+        let mut all = HashMap::new();
+        for f in &files {
+            for (name, t) in candle_core::pickle::read_all(f).map_err(|e| err(f, format!("cannot read: {e}")))? {
+                all.insert(name, t);
+            }
+        }
+        VarBuilder::from_tensors(all, dtype, device)
+    };
+    let shown = files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ");
+    build(&hf, config, vb, dtype, device).map_err(|e| Error::Msg(format!("{shown}: {e}")))
+}
+
+/// A safetensors header that parses and whose tensors lie inside the file (reads only the
+/// header, so a truncated download is caught before memory-mapping).
+fn check_safetensors(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| err(path, format!("cannot open: {e}")))?;
+    let file_len = f.metadata().map_err(|e| err(path, e))?.len();
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|_| err(path, "corrupt safetensors file: shorter than its 8-byte header length"))?;
+    let n = u64::from_le_bytes(len);
+    if n > 100_000_000 || 8 + n > file_len {
+        return Err(err(path, format!("corrupt safetensors file: header length {n} for a file of {file_len} bytes")));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(|e| err(path, format!("corrupt safetensors file: {e}")))?;
+    let json: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| err(path, format!("corrupt safetensors file: header is not JSON: {e}")))?;
+    let entries = json.as_object().ok_or_else(|| err(path, "corrupt safetensors file: header is not an object"))?;
+    for (name, info) in entries.iter().filter(|(k, _)| *k != "__metadata__") {
+        let end = info.get("data_offsets").and_then(|o| o.get(1)).and_then(|e| e.as_u64());
+        match end {
+            Some(end) if 8 + n + end <= file_len => {}
+            Some(end) => {
+                return Err(err(
+                    path,
+                    format!("truncated safetensors file: tensor `{name}` ends at byte {} of {file_len}", 8 + n + end),
+                ))
+            }
+            None => return Err(err(path, format!("corrupt safetensors file: tensor `{name}` has no data_offsets"))),
+        }
+    }
+    Ok(())
+}
+
+fn build(hf: &HfConfig, config: ModelConfig, vb: VarBuilder, dtype: DType, device: &Device) -> Result<DecoderModel> {
+    let c = &config;
+    let (h, kv) = (c.hidden_size, c.num_kv_heads * c.head_dim);
+    let m = vb.pp("model");
+    let embed = m.get((c.vocab_size, h), "embed_tokens.weight")?;
+    let linear = |vb: &VarBuilder, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+        let w = vb.get((out, inp), "weight")?;
+        let b = if bias { Some(vb.get(out, "bias")?) } else { None };
+        Ok(Linear::new(QMatMul::Tensor(w), b))
+    };
+    let qkv_bias = hf.qkv_bias();
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for i in 0..c.num_layers {
+        let l = m.pp(format!("layers.{i}"));
+        let a = l.pp("self_attn");
+        let f = l.pp("mlp");
+        layers.push(Layer {
+            attn_norm: l.get(h, "input_layernorm.weight")?,
+            q: linear(&a.pp("q_proj"), c.num_heads * c.head_dim, h, qkv_bias)?,
+            k: linear(&a.pp("k_proj"), kv, h, qkv_bias)?,
+            v: linear(&a.pp("v_proj"), kv, h, qkv_bias)?,
+            o: linear(&a.pp("o_proj"), h, c.num_heads * c.head_dim, false)?,
+            mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
+            gate: linear(&f.pp("gate_proj"), c.intermediate_size, h, false)?,
+            up: linear(&f.pp("up_proj"), c.intermediate_size, h, false)?,
+            down: linear(&f.pp("down_proj"), h, c.intermediate_size, false)?,
+        });
+    }
+    let norm = m.get(h, "norm.weight")?;
+    let lm_head = if hf.tie_word_embeddings && !vb.contains_tensor("lm_head.weight") {
+        embed.clone()
+    } else {
+        vb.get((c.vocab_size, h), "lm_head.weight")?
+    };
+    DecoderModel::new(config, embed, layers, norm, Linear::new(QMatMul::Tensor(lm_head), None), dtype, device)
+}

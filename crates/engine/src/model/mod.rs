@@ -1,0 +1,312 @@
+//! Decoder-only transformers of the LLaMA family and Qwen2, with a forward made for tree
+//! decoding.
+//!
+//! [`DecoderModel::forward`] takes the new token ids, their explicit position ids and an
+//! additive attention bias of the new tokens against every cached position plus the new ones
+//! (`[new, cached + new]`, 0 where attention is allowed, -inf elsewhere), and returns the final
+//! hidden state of every new position; [`DecoderModel::logits`] maps chosen rows to logits.
+//! The KV cache ([`KvCache`]) lives outside the weights. This is what candle-transformers'
+//! own forwards cannot do: they return only the last position's logits, assume contiguous
+//! positions and a causal mask, and own their cache.
+//!
+//! LLaMA and Qwen2 differ only in the q/k/v bias (Qwen2 has one) and in conventions of the
+//! files they come from; both load from Hugging Face safetensors ([`hf`]) and from GGUF
+//! ([`gguf`]), dense or quantized (candle's quantized matmul).
+
+pub mod gguf;
+pub mod hf;
+
+use crate::kv_cache::KvCache;
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+
+/// The model families the engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// LLaMA-1/2/3, Vicuna, JackFram/llama-68m, SmolLM2, Mistral without sliding window.
+    Llama,
+    /// Qwen2 and Qwen2.5: bias on the q, k and v projections.
+    Qwen2,
+}
+
+/// Plain, resolved model hyper-parameters (from `config.json` or the GGUF metadata).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    /// Longest sequence (prompt plus generated tokens) the model supports.
+    pub context_length: usize,
+    /// Rotary embedding on interleaved pairs (GGUF LLaMA files, whose q/k rows are permuted by
+    /// the converter) instead of the two halves of each head (Hugging Face, GGUF Qwen2).
+    pub rope_interleaved: bool,
+}
+
+impl ModelConfig {
+    /// Checks the shapes are consistent; `source` names the file in the error.
+    pub fn validate(&self, source: &str) -> Result<()> {
+        let bad = |what: String| candle_core::Error::Msg(format!("{source}: invalid model configuration: {what}"));
+        if self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 || self.vocab_size == 0 {
+            return Err(bad(format!("zero layers, heads or vocabulary: {self:?}")));
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(bad(format!("{} heads is not a multiple of {} KV heads", self.num_heads, self.num_kv_heads)));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(bad(format!("odd head dimension {}", self.head_dim)));
+        }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(self.rope_theta) || !positive(self.rms_norm_eps) {
+            return Err(bad(format!("rope theta {} or RMS-norm epsilon {}", self.rope_theta, self.rms_norm_eps)));
+        }
+        Ok(())
+    }
+}
+
+/// A matrix product with optional bias; the matrix is dense or quantized.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// One transformer block's weights.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    pub attn_norm: Tensor,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub mlp_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// A decoder-only transformer (see the module docs).
+#[derive(Debug, Clone)]
+pub struct DecoderModel {
+    config: ModelConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    cos: Tensor,
+    sin: Tensor,
+    dtype: DType,
+    device: Device,
+}
+
+impl DecoderModel {
+    /// Assembles a model; `embed` is `[vocab, hidden]` in the activation dtype.
+    pub fn new(
+        config: ModelConfig,
+        embed: Tensor,
+        layers: Vec<Layer>,
+        norm: Tensor,
+        lm_head: Linear,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let (cos, sin) = rotary_tables(&config, dtype, device)?;
+        Ok(Self { config, embed, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dtype of activations, of the KV cache and of the attention bias.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of transformer blocks run (may be fewer than the file has; see `max_layers` in
+    /// the loaders).
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// An empty KV cache for this model holding up to `capacity` positions.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache> {
+        KvCache::new(
+            self.layers.len(),
+            self.config.num_kv_heads,
+            self.config.head_dim,
+            capacity,
+            self.dtype,
+            &self.device,
+        )
+    }
+
+    /// Runs the new tokens `tokens` at positions `positions` with the additive attention bias
+    /// `bias` (`[t, cache.len() + t]`) and appends their keys and values to `cache`. Returns
+    /// the final (normed) hidden states `[t, hidden]`.
+    pub fn forward(&self, tokens: &[u32], positions: &[u32], bias: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let _span = tracing::trace_span!("forward").entered();
+        let t = tokens.len();
+        let total = cache.len() + t;
+        if positions.len() != t || t == 0 {
+            candle_core::bail!("forward: {t} tokens and {} positions", positions.len());
+        }
+        if bias.dims() != [t, total] {
+            candle_core::bail!("attention bias has shape {:?}, expected [{t}, {total}]", bias.dims());
+        }
+        cache.reserve(t)?;
+        let max_pos = positions.iter().copied().max().unwrap_or(0) as usize;
+        if max_pos >= self.config.context_length {
+            candle_core::bail!(
+                "position {max_pos} is beyond the model's context length of {}",
+                self.config.context_length
+            );
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= self.config.vocab_size) {
+            candle_core::bail!("token id {bad} is outside the vocabulary of {} tokens", self.config.vocab_size);
+        }
+        let tokens = Tensor::from_slice(tokens, t, &self.device)?;
+        let positions = Tensor::from_slice(positions, t, &self.device)?;
+        let cos = self.cos.index_select(&positions, 0)?;
+        let sin = self.sin.index_select(&positions, 0)?;
+        let bias = bias.to_dtype(self.dtype)?;
+        let mut x = self.embed.index_select(&tokens, 0)?.unsqueeze(0)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = self.block(i, layer, &x, &cos, &sin, &bias, cache)?;
+        }
+        cache.advance(t)?;
+        candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)
+    }
+
+    /// Logits (`[rows, vocab]`, f32) of hidden states `[rows, hidden]`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let _span = tracing::trace_span!("lm_head").entered();
+        self.lm_head.forward(&hidden.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        index: usize,
+        layer: &Layer,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        bias: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (_, t, _) = x.dims3()?;
+        let eps = c.rms_norm_eps as f32;
+        let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
+        let attn = {
+            let _span = tracing::trace_span!("attention").entered();
+            let heads = |lin: &Linear, n: usize| -> Result<Tensor> {
+                lin.forward(&h)?.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()
+            };
+            let q = heads(&layer.q, c.num_heads)?;
+            let k = heads(&layer.k, c.num_kv_heads)?;
+            let v = heads(&layer.v, c.num_kv_heads)?;
+            let (q, k) = if c.rope_interleaved {
+                (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?)
+            } else {
+                (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?)
+            };
+            let (k_all, v_all) = cache.append(index, &k, &v)?;
+            let total = k_all.dim(2)?;
+            // Grouped-query attention without repeating K/V: the query heads sharing one KV
+            // head are stacked along the sequence axis.
+            let groups = c.num_heads / c.num_kv_heads;
+            let q = q.reshape((1, c.num_kv_heads, groups * t, c.head_dim))?;
+            let scale = 1.0 / (c.head_dim as f64).sqrt();
+            let k_t = k_all.contiguous()?.t()?;
+            let scores = (q.matmul(&k_t)? * scale)?.reshape((1, c.num_heads, t, total))?;
+            let scores = scores.broadcast_add(bias)?;
+            let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+            let weights = weights.reshape((1, c.num_kv_heads, groups * t, total))?;
+            let y = weights.matmul(&v_all.contiguous()?)?;
+            let y = y.reshape((1, c.num_heads, t, c.head_dim))?.transpose(1, 2)?.reshape((
+                1,
+                t,
+                c.num_heads * c.head_dim,
+            ))?;
+            layer.o.forward(&y)?
+        };
+        let x = (x + attn)?;
+        let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
+        let mlp = {
+            let _span = tracing::trace_span!("mlp").entered();
+            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
+            layer.down.forward(&(g * layer.up.forward(&h)?)?)?
+        };
+        x + mlp
+    }
+}
+
+/// cos and sin tables `[context_length, head_dim / 2]`: angle `pos * theta^(-2i / head_dim)`.
+fn rotary_tables(c: &ModelConfig, dtype: DType, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = c.head_dim / 2;
+    let inv_freq: Vec<f32> =
+        (0..half).map(|i| (1.0 / c.rope_theta.powf(2.0 * i as f64 / c.head_dim as f64)) as f32).collect();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
+    let pos =
+        Tensor::arange(0u32, c.context_length as u32, device)?.to_dtype(DType::F32)?.reshape((c.context_length, 1))?;
+    let angles = pos.broadcast_mul(&inv_freq)?;
+    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+}
+
+/// Additive attention bias `[rows, prefix + cols]`: every row sees the `prefix` first
+/// positions, and tail column `c` when `allowed(row, c)` (0 where visible, -inf elsewhere).
+pub fn attention_bias(
+    prefix: usize,
+    rows: usize,
+    cols: usize,
+    allowed: impl Fn(usize, usize) -> bool,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    let mut tail = vec![f32::NEG_INFINITY; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            if allowed(r, c) {
+                tail[r * cols + c] = 0.0;
+            }
+        }
+    }
+    let tail = Tensor::from_vec(tail, (rows, cols), device)?.to_dtype(dtype)?;
+    if prefix == 0 {
+        return Ok(tail);
+    }
+    Tensor::cat(&[&Tensor::zeros((rows, prefix), dtype, device)?, &tail], D::Minus1)
+}
+
+/// Causal bias for a chain of `t` new tokens after `past` cached ones.
+pub fn causal_bias(past: usize, t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    attention_bias(past, t, t, |i, j| j <= i, dtype, device)
+}

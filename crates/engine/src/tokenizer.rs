@@ -1,0 +1,315 @@
+//! Tokenizers and chat templates.
+//!
+//! A [`TextTokenizer`] comes from `tokenizer.json` (with `tokenizer_config.json` for the chat
+//! template and special tokens) or, for a GGUF file without one, is built from the GGUF
+//! metadata: byte-level BPE from `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`, the
+//! pre-tokenizer regex chosen by `tokenizer.ggml.pre`, control and user-defined tokens as
+//! added tokens. Chat templates are Jinja (`tokenizer.chat_template` or the config's
+//! `chat_template`) rendered with minijinja the way transformers renders them (trim and
+//! lstrip blocks, Python string methods, `raise_exception`).
+
+use crate::model::gguf::GgufFile;
+use candle_core::{Error, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+fn err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("{}: {what}", path.display()))
+}
+
+/// Qwen2's pre-tokenizer split (from its `tokenizer.json`; llama.cpp's `qwen2`).
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// LLaMA-3's split (llama.cpp's `llama-bpe`).
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A tokenizer with the model's special tokens and chat template.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Token strings by id (for the target/draft vocabulary check).
+    vocab: Vec<String>,
+    chat_template: Option<String>,
+    bos: Option<(u32, String)>,
+    eos: Option<(u32, String)>,
+    /// Ids that end generation.
+    stop_ids: Vec<u32>,
+    add_bos: bool,
+    source: PathBuf,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer").field("source", &self.source).field("vocab", &self.vocab.len()).finish()
+    }
+}
+
+impl TextTokenizer {
+    /// Builds the tokenizer stored in a GGUF file's metadata.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let path = file.path();
+        let model = file.string("tokenizer.ggml.model")?.unwrap_or_default();
+        if model != "gpt2" {
+            return Err(err(
+                path,
+                format!(
+                    "GGUF tokenizer model `{model}` is not supported (only byte-level BPE, `gpt2`); \
+                     pass the model's tokenizer.json with --tokenizer"
+                ),
+            ));
+        }
+        let tokens = file.strings("tokenizer.ggml.tokens")?.ok_or_else(|| err(path, "no `tokenizer.ggml.tokens`"))?;
+        let merges = file.strings("tokenizer.ggml.merges")?.ok_or_else(|| err(path, "no `tokenizer.ggml.merges`"))?;
+        let types = file.ints("tokenizer.ggml.token_type")?.unwrap_or_else(|| vec![1; tokens.len()]);
+        let pre = file.string("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".into());
+        let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": regex});
+        let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
+        let pre_tokenizer = match pre.as_str() {
+            "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
+            "llama-bpe" | "llama3" => {
+                json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
+            }
+            "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+            "default" | "gpt2" | "gpt-2" => byte_level(true),
+            other => {
+                return Err(err(
+                    path,
+                    format!(
+                        "GGUF pre-tokenizer `{other}` is not supported (qwen2, llama-bpe, smollm, starcoder, gpt2); \
+                         pass the model's tokenizer.json with --tokenizer"
+                    ),
+                ))
+            }
+        };
+        let mut vocab = serde_json::Map::with_capacity(tokens.len());
+        let mut added = Vec::new();
+        for (id, tok) in tokens.iter().enumerate() {
+            let ty = types.get(id).copied().unwrap_or(1);
+            if ty == 3 || ty == 4 {
+                added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
+                    "normalized": false, "special": ty == 3}));
+            }
+            vocab.entry(tok.clone()).or_insert(json!(id));
+        }
+        let spec = json!({
+            "version": "1.0",
+            "truncation": null, "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "post_processor": null,
+            "decoder": byte_level(true),
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges},
+        });
+        let inner = tokenizers::Tokenizer::from_bytes(spec.to_string().as_bytes())
+            .map_err(|e| err(path, format!("cannot build the tokenizer from the GGUF metadata: {e}")))?;
+        let id_token = |key: &str| -> Result<Option<(u32, String)>> {
+            Ok(file.uint(key)?.and_then(|id| tokens.get(id as usize).map(|t| (id as u32, t.clone()))))
+        };
+        let bos = id_token("tokenizer.ggml.bos_token_id")?;
+        let eos = id_token("tokenizer.ggml.eos_token_id")?;
+        let add_bos = match file.meta("tokenizer.ggml.add_bos_token") {
+            Some(candle_core::quantized::gguf_file::Value::Bool(b)) => *b,
+            _ => false,
+        };
+        let chat_template = file.string("tokenizer.chat_template")?;
+        Ok(Self::finish(inner, tokens, chat_template, bos, eos, add_bos, path))
+    }
+
+    /// Loads `tokenizer.json` and, beside it, `tokenizer_config.json` (chat template, BOS/EOS,
+    /// `add_bos_token`) when present.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| err(path, format!("not a valid tokenizer.json: {e}")))?;
+        let map = inner.get_vocab(true);
+        let mut vocab = vec![String::new(); map.values().map(|&i| i as usize + 1).max().unwrap_or(0)];
+        for (tok, id) in map {
+            vocab[id as usize] = tok;
+        }
+        let config_path = path.with_file_name("tokenizer_config.json");
+        let config: Value = if config_path.is_file() {
+            let text = std::fs::read_to_string(&config_path).map_err(|e| err(&config_path, e))?;
+            serde_json::from_str(&text).map_err(|e| err(&config_path, format!("not valid JSON: {e}")))?
+        } else {
+            Value::Null
+        };
+        // `bos_token` is a string or {"content": ...}.
+        let special = |key: &str| -> Option<(u32, String)> {
+            let v = config.get(key)?;
+            let s = v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))?;
+            inner.token_to_id(s).map(|id| (id, s.to_owned()))
+        };
+        let chat_template = match config.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            // A list of named templates: take "default".
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+            _ => None,
+        };
+        let add_bos = config.get("add_bos_token").and_then(|b| b.as_bool()).unwrap_or(false);
+        let (bos, eos) = (special("bos_token"), special("eos_token"));
+        Ok(Self::finish(inner, vocab, chat_template, bos, eos, add_bos, path))
+    }
+
+    fn finish(
+        inner: tokenizers::Tokenizer,
+        vocab: Vec<String>,
+        chat_template: Option<String>,
+        bos: Option<(u32, String)>,
+        eos: Option<(u32, String)>,
+        add_bos: bool,
+        source: &Path,
+    ) -> Self {
+        // End-of-turn tokens of the common chat formats stop generation too.
+        let mut stop_ids: Vec<u32> = eos.iter().map(|(id, _)| *id).collect();
+        for t in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"] {
+            if let Some(id) = inner.token_to_id(t) {
+                if !stop_ids.contains(&id) {
+                    stop_ids.push(id);
+                }
+            }
+        }
+        Self { inner, vocab, chat_template, bos, eos, stop_ids, add_bos, source: source.to_path_buf() }
+    }
+
+    /// Where the tokenizer came from.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Token strings by id.
+    pub fn vocab(&self) -> &[String] {
+        &self.vocab
+    }
+
+    /// Whether `id` ends generation (EOS or an end-of-turn token).
+    pub fn is_stop(&self, id: u32) -> bool {
+        self.stop_ids.contains(&id)
+    }
+
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Token ids of `text` (special tokens written in the text are recognised); the BOS token
+    /// is put first when the model asks for it and the text does not already start with it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| err(&self.source, format!("tokenization failed: {e}")))?;
+        let mut ids = enc.get_ids().to_vec();
+        if let Some((bos, _)) = &self.bos {
+            if self.add_bos && ids.first() != Some(bos) {
+                ids.insert(0, *bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Text of `ids`, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(|e| err(&self.source, format!("detokenization failed: {e}")))
+    }
+
+    /// Renders the chat template for one user turn (with an optional system prompt) followed
+    /// by the generation prompt.
+    pub fn apply_chat_template(&self, user: &str, system: Option<&str>) -> Result<String> {
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            err(&self.source, "the model has no chat template (tokenizer.chat_template / chat_template); drop --chat")
+        })?;
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": user}));
+        render_chat(
+            template,
+            &messages,
+            self.bos.as_ref().map(|b| b.1.as_str()),
+            self.eos.as_ref().map(|e| e.1.as_str()),
+        )
+        .map_err(|e| err(&self.source, format!("chat template: {e}")))
+    }
+}
+
+/// Renders a Hugging Face chat template with transformers' settings.
+pub fn render_chat(
+    template: &str,
+    messages: &[Value],
+    bos_token: Option<&str>,
+    eos_token: Option<&str>,
+) -> std::result::Result<String, String> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template("chat", template).map_err(|e| e.to_string())?;
+    let tmpl = env.get_template("chat").map_err(|e| e.to_string())?;
+    tmpl.render(minijinja::context! {
+        messages => messages,
+        add_generation_prompt => true,
+        bos_token => bos_token.unwrap_or(""),
+        eos_token => eos_token.unwrap_or(""),
+    })
+    .map_err(|e| format!("{e:#}"))
+}
+
+/// Checks that a draft tokenizer's vocabulary matches the target's: equal, or a prefix of it
+/// (the target padded with extra ids, as Qwen2-7B's 152,064; those get q = 0).
+pub fn check_vocabularies(target: &[String], draft: &[String], target_src: &Path, draft_src: &Path) -> Result<()> {
+    if draft.len() > target.len() {
+        return Err(Error::Msg(format!(
+            "vocabulary mismatch: the draft {} has {} tokens, more than the target {} ({})",
+            draft_src.display(),
+            draft.len(),
+            target_src.display(),
+            target.len()
+        )));
+    }
+    if let Some(i) = (0..draft.len()).find(|&i| draft[i] != target[i]) {
+        return Err(Error::Msg(format!(
+            "vocabulary mismatch: token {i} is {:?} in the draft {} but {:?} in the target {}",
+            draft[i],
+            draft_src.display(),
+            target[i],
+            target_src.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Incremental detokenization: pushes token ids and returns the newly completed text (text is
+/// held back while it ends in an incomplete UTF-8 sequence).
+#[derive(Debug, Default)]
+pub struct TokenStream {
+    ids: Vec<u32>,
+    prefix_index: usize,
+    read_index: usize,
+}
+
+impl TokenStream {
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<Option<String>> {
+        self.ids.push(id);
+        let prefix = tok.decode(&self.ids[self.prefix_index..self.read_index])?;
+        let text = tok.decode(&self.ids[self.prefix_index..])?;
+        if text.len() > prefix.len() && !text.ends_with('\u{FFFD}') && text.is_char_boundary(prefix.len()) {
+            let new = text[prefix.len()..].to_string();
+            self.prefix_index = self.read_index;
+            self.read_index = self.ids.len();
+            Ok(Some(new))
+        } else {
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Tiny random models written in the real on-disk layouts (Hugging Face folder with
+//! `config.json` + `model.safetensors`, and GGUF), for the engine's tests.
+#![allow(dead_code)]
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Shape of a tiny test model.
+#[derive(Debug, Clone, Copy)]
+pub struct Tiny {
+    /// "llama" or "qwen2".
+    pub arch: &'static str,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub context: usize,
+    pub tied: bool,
+    pub seed: u64,
+    /// Scale of the random weights (larger: sharper next-token distributions).
+    pub scale: f32,
+}
+
+impl Tiny {
+    pub fn llama(seed: u64) -> Self {
+        Self {
+            arch: "llama",
+            vocab: 48,
+            hidden: 32,
+            intermediate: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            context: 256,
+            tied: false,
+            seed,
+            scale: 0.3,
+        }
+    }
+
+    pub fn qwen2(seed: u64) -> Self {
+        Self { arch: "qwen2", tied: true, ..Self::llama(seed) }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads
+    }
+
+    /// Random weights under Hugging Face names.
+    pub fn weights(&self) -> HashMap<String, Tensor> {
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let mut t = |dims: &[usize], scale: f32, offset: f32| -> Tensor {
+            let n: usize = dims.iter().product();
+            let data: Vec<f32> = (0..n).map(|_| offset + scale * (rng.random::<f32>() * 2.0 - 1.0)).collect();
+            Tensor::from_vec(data, dims, &Device::Cpu).unwrap()
+        };
+        let (h, kv, s) = (self.hidden, self.kv_heads * self.head_dim(), self.scale);
+        let mut w = HashMap::new();
+        w.insert("model.embed_tokens.weight".into(), t(&[self.vocab, h], 1.0, 0.0));
+        for i in 0..self.layers {
+            let p = format!("model.layers.{i}");
+            w.insert(format!("{p}.input_layernorm.weight"), t(&[h], 0.2, 1.0));
+            w.insert(format!("{p}.post_attention_layernorm.weight"), t(&[h], 0.2, 1.0));
+            w.insert(format!("{p}.self_attn.q_proj.weight"), t(&[h, h], s, 0.0));
+            w.insert(format!("{p}.self_attn.k_proj.weight"), t(&[kv, h], s, 0.0));
+            w.insert(format!("{p}.self_attn.v_proj.weight"), t(&[kv, h], s, 0.0));
+            w.insert(format!("{p}.self_attn.o_proj.weight"), t(&[h, h], s, 0.0));
+            if self.arch == "qwen2" {
+                w.insert(format!("{p}.self_attn.q_proj.bias"), t(&[h], s, 0.0));
+                w.insert(format!("{p}.self_attn.k_proj.bias"), t(&[kv], s, 0.0));
+                w.insert(format!("{p}.self_attn.v_proj.bias"), t(&[kv], s, 0.0));
+            }
+            w.insert(format!("{p}.mlp.gate_proj.weight"), t(&[self.intermediate, h], s, 0.0));
+            w.insert(format!("{p}.mlp.up_proj.weight"), t(&[self.intermediate, h], s, 0.0));
+            w.insert(format!("{p}.mlp.down_proj.weight"), t(&[h, self.intermediate], s, 0.0));
+        }
+        w.insert("model.norm.weight".into(), t(&[h], 0.2, 1.0));
+        if !self.tied {
+            w.insert("lm_head.weight".into(), t(&[self.vocab, h], 1.0, 0.0));
+        }
+        w
+    }
+
+    pub fn config_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": [if self.arch == "qwen2" { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+            "model_type": self.arch,
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "max_position_embeddings": self.context,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": self.tied,
+            "hidden_act": "silu",
+            "sliding_window": self.context,
+            "max_window_layers": self.layers,
+            "use_sliding_window": false,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        })
+    }
+
+    /// Token strings of the tiny vocabulary: printable byte-level symbols, all distinct.
+    pub fn tokens(&self) -> Vec<String> {
+        (0..self.vocab).map(|i| char::from_u32(0x21 + i as u32).unwrap().to_string()).collect()
+    }
+
+    /// Writes `config.json`, `model.safetensors` and `tokenizer.json` into `dir`.
+    pub fn write_hf(&self, dir: &Path) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&self.config_json()).unwrap()).unwrap();
+        candle_core::safetensors::save(&self.weights(), dir.join("model.safetensors")).unwrap();
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            self.tokens().into_iter().enumerate().map(|(i, t)| (t, serde_json::json!(i))).collect();
+        let tok = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": []}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+        dir.to_path_buf()
+    }
+
+    /// Writes a GGUF file with llama.cpp's tensor names and conventions (LLaMA q/k rows
+    /// permuted for interleaved rotary embedding), weights stored as `dtype`, leaving out the
+    /// tensors named in `skip`.
+    pub fn write_gguf(&self, path: &Path, dtype: GgmlDType, skip: &[&str]) -> PathBuf {
+        let w = self.weights();
+        let arch = self.arch;
+        let quant = |t: &Tensor, dt: GgmlDType| QTensor::quantize(t, dt).unwrap();
+        let mut tensors: Vec<(String, QTensor)> = Vec::new();
+        let permute = |t: &Tensor, heads: usize| -> Tensor {
+            if arch != "llama" {
+                return t.clone();
+            }
+            let (rows, cols) = t.dims2().unwrap();
+            t.reshape((heads, 2, rows / heads / 2, cols))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .reshape((rows, cols))
+                .unwrap()
+        };
+        // Embeddings stay f32 (row gather); matrices take `dtype`; norms and biases f32.
+        tensors.push(("token_embd.weight".into(), quant(&w["model.embed_tokens.weight"], GgmlDType::F32)));
+        for i in 0..self.layers {
+            let hf = |s: &str| w[&format!("model.layers.{i}.{s}")].clone();
+            let g = |s: &str| format!("blk.{i}.{s}");
+            tensors.push((g("attn_norm.weight"), quant(&hf("input_layernorm.weight"), GgmlDType::F32)));
+            tensors.push((g("ffn_norm.weight"), quant(&hf("post_attention_layernorm.weight"), GgmlDType::F32)));
+            tensors.push((g("attn_q.weight"), quant(&permute(&hf("self_attn.q_proj.weight"), self.heads), dtype)));
+            tensors.push((g("attn_k.weight"), quant(&permute(&hf("self_attn.k_proj.weight"), self.kv_heads), dtype)));
+            tensors.push((g("attn_v.weight"), quant(&hf("self_attn.v_proj.weight"), dtype)));
+            tensors.push((g("attn_output.weight"), quant(&hf("self_attn.o_proj.weight"), dtype)));
+            if arch == "qwen2" {
+                for (a, b) in
+                    [("attn_q.bias", "q_proj.bias"), ("attn_k.bias", "k_proj.bias"), ("attn_v.bias", "v_proj.bias")]
+                {
+                    tensors.push((g(a), quant(&hf(&format!("self_attn.{b}")), GgmlDType::F32)));
+                }
+            }
+            tensors.push((g("ffn_gate.weight"), quant(&hf("mlp.gate_proj.weight"), dtype)));
+            tensors.push((g("ffn_up.weight"), quant(&hf("mlp.up_proj.weight"), dtype)));
+            tensors.push((g("ffn_down.weight"), quant(&hf("mlp.down_proj.weight"), dtype)));
+        }
+        tensors.push(("output_norm.weight".into(), quant(&w["model.norm.weight"], GgmlDType::F32)));
+        if !self.tied {
+            tensors.push(("output.weight".into(), quant(&w["lm_head.weight"], dtype)));
+        }
+        tensors.retain(|(n, _)| !skip.contains(&n.as_str()));
+        let a = |k: &str| format!("{arch}.{k}");
+        let tokens: Vec<Value> = self.tokens().into_iter().map(Value::String).collect();
+        let types: Vec<Value> = (0..self.vocab).map(|_| Value::I32(1)).collect();
+        let meta: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::String(arch.into())),
+            (a("block_count"), Value::U32(self.layers as u32)),
+            (a("context_length"), Value::U32(self.context as u32)),
+            (a("embedding_length"), Value::U32(self.hidden as u32)),
+            (a("feed_forward_length"), Value::U32(self.intermediate as u32)),
+            (a("attention.head_count"), Value::U32(self.heads as u32)),
+            (a("attention.head_count_kv"), Value::U32(self.kv_heads as u32)),
+            (a("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+            (a("rope.freq_base"), Value::F32(10000.0)),
+            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::String("default".into())),
+            ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+            ("tokenizer.ggml.token_type".into(), Value::Array(types)),
+            ("tokenizer.ggml.merges".into(), Value::Array(vec![])),
+            ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
+            ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+        ];
+        let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let mut f = std::fs::File::create(path).unwrap();
+        candle_core::quantized::gguf_file::write(&mut f, &meta_refs, &tensor_refs).unwrap();
+        path.to_path_buf()
+    }
+}
+
+/// A fresh temporary folder under the target directory.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mdsd-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Maximum absolute difference of two tensors.
+pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}

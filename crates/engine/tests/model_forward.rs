@@ -1,0 +1,168 @@
+//! The tree-capable forward: against candle-transformers' reference models, across the
+//! safetensors and GGUF loaders, and node by node on a draft tree.
+
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, Tensor};
+use common::{max_diff, temp_dir, Tiny};
+use engine::load::{load, LoadOptions};
+use engine::model::{attention_bias, causal_bias, DecoderModel};
+use engine::DraftTree;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn logits_all(model: &DecoderModel, tokens: &[u32]) -> Tensor {
+    let mut cache = model.new_cache(128).unwrap();
+    let bias = causal_bias(0, tokens.len(), model.dtype(), model.device()).unwrap();
+    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+    let h = model.forward(tokens, &pos, &bias, &mut cache).unwrap();
+    model.logits(&h).unwrap()
+}
+
+fn last_logits(model: &DecoderModel, tokens: &[u32]) -> Tensor {
+    let l = logits_all(model, tokens);
+    l.narrow(0, tokens.len() - 1, 1).unwrap().squeeze(0).unwrap()
+}
+
+const PROMPT: [u32; 7] = [3, 17, 5, 40, 22, 9, 31];
+
+/// Our forward equals candle-transformers' LLaMA and Qwen2 at every position of a chain
+/// (the reference run token by token with its own cache), to 1e-4.
+#[test]
+fn chain_forward_matches_candle_transformers() {
+    for tiny in [Tiny::llama(1), Tiny::qwen2(2)] {
+        let dir = tiny.write_hf(&temp_dir(&format!("ref-{}", tiny.arch)));
+        let ours = load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        let all = logits_all(&ours, &PROMPT);
+        let vb = unsafe {
+            candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
+                .unwrap()
+        };
+        let cfg_text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let mut reference: Vec<Tensor> = Vec::new();
+        if tiny.arch == "llama" {
+            use candle_transformers::models::llama;
+            let cfg: llama::LlamaConfig = serde_json::from_str(&cfg_text).unwrap();
+            let cfg = cfg.into_config(false);
+            let model = llama::Llama::load(vb, &cfg).unwrap();
+            let mut cache = llama::Cache::new(true, DType::F32, &cfg, &Device::Cpu).unwrap();
+            for (i, &t) in PROMPT.iter().enumerate() {
+                let x = Tensor::new(&[[t]], &Device::Cpu).unwrap();
+                reference.push(model.forward(&x, i, &mut cache).unwrap().squeeze(0).unwrap());
+            }
+        } else {
+            use candle_transformers::models::qwen2;
+            let cfg: qwen2::Config = serde_json::from_str(&cfg_text).unwrap();
+            let mut model = qwen2::ModelForCausalLM::new(&cfg, vb).unwrap();
+            for (i, &t) in PROMPT.iter().enumerate() {
+                let x = Tensor::new(&[[t]], &Device::Cpu).unwrap();
+                reference.push(model.forward(&x, i).unwrap().squeeze(0).unwrap().squeeze(0).unwrap());
+            }
+        }
+        for (i, r) in reference.iter().enumerate() {
+            let d = max_diff(&all.narrow(0, i, 1).unwrap().squeeze(0).unwrap(), r);
+            assert!(d < 1e-4, "{} position {i}: max |diff| = {d}", tiny.arch);
+        }
+        // The whole chain at once and one token at a time through our cache agree too.
+        let mut cache = ours.new_cache(64).unwrap();
+        for (i, &t) in PROMPT.iter().enumerate() {
+            let bias = causal_bias(i, 1, DType::F32, &Device::Cpu).unwrap();
+            let h = ours.forward(&[t], &[i as u32], &bias, &mut cache).unwrap();
+            let d = max_diff(&ours.logits(&h).unwrap(), &all.narrow(0, i, 1).unwrap());
+            assert!(d < 1e-4, "{} incremental position {i}: {d}", tiny.arch);
+        }
+    }
+}
+
+/// A GGUF file written from the same weights (llama.cpp names; LLaMA's q/k rows permuted for
+/// interleaved rotary embedding) gives the same logits as the safetensors folder: to 1e-4
+/// in f32, and within 5% of the largest logit in Q8_0 (weights and activations quantized).
+#[test]
+fn gguf_and_safetensors_loaders_agree() {
+    for tiny in [Tiny::llama(3), Tiny::qwen2(4)] {
+        let dir = temp_dir(&format!("gguf-{}", tiny.arch));
+        let hf = load(&tiny.write_hf(&dir.join("hf")), &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        let expect = logits_all(&hf, &PROMPT);
+        let f32_path = tiny.write_gguf(&dir.join("f32.gguf"), GgmlDType::F32, &[]);
+        let g = load(&f32_path, &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        assert_eq!(g.config().rope_interleaved, tiny.arch == "llama");
+        let d = max_diff(&logits_all(&g, &PROMPT), &expect);
+        assert!(d < 1e-4, "{} f32 GGUF: {d}", tiny.arch);
+        let q8 = tiny.write_gguf(&dir.join("q8.gguf"), GgmlDType::Q8_0, &[]);
+        let g = load(&q8, &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        let d = max_diff(&logits_all(&g, &PROMPT), &expect);
+        let scale = expect.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        assert!(d < 0.05 * scale, "{} Q8_0 GGUF: max |diff| {d} for logits up to {scale}", tiny.arch);
+    }
+}
+
+/// Every node of a tree run in one forward (after a cached prefix) gets the logits of its
+/// root-to-node path run alone; after compacting the cache to one path, decoding continues
+/// exactly as from scratch.
+#[test]
+fn tree_nodes_match_their_paths_and_compaction_keeps_a_path() {
+    let dir = temp_dir("tree");
+    let models = [
+        load(&Tiny::llama(5).write_hf(&dir.join("llama")), &Device::Cpu, &LoadOptions::default()).unwrap().model,
+        load(
+            &Tiny::qwen2(6).write_gguf(&dir.join("qwen2.gguf"), GgmlDType::F32, &[]),
+            &Device::Cpu,
+            &LoadOptions::default(),
+        )
+        .unwrap()
+        .model,
+        load(
+            &Tiny::llama(7).write_gguf(&dir.join("llama.gguf"), GgmlDType::F32, &[]),
+            &Device::Cpu,
+            &LoadOptions::default(),
+        )
+        .unwrap()
+        .model,
+    ];
+    let mut rng = StdRng::seed_from_u64(11);
+    for (mi, model) in models.iter().enumerate() {
+        for name in ["mc_sim_7b_63", "drafts-2-depth-3", "chain-3"] {
+            let tree = DraftTree::preset(name).unwrap();
+            let prefix = &PROMPT[..5];
+            let tokens: Vec<u32> = (0..tree.len()).map(|_| rng.random_range(0..48)).collect();
+            let mut cache = model.new_cache(128).unwrap();
+            let bias = causal_bias(0, prefix.len(), DType::F32, &Device::Cpu).unwrap();
+            let pos: Vec<u32> = (0..prefix.len() as u32).collect();
+            model.forward(prefix, &pos, &bias, &mut cache).unwrap();
+            let bias = attention_bias(
+                prefix.len(),
+                tree.len(),
+                tree.len(),
+                |r, c| tree.is_ancestor_or_self(c, r),
+                DType::F32,
+                &Device::Cpu,
+            )
+            .unwrap();
+            let pos: Vec<u32> = tree.position_ids(prefix.len()).iter().map(|&p| p as u32).collect();
+            let h = model.forward(&tokens, &pos, &bias, &mut cache).unwrap();
+            let tree_logits = model.logits(&h).unwrap();
+            for node in 0..tree.len() {
+                let mut seq = prefix.to_vec();
+                seq.extend(tree.node_path(node).iter().map(|&i| tokens[i]));
+                let d =
+                    max_diff(&tree_logits.narrow(0, node, 1).unwrap().squeeze(0).unwrap(), &last_logits(model, &seq));
+                assert!(d < 1e-4, "model {mi} tree {name} node {node}: {d}");
+            }
+            // Keep the path to the last node, then run one more token.
+            let leaf = tree.len() - 1;
+            let path = tree.node_path(leaf);
+            cache.compact(prefix.len(), &path).unwrap();
+            assert_eq!(cache.len(), prefix.len() + path.len());
+            let next = 13u32;
+            let at = cache.len();
+            let bias = causal_bias(at, 1, DType::F32, &Device::Cpu).unwrap();
+            let h = model.forward(&[next], &[at as u32], &bias, &mut cache).unwrap();
+            let mut seq = prefix.to_vec();
+            seq.extend(path.iter().map(|&i| tokens[i]));
+            seq.push(next);
+            let d = max_diff(&model.logits(&h).unwrap().squeeze(0).unwrap(), &last_logits(model, &seq));
+            assert!(d < 1e-4, "model {mi} tree {name} after compaction: {d}");
+        }
+    }
+}
