@@ -17,3 +17,12 @@ pub mod tree;
 
 pub use speculative::{speculative_step, NextTokenModel, StepOutcome, StepScratch};
 pub use tree::{DraftTree, TreeError};
+
+/// The message of a candle error without the backtrace candle attaches when
+/// `RUST_BACKTRACE` is set (for errors that wrap it in a message of ours).
+pub fn plain_error(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => plain_error(inner),
+        other => other.to_string(),
+    }
+}

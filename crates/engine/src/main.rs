@@ -116,8 +116,27 @@ struct GenerateArgs {
 
 fn main() {
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", message(&e));
         std::process::exit(1);
+    }
+}
+
+/// The error chain on one line, without the backtraces candle attaches when
+/// `RUST_BACKTRACE` is set.
+fn message(e: &anyhow::Error) -> String {
+    e.chain()
+        .map(|cause| match cause.downcast_ref::<candle_core::Error>() {
+            Some(c) => plain(c),
+            None => cause.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+fn plain(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => plain(inner),
+        other => other.to_string(),
     }
 }
 

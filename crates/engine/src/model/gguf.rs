@@ -32,7 +32,8 @@ impl GgufFile {
         let file = File::open(path).map_err(|e| err(path, format!("cannot open the model file: {e}")))?;
         let file_len = file.metadata().map_err(|e| err(path, e))?.len();
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| err(path, format!("not a valid GGUF file: {e}")))?;
+        let content = Content::read(&mut reader)
+            .map_err(|e| err(path, format!("not a valid GGUF file: {}", crate::plain_error(&e))))?;
         for (name, info) in &content.tensor_infos {
             let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
             let end = content.tensor_data_offset + info.offset + bytes as u64;
@@ -67,7 +68,10 @@ impl GgufFile {
     pub fn string(&self, key: &str) -> Result<Option<String>> {
         match self.meta(key) {
             None => Ok(None),
-            Some(v) => v.to_string().map(|s| Some(s.clone())).map_err(|e| err(&self.path, format!("`{key}`: {e}"))),
+            Some(v) => v
+                .to_string()
+                .map(|s| Some(s.clone()))
+                .map_err(|e| err(&self.path, format!("`{key}`: {}", crate::plain_error(&e)))),
         }
     }
 
@@ -111,7 +115,9 @@ impl GgufFile {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| v.to_string().cloned().map_err(|e| err(&self.path, format!("`{key}`: {e}"))))
+                .map(|v| {
+                    v.to_string().cloned().map_err(|e| err(&self.path, format!("`{key}`: {}", crate::plain_error(&e))))
+                })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             Some(other) => Err(err(&self.path, format!("`{key}` is {:?}, expected an array", other.value_type()))),
@@ -149,7 +155,7 @@ impl GgufFile {
         }
         self.content
             .tensor(&mut self.reader, name, device)
-            .map_err(|e| err(&self.path, format!("tensor `{name}`: {e}")))
+            .map_err(|e| err(&self.path, format!("tensor `{name}`: {}", crate::plain_error(&e))))
     }
 
     /// The first `rows` rows of a 2-D tensor `[rows_total, cols]` (rows are stored
@@ -167,7 +173,7 @@ impl GgufFile {
             offset: info.offset,
         };
         sub.read(&mut self.reader, self.content.tensor_data_offset, device)
-            .map_err(|e| err(&self.path, format!("tensor `{name}`: {e}")))
+            .map_err(|e| err(&self.path, format!("tensor `{name}`: {}", crate::plain_error(&e))))
     }
 
     /// The architecture string (`general.architecture`).

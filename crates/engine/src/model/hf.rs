@@ -151,14 +151,16 @@ pub fn load(dir: &Path, dtype: DType, device: &Device, max_layers: Option<usize>
     } else {
         let mut all = HashMap::new();
         for f in &files {
-            for (name, t) in candle_core::pickle::read_all(f).map_err(|e| err(f, format!("cannot read: {e}")))? {
+            for (name, t) in candle_core::pickle::read_all(f)
+                .map_err(|e| err(f, format!("cannot read: {}", crate::plain_error(&e))))?
+            {
                 all.insert(name, t);
             }
         }
         VarBuilder::from_tensors(all, dtype, device)
     };
     let shown = files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ");
-    build(&hf, config, vb, dtype, device).map_err(|e| Error::Msg(format!("{shown}: {e}")))
+    build(&hf, config, vb, dtype, device).map_err(|e| Error::Msg(format!("{shown}: {}", crate::plain_error(&e))))
 }
 
 /// A safetensors header that parses and whose tensors lie inside the file (reads only the

@@ -1,0 +1,190 @@
+//! `mdsd generate` end to end on tiny random models, and a clear error for each kind of bad
+//! input (never a panic).
+
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use common::{temp_dir, Tiny};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn mdsd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mdsd")).args(args).env("MDSD_OFFLINE", "1").output().expect("run mdsd")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Runs `mdsd` expecting failure; returns stderr, checking it is an error line, not a panic.
+fn fails(args: &[&str]) -> String {
+    let out = mdsd(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "expected exit 1 for {args:?}; stderr: {err}");
+    assert!(err.contains("error:") && !err.contains("panicked"), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn generate_json_on_tiny_models() {
+    let dir = temp_dir("cli-ok");
+    let target = Tiny::llama(41).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(42) }.write_hf(&dir.join("draft"));
+    for extra in [
+        &["--tree", "mc_sim_7b_63", "--draft-sampling", "wor"][..],
+        &["--no-spec"][..],
+        &[
+            "--tree",
+            "drafts-2-depth-2",
+            "--draft-sampling",
+            "wr",
+            "--verifier",
+            "kseq",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+        ][..],
+    ] {
+        let mut args = vec![
+            "generate",
+            "--target",
+            s(&target),
+            "--draft",
+            s(&draft),
+            "--prompt",
+            "ABCDEFG",
+            "--max-new-tokens",
+            "20",
+            "--json",
+            "--temperature",
+            "0.9",
+            "--seed",
+            "5",
+        ];
+        args.extend_from_slice(extra);
+        let out = mdsd(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["new_tokens"], 20, "{v}");
+        assert_eq!(v["prompt_tokens"], 7);
+        let forwards = v["target_forwards"].as_u64().unwrap();
+        let tau = v["tau"].as_f64().unwrap();
+        assert!((tau - 20.0 / forwards as f64).abs() < 1e-9, "{v}");
+        assert!(v["text"].as_str().unwrap().chars().count() == 20, "{v}");
+        for key in ["tokens_per_s", "draft_s", "target_s", "verify_s", "acceptance_per_depth", "stop_reason"] {
+            assert!(v.get(key).is_some(), "missing {key}: {v}");
+        }
+    }
+    // Streaming mode prints the text and the stats.
+    let out =
+        mdsd(&["generate", "--target", s(&target), "--draft", s(&draft), "--prompt", "ABC", "--max-new-tokens", "8"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tau") && err.contains("acceptance per depth") && err.contains("tokens/s"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim().chars().count(), 8);
+}
+
+#[test]
+fn bad_inputs_give_clear_errors() {
+    let dir = temp_dir("cli-bad");
+    let tiny = Tiny::llama(43);
+    let good = tiny.write_gguf(&dir.join("good.gguf"), GgmlDType::F32, &[]);
+    let gen = |target: &Path, draft: &Path, more: &[&str]| -> String {
+        let mut args =
+            vec!["generate", "--target", s(target), "--draft", s(draft), "--prompt", "ABCD", "--max-new-tokens", "4"];
+        args.extend_from_slice(more);
+        fails(&args)
+    };
+
+    // Truncated GGUF.
+    let bytes = std::fs::read(&good).unwrap();
+    let truncated = dir.join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let e = gen(&truncated, &good, &[]);
+    assert!(e.contains("truncated.gguf") && e.contains("truncated GGUF file"), "{e}");
+    // Not a GGUF at all.
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"this is not a model").unwrap();
+    let e = gen(&good, &junk, &[]);
+    assert!(e.contains("junk.gguf") && e.contains("not a valid GGUF file"), "{e}");
+    // Missing tensor in a GGUF file.
+    let missing = tiny.write_gguf(&dir.join("missing.gguf"), GgmlDType::F32, &["blk.1.ffn_up.weight"]);
+    let e = gen(&missing, &good, &[]);
+    assert!(e.contains("missing.gguf") && e.contains("missing tensor `blk.1.ffn_up.weight`"), "{e}");
+    // Missing tensor in a safetensors folder.
+    let hf = tiny.write_hf(&dir.join("hf-missing"));
+    let mut w = tiny.weights();
+    w.remove("model.layers.0.mlp.down_proj.weight");
+    candle_core::safetensors::save(&w, hf.join("model.safetensors")).unwrap();
+    let e = gen(&hf, &good, &[]);
+    assert!(e.contains("model.safetensors") && e.contains("model.layers.0.mlp.down_proj.weight"), "{e}");
+    // Truncated safetensors.
+    let hf2 = tiny.write_hf(&dir.join("hf-trunc"));
+    let st = std::fs::read(hf2.join("model.safetensors")).unwrap();
+    std::fs::write(hf2.join("model.safetensors"), &st[..st.len() / 2]).unwrap();
+    let e = gen(&hf2, &good, &[]);
+    assert!(e.contains("model.safetensors") && e.contains("truncated safetensors file"), "{e}");
+    // Missing file.
+    let e = gen(&dir.join("nowhere.gguf"), &good, &[]);
+    assert!(e.contains("nowhere.gguf") && e.contains("no such model file"), "{e}");
+    // Vocabulary mismatch: a larger draft vocabulary, and an equal size with other tokens.
+    let bigger = Tiny { vocab: 50, ..Tiny::llama(44) }.write_gguf(&dir.join("bigger.gguf"), GgmlDType::F32, &[]);
+    let e = gen(&good, &bigger, &[]);
+    assert!(e.contains("vocabulary mismatch") && e.contains("bigger.gguf"), "{e}");
+    let other_dir = Tiny::llama(45).write_hf(&dir.join("other-vocab"));
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(other_dir.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    vocab.remove("A");
+    vocab.insert("Z".repeat(2), serde_json::json!(32));
+    std::fs::write(other_dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let e = gen(&good, &other_dir, &[]);
+    assert!(e.contains("vocabulary mismatch") && e.contains("token 32"), "{e}");
+    // A smaller draft vocabulary that is a prefix of the target's is accepted (q = 0 beyond).
+    let prefix = Tiny { vocab: 40, ..Tiny::llama(46) }.write_gguf(&dir.join("prefix.gguf"), GgmlDType::F32, &[]);
+    let out = mdsd(&[
+        "generate",
+        "--target",
+        s(&good),
+        "--draft",
+        s(&prefix),
+        "--prompt",
+        "ABCD",
+        "--max-new-tokens",
+        "6",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Malformed tree file.
+    let tree = dir.join("bad-tree.toml");
+    std::fs::write(&tree, "paths = [[0], [0, 0], [2, 1]]\n").unwrap();
+    let e = gen(&good, &good, &["--tree", s(&tree)]);
+    assert!(e.contains("bad-tree.toml"), "{e}");
+    let e = gen(&good, &good, &["--tree", "drafts-0-depth-2"]);
+    assert!(e.contains("drafts-0-depth-2"), "{e}");
+    // Prompt longer than the context (256 positions).
+    let long = "ABCDEFGH".repeat(40);
+    let e = fails(&["generate", "--target", s(&good), "--draft", s(&good), "--prompt", &long]);
+    assert!(e.contains("320 tokens") && e.contains("context"), "{e}");
+    // Invalid construction/verifier pair, spechub on a chain, bad sampling parameters.
+    let e = gen(&good, &good, &["--draft-sampling", "wor", "--verifier", "kseq"]);
+    assert!(e.contains("kseq") && e.contains("wor"), "{e}");
+    let e = gen(&good, &good, &["--draft-sampling", "spechub", "--tree", "chain-3"]);
+    assert!(e.contains("spechub") && e.contains("chain-3"), "{e}");
+    let e = gen(&good, &good, &["--top-p", "1.5"]);
+    assert!(e.contains("top-p"), "{e}");
+    // NaN logits: a model whose output head is NaN.
+    let mut nan = Tiny::llama(47);
+    nan.tied = false;
+    let nan_dir = nan.write_hf(&dir.join("nan"));
+    let mut w = nan.weights();
+    let head = w["lm_head.weight"].clone();
+    w.insert("lm_head.weight".into(), (head * f64::NAN).unwrap());
+    candle_core::safetensors::save(&w, nan_dir.join("model.safetensors")).unwrap();
+    let e = fails(&["generate", "--target", s(&nan_dir), "--no-spec", "--prompt", "ABCD", "--max-new-tokens", "4"]);
+    assert!(e.contains("invalid logits") && e.contains("NaN"), "{e}");
+    // No prompt.
+    let e = fails(&["generate", "--target", s(&good), "--no-spec"]);
+    assert!(e.contains("--prompt"), "{e}");
+}

@@ -1,0 +1,71 @@
+//! The default pair (Qwen2.5-Coder-1.5B + 0.5B, GGUF Q4_K_M, 1.6 GB): opt-in, run by hand
+//! with `cargo test --release -p engine --test default_pair -- --ignored`.
+
+use candle_core::Device;
+use engine::decode::{GenerationConfig, Generator, SpecConfig};
+use engine::load::{load, LoadOptions};
+use engine::model::gguf::WeightFormat;
+use engine::provision::{resolve, FetchOptions, PairManifest};
+use engine::tokenizer::check_vocabularies;
+use engine::DraftTree;
+use samplers::dist::Warp;
+use samplers::{DraftConstruction, Verifier};
+
+fn pair() -> (std::path::PathBuf, std::path::PathBuf) {
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let m = PairManifest::find("qwen2.5-coder-1.5b-0.5b", &models).unwrap();
+    let opts = FetchOptions::default();
+    (resolve(&m.target, None, &opts).unwrap(), resolve(&m.draft, None, &opts).unwrap())
+}
+
+/// Qwen2's byte-level BPE built from the GGUF metadata gives the ids of Qwen's own
+/// tokenizer.json on known strings, and the chat template renders Qwen's format.
+#[test]
+#[ignore = "needs the 1.6 GB default pair"]
+fn qwen_tokenizer_from_gguf() {
+    let (t, d) = pair();
+    let target = load(&t, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let draft = load(&d, &Device::Cpu, &LoadOptions { weights: WeightFormat::FastCpu, ..Default::default() }).unwrap();
+    check_vocabularies(target.tokenizer.vocab(), draft.tokenizer.vocab(), &t, &d).unwrap();
+    let tok = &target.tokenizer;
+    assert_eq!(tok.encode("Hello world").unwrap(), vec![9707, 1879]);
+    assert_eq!(tok.encode("<|im_start|>user").unwrap(), vec![151644, 872]);
+    let chat = tok.apply_chat_template("Hi", None).unwrap();
+    assert_eq!(
+        chat,
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    for s in ["def f(x):\n    return x ** 2  # 平方", "  indented\ttabs\r\nand 12345 digits"] {
+        assert_eq!(tok.decode(&tok.encode(s).unwrap()).unwrap(), s);
+    }
+    assert!(tok.is_stop(151645) && tok.is_stop(151643));
+}
+
+/// A speculative run of the default pair at temperature 0 accepts drafts and stops cleanly.
+#[test]
+#[ignore = "needs the 1.6 GB default pair"]
+fn default_pair_generates_with_acceptance() {
+    let (t, d) = pair();
+    let target = load(&t, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let draft = load(&d, &Device::Cpu, &LoadOptions { weights: WeightFormat::FastCpu, ..Default::default() }).unwrap();
+    let ids = target
+        .tokenizer
+        .encode(&target.tokenizer.apply_chat_template("Write a Python function that reverses a string.", None).unwrap())
+        .unwrap();
+    let mut g = Generator::new(&target.model, Some(&draft.model), 1024).unwrap();
+    let config = GenerationConfig {
+        max_new_tokens: 48,
+        warp: Warp::temperature(0.0),
+        seed: 0,
+        speculative: Some(SpecConfig {
+            tree: DraftTree::preset("chain-4").unwrap(),
+            construction: DraftConstruction::Greedy,
+            verifier: Verifier::Greedy,
+        }),
+    };
+    let (out, stats) = g.generate(&ids, &config, |x| target.tokenizer.is_stop(x), |_| Ok(())).unwrap();
+    let text = target.tokenizer.decode(&out).unwrap();
+    assert!(text.contains("def "), "{text}");
+    assert!(stats.tau > 2.0, "tau {}", stats.tau);
+}
