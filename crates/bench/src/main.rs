@@ -2,9 +2,12 @@
 //!
 //! - `alpha`: acceptance rates (optimal and of each verifier) for given (p, q) pairs.
 //!
-//! The MT-Bench speed runs and the acceptance-rate study arrive with the bench issue.
+//! - `mt-bench`: end-to-end tokens/s of plain and speculative decoding on MT-Bench.
+//!
+//! The acceptance-rate study arrives with the bench issue.
 
 mod alpha_cmd;
+mod mt_bench;
 
 use clap::{Parser, Subcommand};
 
@@ -19,12 +22,15 @@ struct Cli {
 enum Command {
     /// Acceptance rates of every draft construction and verifier for JSON-lines (p, q) pairs.
     Alpha(alpha_cmd::AlphaArgs),
+    /// End-to-end speed of plain and speculative decoding on MT-Bench first turns.
+    MtBench(mt_bench::MtBenchArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Alpha(args) => alpha_cmd::run(&args),
+        Command::MtBench(args) => mt_bench::run(&args).map(|()| 0),
     };
     match result {
         Ok(0) => {}

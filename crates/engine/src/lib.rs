@@ -1,10 +1,7 @@
-//! The mdsd engine. Models, KV cache, tree attention and the decoding loop are built by the
-//! engine issue; today the crate holds the `mdsd` command-line front end.
-
-/// Message printed by commands whose engine is not built yet.
-pub const NOT_BUILT: &str = "the decoding engine is not built yet: `generate` arrives with the \
-engine issue. `mdsd fetch PAIR`, the samplers crate and `cargo run --release -p bench -- alpha` \
-work today.";
+//! The mdsd engine: LLaMA/Qwen2 models with a tree-capable forward ([`model`]), the external
+//! KV cache ([`kv_cache`]), loaders ([`load`], GGUF and Hugging Face folders), tokenizers and
+//! chat templates ([`tokenizer`]), draft trees ([`tree`]), the decoding loop ([`decode`]),
+//! model provisioning ([`provision`]) and the reference speculative step ([`speculative`]).
 
 pub mod decode;
 pub mod kv_cache;

