@@ -31,7 +31,7 @@ pub struct MtBenchArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Comma-separated configurations: `no-spec` or a tree (preset or TOML file).
-    #[arg(long, default_value = "no-spec,chain-4,drafts-2-depth-4,mc_sim_7b_63")]
+    #[arg(long, default_value = "no-spec,chain-2,chain-4,drafts-2-depth-2,drafts-2-depth-4,mc_sim_7b_63")]
     configs: String,
     #[arg(long, default_value = "greedy")]
     draft_sampling: DraftConstruction,
@@ -44,7 +44,7 @@ pub struct MtBenchArgs {
     #[arg(long)]
     draft: Option<PathBuf>,
     /// Draft logits only for the first N ids (0: all).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 32768)]
     draft_vocab: usize,
     #[arg(long, value_enum, default_value = "fast-cpu")]
     draft_weights: WeightFormat,

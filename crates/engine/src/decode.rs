@@ -165,7 +165,7 @@ impl<'a> Generator<'a> {
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
             cache.truncate(0);
             if spec.is_some() && n > 1 {
-                run(d, &prompt[..n - 1], cache)?;
+                run(d, &for_draft(&prompt[..n - 1], d.config().vocab_size), cache)?;
             }
         }
         stats.prefill_s = start.elapsed().as_secs_f64();
@@ -281,7 +281,8 @@ impl<'a> Generator<'a> {
             }
             let bias = crate::model::causal_bias(dbase, m, draft.dtype(), draft.device())?;
             let pos: Vec<u32> = (dbase..dbase + m).map(|p| p as u32).collect();
-            let hidden = draft.forward(draft_pending, &pos, &bias, dcache)?;
+            let fed = for_draft(draft_pending, draft.config().vocab_size);
+            let hidden = draft.forward(&fed, &pos, &bias, dcache)?;
             stats.draft_forwards += 1;
             b.draft_slot[0] = Some(root_pos);
             level_nodes.push(0);
@@ -435,6 +436,13 @@ fn draw_children(
         }
     }
     Ok(())
+}
+
+/// Tokens for a draft whose vocabulary is a prefix of the target's: ids beyond it (which the
+/// target may emit) become id 0. The draft then proposes from a slightly different context,
+/// which costs acceptance, never exactness.
+fn for_draft(tokens: &[u32], draft_vocab: usize) -> Vec<u32> {
+    tokens.iter().map(|&t| if (t as usize) < draft_vocab { t } else { 0 }).collect()
 }
 
 /// Runs a chain of tokens after the cache (causal), returning the hidden states.

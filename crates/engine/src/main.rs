@@ -76,7 +76,7 @@ struct GenerateArgs {
     /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
     /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
     /// output-layer cost; other ids get q = 0 (still exact).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 32768)]
     draft_vocab: usize,
     /// Run only the first N blocks of the draft (a cheaper draft from the same file).
     #[arg(long)]
@@ -93,7 +93,8 @@ struct GenerateArgs {
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Tree topology: a preset (chain-K, drafts-N-depth-D, mc_sim_7b_63) or a TOML file.
-    #[arg(long, default_value = "chain-4")]
+    /// The default is the fastest measured on a 2-core CPU (benches/RESULTS.md).
+    #[arg(long, default_value = "drafts-2-depth-2")]
     tree: String,
     /// Draft construction: wr, wor, greedy, spechub, topk, cps.
     #[arg(long, default_value = "greedy")]

@@ -141,7 +141,8 @@ fn bad_inputs_give_clear_errors() {
     std::fs::write(other_dir.join("tokenizer.json"), tok.to_string()).unwrap();
     let e = gen(&good, &other_dir, &[]);
     assert!(e.contains("vocabulary mismatch") && e.contains("token 32"), "{e}");
-    // A smaller draft vocabulary that is a prefix of the target's is accepted (q = 0 beyond).
+    // A smaller draft vocabulary that is a prefix of the target's is accepted (q = 0 beyond);
+    // target ids beyond it (here in the prompt: J, K, L, M are ids 41..44) reach the draft as id 0.
     let prefix = Tiny { vocab: 40, ..Tiny::llama(46) }.write_gguf(&dir.join("prefix.gguf"), GgmlDType::F32, &[]);
     let out = mdsd(&[
         "generate",
@@ -150,7 +151,7 @@ fn bad_inputs_give_clear_errors() {
         "--draft",
         s(&prefix),
         "--prompt",
-        "ABCD",
+        "ABJKLM",
         "--max-new-tokens",
         "6",
         "--json",

@@ -238,9 +238,10 @@ pub enum WeightFormat {
     #[default]
     #[value(name = "stored")]
     AsStored,
-    /// Matrices stored in a format without a SIMD CPU kernel in candle (Q4_1, Q5_0, Q5_1,
-    /// Q8_1) are re-quantized to Q8_0 at load time. Fine for a draft (any draft keeps the
-    /// output exact; this one only gets faster); it changes the numerics of a target.
+    /// Matrices stored in formats without a fast batched CPU kernel in candle (Q4_0, Q4_1,
+    /// Q5_0, Q5_1, Q8_0) are re-quantized to Q4_K at load time, rows padded with zeros to
+    /// 256 columns. Fine for a draft (any draft keeps the output exact; this one only gets
+    /// faster); it changes the numerics of a target.
     #[value(name = "fast-cpu")]
     FastCpu,
     /// Every matrix dequantized to f32: slow, but batch-invariant numerics (the quantized
@@ -251,21 +252,28 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    fn matmul(self, t: QTensor, device: &Device) -> Result<QMatMul> {
+    /// The matmul of a stored matrix `[rows, cols]`, and the zero columns its input needs.
+    fn matmul(self, t: QTensor, device: &Device) -> Result<(QMatMul, usize)> {
         use candle_core::quantized::GgmlDType as G;
         match self {
-            Self::AsStored => QMatMul::from_qtensor(t),
-            Self::Dequantized => Ok(QMatMul::Tensor(t.dequantize(device)?)),
+            Self::AsStored => Ok((QMatMul::from_qtensor(t)?, 0)),
+            Self::Dequantized => Ok((QMatMul::Tensor(t.dequantize(device)?), 0)),
             Self::FastCpu => {
-                // Q4_0 was measured too: no faster than Q8_0 here (the kernels are compute-bound).
-                let slow = matches!(t.dtype(), G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_1);
-                let cols = t.shape().dims().last().copied().unwrap_or(0);
-                if slow && device.is_cpu() && cols % 32 == 0 {
-                    let dense = t.dequantize(device)?;
-                    QMatMul::from_qtensor(QTensor::quantize(&dense, G::Q8_0)?)
-                } else {
-                    QMatMul::from_qtensor(t)
+                // Formats without a batched fast path on x86 CPUs go to Q4_K, which candle
+                // repacks into tiles (fast for one row and for many). Q4_K blocks span 256
+                // columns: shorter rows are padded with zero columns. Q4_0 and Q8_0 were
+                // measured too: no faster, and no faster per token in batches.
+                let slow = matches!(t.dtype(), G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::Q8_1);
+                let dims = t.shape().dims().to_vec();
+                if !(slow && device.is_cpu() && dims.len() == 2 && dims[0] % 16 == 0) {
+                    return Ok((QMatMul::from_qtensor(t)?, 0));
                 }
+                let (rows, cols) = (dims[0], dims[1]);
+                let pad = cols.next_multiple_of(256) - cols;
+                let dense = t.dequantize(device)?;
+                let dense = if pad > 0 { dense.pad_with_zeros(1, 0, pad)? } else { dense };
+                debug_assert_eq!(dense.dims(), [rows, cols + pad]);
+                Ok((QMatMul::from_qtensor(QTensor::quantize(&dense, G::Q4K)?)?, pad))
             }
         }
     }
@@ -307,14 +315,14 @@ pub fn load(
     for i in 0..config.num_layers {
         let p = |s: &str| format!("blk.{i}.{s}");
         let linear = |file: &mut GgufFile, name: &str, with_bias: bool| -> Result<Linear> {
-            let w = format.matmul(file.tensor(&p(&format!("{name}.weight")), device)?, device)?;
+            let (w, pad) = format.matmul(file.tensor(&p(&format!("{name}.weight")), device)?, device)?;
             let bias_name = p(&format!("{name}.bias"));
             let b = if with_bias && file.has_tensor(&bias_name) {
                 Some(file.tensor(&bias_name, device)?.dequantize(device)?)
             } else {
                 None
             };
-            Ok(Linear::new(w, b))
+            Ok(Linear::padded(w, b, pad))
         };
         let qkv_bias = config.architecture == Architecture::Qwen2;
         layers.push(Layer {
@@ -337,8 +345,8 @@ pub fn load(
         _ if head_name == "token_embd.weight" => embed_q,
         _ => file.tensor(head_name, device)?,
     };
-    let lm_head = format.matmul(head, device)?;
-    let model = DecoderModel::new(config, embed, layers, norm, Linear::new(lm_head, None), dtype, device)?;
+    let (lm_head, pad) = format.matmul(head, device)?;
+    let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad), dtype, device)?;
     Ok((model, file))
 }
 

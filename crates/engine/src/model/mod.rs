@@ -70,22 +70,34 @@ impl ModelConfig {
     }
 }
 
-/// A matrix product with optional bias; the matrix is dense or quantized.
+/// A matrix product with optional bias; the matrix is dense or quantized. The matrix may have
+/// `pad_input` extra zero columns (re-quantized to a format whose blocks need a longer row):
+/// the input then gets as many zeros, which leaves the product unchanged.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: QMatMul,
     bias: Option<Tensor>,
+    pad_input: usize,
 }
 
 impl Linear {
     pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
-        Self { weight, bias }
+        Self { weight, bias, pad_input: 0 }
+    }
+
+    /// A matrix whose rows were padded with `pad_input` zero columns.
+    pub fn padded(weight: QMatMul, bias: Option<Tensor>, pad_input: usize) -> Self {
+        Self { weight, bias, pad_input }
     }
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let y = if self.pad_input > 0 {
+            self.weight.forward(&x.pad_with_zeros(D::Minus1, 0, self.pad_input)?)?
+        } else {
+            self.weight.forward(x)?
+        };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
