@@ -37,6 +37,9 @@ pub struct MtBenchArgs {
     draft_sampling: DraftConstruction,
     #[arg(long)]
     verifier: Option<Verifier>,
+    /// Temperature of the draft's q (default: --temperature).
+    #[arg(long)]
+    draft_temperature: Option<f64>,
     #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
     pair: String,
     #[arg(long)]
@@ -107,7 +110,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
             None
         } else {
             let tree = DraftTree::load(name).with_context(|| format!("tree `{name}`"))?;
-            Some(SpecConfig { tree, construction: args.draft_sampling, verifier })
+            let draft_warp = args.draft_temperature.map(Warp::temperature);
+            Some(SpecConfig { tree, construction: args.draft_sampling, verifier, draft_warp })
         };
         let config = GenerationConfig { max_new_tokens: args.max_new_tokens, warp, seed: args.seed, speculative };
         let mut row = Row {

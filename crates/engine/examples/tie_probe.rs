@@ -16,6 +16,7 @@ fn main() {
             tree: engine::DraftTree::preset("chain-4").unwrap(),
             construction: samplers::DraftConstruction::Greedy,
             verifier: samplers::Verifier::Greedy,
+            draft_warp: None,
         }),
         ..base.clone()
     };

@@ -35,6 +35,10 @@ pub struct SpecConfig {
     pub tree: DraftTree,
     pub construction: DraftConstruction,
     pub verifier: Verifier,
+    /// Warp of the draft logits; `None`: the target's. Any draft distribution keeps the
+    /// output exact (the verifier sees the q the drafts were drawn from); at temperature 0 a
+    /// warped q is one-hot, so trees collapse to chains unless the draft keeps a temperature.
+    pub draft_warp: Option<Warp>,
 }
 
 /// What to generate.
@@ -139,6 +143,9 @@ impl<'a> Generator<'a> {
         let spec = match (&config.speculative, self.draft) {
             (Some(s), Some(_)) => {
                 samplers::validate_pair(s.construction, s.verifier).map_err(|e| Error::Msg(e.to_string()))?;
+                if let Some(w) = &s.draft_warp {
+                    w.check().map_err(|e| Error::Msg(format!("draft sampling: {e}")))?;
+                }
                 Some(s)
             }
             (Some(_), None) => candle_core::bail!("speculative decoding needs a draft model"),
@@ -255,6 +262,7 @@ impl<'a> Generator<'a> {
         timings: &mut [Duration; 3],
     ) -> Result<usize> {
         let tree = &spec.tree;
+        let qwarp = spec.draft_warp.unwrap_or(warp);
         let draft = self.draft.expect("checked by generate");
         let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
         let b = &mut self.buf;
@@ -287,7 +295,7 @@ impl<'a> Generator<'a> {
             b.draft_slot[0] = Some(root_pos);
             level_nodes.push(0);
             let logits = draft.logits(&hidden.narrow(0, m - 1, 1)?)?;
-            draw_children(tree, spec.construction, warp, &logits, &level_nodes, self.vocab, rng, b)?;
+            draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
             let committed = root_pos + 1;
             for level in tree.levels().iter().skip(1) {
                 level_nodes.clear();
@@ -320,7 +328,7 @@ impl<'a> Generator<'a> {
                 let hidden = draft.forward(&tokens, &pos, &bias, dcache)?;
                 stats.draft_forwards += 1;
                 let logits = draft.logits(&hidden)?;
-                draw_children(tree, spec.construction, warp, &logits, &level_nodes, self.vocab, rng, b)?;
+                draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
             }
         }
         timings[0] += t0.elapsed();

@@ -99,6 +99,11 @@ struct GenerateArgs {
     /// Draft construction: wr, wor, greedy, spechub, topk, cps.
     #[arg(long, default_value = "greedy")]
     draft_sampling: DraftConstruction,
+    /// Temperature of the draft's q (default: --temperature). Any q keeps the output exact; at
+    /// --temperature 0 a one-hot q gives one draft per node, so multi-draft trees need a draft
+    /// temperature (e.g. `--draft-temperature 1 --draft-sampling topk`: the top tokens).
+    #[arg(long)]
+    draft_temperature: Option<f64>,
     /// Verifier: rrs, kseq, greedy, spechub, topk (default: the construction's own).
     #[arg(long)]
     verifier: Option<Verifier>,
@@ -175,7 +180,8 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
                 );
             }
         }
-        Some(SpecConfig { tree, construction: args.draft_sampling, verifier })
+        let draft_warp = args.draft_temperature.map(|t| Warp { temperature: t, top_k: args.top_k, top_p: args.top_p });
+        Some(SpecConfig { tree, construction: args.draft_sampling, verifier, draft_warp })
     };
     let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     warp.check()?;

@@ -36,14 +36,18 @@ fn temperature_zero_speculative_equals_plain_decoding() {
     assert_eq!(reference.len(), 40);
     let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
     let mut accepted_somewhere = 0;
-    for name in ["chain-1", "chain-4", "drafts-2-depth-4", "drafts-3-depth-2", "mc_sim_7b_63"] {
+    // The draft's q warped like the target's (one-hot: one draft per node) or kept at
+    // temperature 1 (distinct drafts on every branch); both must give the greedy output.
+    let trees = ["chain-1", "chain-4", "drafts-2-depth-4", "drafts-3-depth-2", "mc_sim_7b_63"];
+    let cases = [None, Some(Warp::temperature(1.0))].into_iter().flat_map(|w| trees.into_iter().map(move |n| (w, n)));
+    for (draft_warp, name) in cases {
         let tree = DraftTree::preset(name).unwrap();
         for &(c, v) in VALID_PAIRS {
             if !spechub_fits(c, &tree) {
                 continue;
             }
             let config = GenerationConfig {
-                speculative: Some(SpecConfig { tree: tree.clone(), construction: c, verifier: v }),
+                speculative: Some(SpecConfig { tree: tree.clone(), construction: c, verifier: v, draft_warp }),
                 ..base.clone()
             };
             let mut streamed = Vec::new();
@@ -83,6 +87,7 @@ fn identical_draft_accepts_whole_chains() {
             tree,
             construction: DraftConstruction::Greedy,
             verifier: samplers::Verifier::Greedy,
+            draft_warp: None,
         }),
     };
     let (out, stats) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
@@ -117,7 +122,7 @@ fn two_token_law(target: &DecoderModel, warp: Warp) -> Vec<f64> {
     law
 }
 
-/// Temperature 1 (and 0.8 with top-k): the first two generated tokens follow the exact
+/// Temperature 1 (0.7 with a draft at 1.5, 0.8 with top-k): the first two tokens follow the exact
 /// autoregressive law. Pearson chi-square over the 25 cells of a 5-token vocabulary, 4,000
 /// generations per configuration with seeds 0..3999; fails below a p-value of 1e-4.
 #[test]
@@ -130,10 +135,13 @@ fn first_two_tokens_follow_the_target_law() {
         ("drafts-3-depth-1", DraftConstruction::WithoutReplacement, samplers::Verifier::Rrs, Warp::temperature(1.0)),
         ("drafts-2-depth-2", DraftConstruction::WithReplacement, samplers::Verifier::KSeq, Warp::temperature(1.0)),
         ("drafts-2-depth-2", DraftConstruction::Greedy, samplers::Verifier::Greedy, Warp::temperature(1.0)),
+        // The draft's q at its own temperature (1.5): a different q, the same output law.
+        ("drafts-3-depth-2", DraftConstruction::Greedy, samplers::Verifier::Greedy, Warp::temperature(0.7)),
         ("chain-2", DraftConstruction::TopK, samplers::Verifier::TopK, Warp { temperature: 0.8, top_k: 4, top_p: 1.0 }),
     ];
     let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
     for (name, c, v, warp) in configs {
+        let draft_warp = (name == "drafts-3-depth-2").then(|| Warp::temperature(1.5));
         let law = two_token_law(&target, warp);
         let tree = DraftTree::preset(name).unwrap();
         let draws = 4000;
@@ -143,7 +151,7 @@ fn first_two_tokens_follow_the_target_law() {
                 max_new_tokens: 2,
                 warp,
                 seed,
-                speculative: Some(SpecConfig { tree: tree.clone(), construction: c, verifier: v }),
+                speculative: Some(SpecConfig { tree: tree.clone(), construction: c, verifier: v, draft_warp }),
             };
             let (out, _) = generator.generate(&SMALL_PROMPT, &config, |_| false, |_| Ok(())).unwrap();
             counts[out[0] as usize * 5 + out[1] as usize] += 1;

@@ -62,6 +62,7 @@ fn default_pair_generates_with_acceptance() {
             tree: DraftTree::preset("chain-4").unwrap(),
             construction: DraftConstruction::Greedy,
             verifier: Verifier::Greedy,
+            draft_warp: None,
         }),
     };
     let (out, stats) = g.generate(&ids, &config, |x| target.tokenizer.is_stop(x), |_| Ok(())).unwrap();

@@ -36,7 +36,7 @@ fn chat_ids(m: &LoadedModel, prompt: &str) -> Vec<u32> {
 }
 
 fn spec(tree: &str, c: DraftConstruction, v: Verifier) -> Option<SpecConfig> {
-    Some(SpecConfig { tree: DraftTree::preset(tree).unwrap(), construction: c, verifier: v })
+    Some(SpecConfig { tree: DraftTree::preset(tree).unwrap(), construction: c, verifier: v, draft_warp: None })
 }
 
 /// The GGUF tokenizer: chat template, special tokens and a lossless round trip.
