@@ -94,7 +94,7 @@ struct GenerateArgs {
     tokenizer: Option<PathBuf>,
     /// Tree topology: a preset (chain-K, drafts-N-depth-D, mc_sim_7b_63) or a TOML file.
     /// The default is the fastest measured on a 2-core CPU (benches/RESULTS.md).
-    #[arg(long, default_value = "drafts-2-depth-2")]
+    #[arg(long, default_value = "chain-2")]
     tree: String,
     /// Draft construction: wr, wor, greedy, spechub, topk, cps.
     #[arg(long, default_value = "greedy")]
