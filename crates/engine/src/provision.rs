@@ -233,11 +233,7 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
 
 /// Downloads `source.file` from `source.hub_repo` into the hub cache and verifies it.
 fn hub_download(source: &ModelSource, opts: &FetchOptions) -> Result<PathBuf, String> {
-    let api = hf_hub::api::sync::ApiBuilder::new()
-        .with_cache_dir(opts.cache.join("hub"))
-        .with_progress(opts.progress)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let api = hub_api(opts)?;
     let path = api.model(source.hub_repo.clone()).get(&source.file).map_err(|e| e.to_string())?;
     verify(&path, source, opts.progress).map_err(|e| e.to_string())?;
     Ok(path)
@@ -248,14 +244,7 @@ fn hub_download(source: &ModelSource, opts: &FetchOptions) -> Result<PathBuf, St
 /// `.bin` files). Returns the local snapshot folder.
 pub fn hub_folder(repo: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionError> {
     let fail = |reason: String| ProvisionError::Hub { repo: repo.to_string(), reason };
-    if !opts.hub {
-        return Err(fail("the hub is disabled ($MDSD_OFFLINE or $HF_HUB_OFFLINE is set)".into()));
-    }
-    let api = hf_hub::api::sync::ApiBuilder::new()
-        .with_cache_dir(opts.cache.join("hub"))
-        .with_progress(opts.progress)
-        .build()
-        .map_err(|e| fail(e.to_string()))?;
+    let api = hub_api(opts).map_err(fail)?;
     let r = api.model(repo.to_string());
     let config = r.get("config.json").map_err(|e| fail(format!("config.json: {e}")))?;
     for optional in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
@@ -303,22 +292,24 @@ pub fn resolve_cli(spec: &str, opts: &FetchOptions) -> Result<PathBuf, Provision
     match spec.split_once(':') {
         None => hub_folder(spec, opts),
         Some((repo, file)) => {
-            if !opts.hub {
-                return Err(ProvisionError::Hub {
-                    repo: repo.into(),
-                    reason: "the hub is disabled ($MDSD_OFFLINE or $HF_HUB_OFFLINE is set)".into(),
-                });
-            }
-            let api = hf_hub::api::sync::ApiBuilder::new()
-                .with_cache_dir(opts.cache.join("hub"))
-                .with_progress(opts.progress)
-                .build()
-                .map_err(|e| ProvisionError::Hub { repo: repo.into(), reason: e.to_string() })?;
+            let api = hub_api(opts).map_err(|reason| ProvisionError::Hub { repo: repo.into(), reason })?;
             api.model(repo.to_string())
                 .get(file)
                 .map_err(|e| ProvisionError::Hub { repo: repo.into(), reason: format!("{file}: {e}") })
         }
     }
+}
+
+/// The hub client, caching under `$MDSD_CACHE/hub`; an error when the hub is disabled.
+fn hub_api(opts: &FetchOptions) -> Result<hf_hub::api::sync::Api, String> {
+    if !opts.hub {
+        return Err("the hub is disabled ($MDSD_OFFLINE or $HF_HUB_OFFLINE is set)".into());
+    }
+    hf_hub::api::sync::ApiBuilder::new()
+        .with_cache_dir(opts.cache.join("hub"))
+        .with_progress(opts.progress)
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 fn stamp_path(file: &Path) -> PathBuf {

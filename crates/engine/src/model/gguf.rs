@@ -10,7 +10,7 @@
 use super::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{DType, Device, Error, Result};
+use candle_core::{DType, Device, Error, Result, Tensor};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -349,5 +349,3 @@ pub fn load(
     let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad), dtype, device)?;
     Ok((model, file))
 }
-
-use candle_core::Tensor;
