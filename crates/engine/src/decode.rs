@@ -95,6 +95,8 @@ struct StepBuffers {
     p: Vec<f64>,
     row_of: Vec<usize>,
     draft_slot: Vec<Option<usize>>,
+    /// Tree nodes the draft ran this step after the root, in cache order.
+    draft_fed: Vec<usize>,
     drafts: Vec<u32>,
     kids: Vec<usize>,
     path: Vec<usize>,
@@ -272,6 +274,7 @@ impl<'a> Generator<'a> {
         b.token[0] = Some(pending);
         b.draft_slot.clear();
         b.draft_slot.resize(nodes, None);
+        b.draft_fed.clear();
         if b.q_at.len() < nodes {
             b.q_at.resize_with(nodes, Vec::new);
         }
@@ -303,25 +306,19 @@ impl<'a> Generator<'a> {
                 if level_nodes.is_empty() {
                     break;
                 }
-                let past = dcache.len();
-                let fed = past - committed; // tree nodes the draft already ran this step
-                for (r, &i) in level_nodes.iter().enumerate() {
-                    b.draft_slot[i] = Some(past + r);
+                for &i in &level_nodes {
+                    b.draft_slot[i] = Some(committed + b.draft_fed.len());
+                    b.draft_fed.push(i);
                 }
                 let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
                 let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
-                // Columns: committed prefix (all visible), then the tree slots of this step.
-                let slots = &b.draft_slot;
-                let owner: Vec<usize> = (0..nodes).filter(|&i| slots[i].is_some_and(|s| s >= committed)).collect();
-                let mut slot_node = vec![usize::MAX; fed + level_nodes.len()];
-                for &i in &owner {
-                    slot_node[slots[i].expect("owner") - committed] = i;
-                }
+                // Columns: the committed prefix (all visible), then this step's tree nodes.
+                let fed = &b.draft_fed;
                 let bias = attention_bias(
                     committed,
                     level_nodes.len(),
-                    fed + level_nodes.len(),
-                    |r, c| tree.is_ancestor_or_self(slot_node[c], level_nodes[r]),
+                    fed.len(),
+                    |r, c| tree.is_ancestor_or_self(fed[c], level_nodes[r]),
                     draft.dtype(),
                     draft.device(),
                 )?;

@@ -3,16 +3,15 @@
 mod common;
 
 use candle_core::{DType, Device};
-use common::{temp_dir, Tiny};
+use common::{load_cpu, temp_dir, Tiny};
 use engine::decode::{GenerationConfig, Generator, SpecConfig};
-use engine::load::{load, LoadOptions};
 use engine::model::{causal_bias, DecoderModel};
 use engine::DraftTree;
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, VALID_PAIRS};
 
 fn model(tiny: Tiny, name: &str) -> DecoderModel {
-    load(&tiny.write_hf(&temp_dir(name)), &Device::Cpu, &LoadOptions::default()).unwrap().model
+    load_cpu(&tiny.write_hf(&temp_dir(name)))
 }
 
 fn spechub_fits(c: DraftConstruction, tree: &DraftTree) -> bool {

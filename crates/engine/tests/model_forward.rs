@@ -5,8 +5,7 @@ mod common;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
-use common::{max_diff, temp_dir, Tiny};
-use engine::load::{load, LoadOptions};
+use common::{load_cpu, max_diff, temp_dir, Tiny};
 use engine::model::{attention_bias, causal_bias, DecoderModel};
 use engine::DraftTree;
 use rand::rngs::StdRng;
@@ -33,7 +32,7 @@ const PROMPT: [u32; 7] = [3, 17, 5, 40, 22, 9, 31];
 fn chain_forward_matches_candle_transformers() {
     for tiny in [Tiny::llama(1), Tiny::qwen2(2)] {
         let dir = tiny.write_hf(&temp_dir(&format!("ref-{}", tiny.arch)));
-        let ours = load(&dir, &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        let ours = load_cpu(&dir);
         let all = logits_all(&ours, &PROMPT);
         let vb = unsafe {
             candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
@@ -82,15 +81,15 @@ fn chain_forward_matches_candle_transformers() {
 fn gguf_and_safetensors_loaders_agree() {
     for tiny in [Tiny::llama(3), Tiny::qwen2(4)] {
         let dir = temp_dir(&format!("gguf-{}", tiny.arch));
-        let hf = load(&tiny.write_hf(&dir.join("hf")), &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        let hf = load_cpu(&tiny.write_hf(&dir.join("hf")));
         let expect = logits_all(&hf, &PROMPT);
         let f32_path = tiny.write_gguf(&dir.join("f32.gguf"), GgmlDType::F32, &[]);
-        let g = load(&f32_path, &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        let g = load_cpu(&f32_path);
         assert_eq!(g.config().rope_interleaved, tiny.arch == "llama");
         let d = max_diff(&logits_all(&g, &PROMPT), &expect);
         assert!(d < 1e-4, "{} f32 GGUF: {d}", tiny.arch);
         let q8 = tiny.write_gguf(&dir.join("q8.gguf"), GgmlDType::Q8_0, &[]);
-        let g = load(&q8, &Device::Cpu, &LoadOptions::default()).unwrap().model;
+        let g = load_cpu(&q8);
         let d = max_diff(&logits_all(&g, &PROMPT), &expect);
         let scale = expect.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
         assert!(d < 0.05 * scale, "{} Q8_0 GGUF: max |diff| {d} for logits up to {scale}", tiny.arch);
@@ -104,21 +103,9 @@ fn gguf_and_safetensors_loaders_agree() {
 fn tree_nodes_match_their_paths_and_compaction_keeps_a_path() {
     let dir = temp_dir("tree");
     let models = [
-        load(&Tiny::llama(5).write_hf(&dir.join("llama")), &Device::Cpu, &LoadOptions::default()).unwrap().model,
-        load(
-            &Tiny::qwen2(6).write_gguf(&dir.join("qwen2.gguf"), GgmlDType::F32, &[]),
-            &Device::Cpu,
-            &LoadOptions::default(),
-        )
-        .unwrap()
-        .model,
-        load(
-            &Tiny::llama(7).write_gguf(&dir.join("llama.gguf"), GgmlDType::F32, &[]),
-            &Device::Cpu,
-            &LoadOptions::default(),
-        )
-        .unwrap()
-        .model,
+        load_cpu(&Tiny::llama(5).write_hf(&dir.join("llama"))),
+        load_cpu(&Tiny::qwen2(6).write_gguf(&dir.join("qwen2.gguf"), GgmlDType::F32, &[])),
+        load_cpu(&Tiny::llama(7).write_gguf(&dir.join("llama.gguf"), GgmlDType::F32, &[])),
     ];
     let mut rng = StdRng::seed_from_u64(11);
     for (mi, model) in models.iter().enumerate() {

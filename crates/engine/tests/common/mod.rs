@@ -213,6 +213,11 @@ impl Tiny {
     }
 }
 
+/// Loads a model file or folder on the CPU with default options.
+pub fn load_cpu(path: &Path) -> engine::model::DecoderModel {
+    engine::load::load(path, &Device::Cpu, &engine::load::LoadOptions::default()).unwrap().model
+}
+
 /// A fresh temporary folder under the target directory.
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mdsd-test-{}-{name}", std::process::id()));
