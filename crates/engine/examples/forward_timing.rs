@@ -1,4 +1,6 @@
 //! Times one forward of t new tokens after a 64-token prefix, for t in 1..=32.
+//! `forward_timing MODEL.gguf [stored|fast|f32] [T]`: with T, only t = T, 40 repetitions
+//! (for profiling).
 use candle_core::{DType, Device};
 use engine::load::{load, LoadOptions};
 use engine::model::causal_bias;
@@ -16,11 +18,16 @@ fn main() {
     let bias = causal_bias(0, 64, DType::F32, &Device::Cpu).unwrap();
     let pos: Vec<u32> = (0..64).collect();
     m.forward(&prefix, &pos, &bias, &mut cache).unwrap();
-    for t in [1usize, 2, 4, 5, 8, 16, 26, 32] {
+    let only: Option<usize> = std::env::args().nth(3).and_then(|s| s.parse().ok());
+    let ts: Vec<usize> = match only {
+        Some(t) => vec![t],
+        None => vec![1, 2, 4, 5, 8, 16, 26, 32],
+    };
+    for t in ts {
         let toks: Vec<u32> = (0..t as u32).map(|i| 500 + i).collect();
         let pos: Vec<u32> = (64..64 + t as u32).collect();
         let bias = causal_bias(64, t, DType::F32, &Device::Cpu).unwrap();
-        let reps = 5;
+        let reps = if only.is_some() { 150 } else { 5 };
         let mut best = f64::MAX;
         let mut best_lm = f64::MAX;
         for _ in 0..reps {

@@ -13,7 +13,7 @@ fn main() {
     let (a, _) = g.generate(&ids, &base, |_| false, |_| Ok(())).unwrap();
     let spec = GenerationConfig {
         speculative: Some(SpecConfig {
-            tree: engine::DraftTree::preset("chain-4").unwrap(),
+            tree: engine::DraftTree::preset("chain-4").unwrap().into(),
             construction: samplers::DraftConstruction::Greedy,
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,

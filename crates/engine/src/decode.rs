@@ -18,8 +18,9 @@
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
 
+use crate::auto_tree::AutoTree;
 use crate::kv_cache::KvCache;
-use crate::model::{attention_bias, DecoderModel};
+use crate::model::{attention_bias, causal_bias, DecoderModel};
 use crate::tree::DraftTree;
 use candle_core::{Error, Result, Tensor};
 use rand::rngs::StdRng;
@@ -27,18 +28,49 @@ use rand::SeedableRng;
 use samplers::construction::DraftScratch;
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, Verifier, VerifyScratch};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The tree of every step: one fixed topology, or the best by measured cost and acceptance
+/// before each step ([`crate::auto_tree`], `--tree auto`).
+#[derive(Debug, Clone)]
+pub enum TreeChoice {
+    Fixed(DraftTree),
+    Auto,
+}
+
+impl From<DraftTree> for TreeChoice {
+    fn from(t: DraftTree) -> Self {
+        TreeChoice::Fixed(t)
+    }
+}
 
 /// How to pick drafts and verify them.
 #[derive(Debug, Clone)]
 pub struct SpecConfig {
-    pub tree: DraftTree,
+    pub tree: TreeChoice,
     pub construction: DraftConstruction,
     pub verifier: Verifier,
     /// Warp of the draft logits; `None`: the target's. Any draft distribution keeps the
     /// output exact (the verifier sees the q the drafts were drawn from); at temperature 0 a
     /// warped q is one-hot, so trees collapse to chains unless the draft keeps a temperature.
     pub draft_warp: Option<Warp>,
+}
+
+impl SpecConfig {
+    /// Whether the draft's q keeps a temperature (else it is one-hot and every node gets one
+    /// distinct draft).
+    pub fn draft_samples(&self, warp: Warp) -> bool {
+        self.draft_warp.unwrap_or(warp).temperature > 0.0
+    }
+
+    /// The most nodes a step's tree can have.
+    pub fn max_tree_len(&self, warp: Warp) -> usize {
+        match &self.tree {
+            TreeChoice::Fixed(t) => t.len(),
+            TreeChoice::Auto => AutoTree::new(self.draft_samples(warp)).max_len(),
+        }
+    }
 }
 
 /// What to generate.
@@ -76,6 +108,9 @@ pub struct Stats {
     pub tokens_per_s: f64,
     /// Why generation stopped: `max_new_tokens` or `stop_token`.
     pub stop_reason: String,
+    /// With `--tree auto`: the acceptance estimate and the steps taken with each tree.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub auto_tree: String,
 }
 
 /// Runs generations with a target (and optionally a draft) model, reusing caches and buffers.
@@ -86,6 +121,8 @@ pub struct Generator<'a> {
     draft_cache: Option<KvCache>,
     vocab: usize,
     buf: StepBuffers,
+    /// `--tree auto` state, kept across generations (costs are the models').
+    auto: Option<AutoTree>,
 }
 
 #[derive(Default)]
@@ -125,7 +162,14 @@ impl<'a> Generator<'a> {
             Some(d) => Some(d.new_cache(capacity.min(d.config().context_length))?),
             None => None,
         };
-        Ok(Self { target, draft, target_cache, draft_cache, vocab, buf: StepBuffers::default() })
+        Ok(Self { target, draft, target_cache, draft_cache, vocab, buf: StepBuffers::default(), auto: None })
+    }
+
+    /// The `--tree auto` state (costs measured so far, acceptance); `None` before the first
+    /// generation with [`TreeChoice::Auto`]. Tools and tests may seed it: rows whose cost is
+    /// already known are not measured again.
+    pub fn auto_tree_mut(&mut self) -> &mut Option<AutoTree> {
+        &mut self.auto
     }
 
     /// Generates after `prompt`, calling `on_tokens` with each batch of accepted tokens (for
@@ -153,7 +197,7 @@ impl<'a> Generator<'a> {
             (Some(_), None) => candle_core::bail!("speculative decoding needs a draft model"),
             (None, _) => None,
         };
-        let tree_len = spec.map_or(1, |s| s.tree.len());
+        let tree_len = spec.map_or(1, |s| s.max_tree_len(config.warp));
         let capacity = self.target_cache.capacity();
         if prompt.len() + tree_len > capacity {
             candle_core::bail!(
@@ -180,6 +224,18 @@ impl<'a> Generator<'a> {
         stats.prefill_s = start.elapsed().as_secs_f64();
         let decode_start = Instant::now();
         let mut pending = prompt[n - 1];
+        let mut auto = match spec.map(|s| (&s.tree, s.draft_samples(config.warp))) {
+            Some((TreeChoice::Auto, multi)) => {
+                let mut a = match self.auto.take() {
+                    Some(a) if a.trees.len() == AutoTree::new(multi).trees.len() => a,
+                    _ => AutoTree::new(multi),
+                };
+                a.uses.iter_mut().for_each(|u| *u = 0);
+                self.calibrate(&mut a, pending)?;
+                Some(a)
+            }
+            _ => None,
+        };
         let mut out = Vec::with_capacity(config.max_new_tokens);
         let mut timings = [Duration::ZERO; 3];
         stats.stop_reason = "max_new_tokens".into();
@@ -203,17 +259,21 @@ impl<'a> Generator<'a> {
                     stats.target_forwards += 1;
                 }
                 Some(s) => {
-                    let accepted = self.spec_step(
-                        s,
-                        config.warp,
-                        pending,
-                        &mut draft_pending,
-                        &mut rng,
-                        &mut stats,
-                        &mut timings,
-                    )?;
-                    if stats.accepted_at_depth.len() < s.tree.max_depth() {
-                        stats.accepted_at_depth.resize(s.tree.max_depth(), 0);
+                    let chosen;
+                    let (tree, auto) = match (&s.tree, auto.as_mut()) {
+                        (TreeChoice::Fixed(t), _) => (t, None),
+                        (TreeChoice::Auto, Some(a)) => {
+                            let i = a.choose();
+                            chosen = Arc::clone(&a.trees[i].1);
+                            (&*chosen, Some(a))
+                        }
+                        (TreeChoice::Auto, None) => unreachable!("auto state made above"),
+                    };
+                    let step = StepInput { tree, pending, warp: config.warp };
+                    let accepted =
+                        self.spec_step(s, &step, &mut draft_pending, &mut rng, &mut stats, &mut timings, auto)?;
+                    if stats.accepted_at_depth.len() < tree.max_depth() {
+                        stats.accepted_at_depth.resize(tree.max_depth(), 0);
                     }
                     for d in 0..accepted {
                         stats.accepted_at_depth[d] += 1;
@@ -248,22 +308,70 @@ impl<'a> Generator<'a> {
         let decode_s = decode_start.elapsed().as_secs_f64();
         stats.total_s = start.elapsed().as_secs_f64();
         stats.tokens_per_s = if decode_s > 0.0 { out.len() as f64 / decode_s } else { 0.0 };
+        if let Some(a) = auto {
+            stats.auto_tree = a.summary();
+            self.auto = Some(a);
+        }
         Ok((out, stats))
     }
 
+    /// Measures the forward costs that `--tree auto` needs and has not measured yet: after a
+    /// warm-up, the best of two forwards per row count, each over the cached prompt and then
+    /// truncated away (the caches are left as they were).
+    fn calibrate(&mut self, auto: &mut AutoTree, pending: u32) -> Result<()> {
+        let (target_rows, draft_rows) = auto.needed_rows();
+        let time = |model: &DecoderModel, cache: &mut KvCache, rows: usize| -> Result<f64> {
+            let base = cache.len();
+            let tokens = vec![for_draft(&[pending], model.config().vocab_size)[0]; rows];
+            let pos: Vec<u32> = (base..base + rows).map(|p| p as u32).collect();
+            let bias = causal_bias(base, rows, model.dtype(), model.device())?;
+            let t0 = Instant::now();
+            let hidden = model.forward(&tokens, &pos, &bias, cache)?;
+            std::hint::black_box(model.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?);
+            let s = t0.elapsed().as_secs_f64();
+            cache.truncate(base);
+            Ok(s)
+        };
+        let measure = |model: &DecoderModel,
+                       cache: &mut KvCache,
+                       curve: &mut crate::auto_tree::CostCurve,
+                       rows: &[usize]|
+         -> Result<()> {
+            if rows.iter().all(|&r| curve.has(r)) {
+                return Ok(());
+            }
+            time(model, cache, 1)?;
+            for &r in rows {
+                if curve.has(r) {
+                    continue;
+                }
+                let s = time(model, cache, r)?.min(time(model, cache, r)?);
+                curve.record(r, s);
+            }
+            Ok(())
+        };
+        measure(self.target, &mut self.target_cache, &mut auto.target, &target_rows)?;
+        if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
+            // The draft cache is no longer than the target's, so the timed rows fit.
+            measure(d, cache, &mut auto.draft, &draft_rows)?;
+        }
+        Ok(())
+    }
+
     /// One speculative step; fills `self.buf.emitted` and returns the accepted draft count.
+    /// With `auto`, records the step's forward costs and verifications there.
     #[allow(clippy::too_many_arguments)]
     fn spec_step(
         &mut self,
         spec: &SpecConfig,
-        warp: Warp,
-        pending: u32,
+        step: &StepInput,
         draft_pending: &mut Vec<u32>,
         rng: &mut StdRng,
         stats: &mut Stats,
         timings: &mut [Duration; 3],
+        mut auto: Option<&mut AutoTree>,
     ) -> Result<usize> {
-        let tree = &spec.tree;
+        let (tree, warp, pending) = (step.tree, step.warp, step.pending);
         let qwarp = spec.draft_warp.unwrap_or(warp);
         let draft = self.draft.expect("checked by generate");
         let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
@@ -299,6 +407,9 @@ impl<'a> Generator<'a> {
             level_nodes.push(0);
             let logits = draft.logits(&hidden.narrow(0, m - 1, 1)?)?;
             draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
+            if let Some(a) = auto.as_deref_mut() {
+                a.draft.record(m, t0.elapsed().as_secs_f64());
+            }
             let committed = root_pos + 1;
             for level in tree.levels().iter().skip(1) {
                 level_nodes.clear();
@@ -322,10 +433,14 @@ impl<'a> Generator<'a> {
                     draft.dtype(),
                     draft.device(),
                 )?;
+                let t_level = Instant::now();
                 let hidden = draft.forward(&tokens, &pos, &bias, dcache)?;
                 stats.draft_forwards += 1;
                 let logits = draft.logits(&hidden)?;
                 draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
+                if let Some(a) = auto.as_deref_mut() {
+                    a.draft.record(level_nodes.len(), t_level.elapsed().as_secs_f64());
+                }
             }
         }
         timings[0] += t0.elapsed();
@@ -353,6 +468,9 @@ impl<'a> Generator<'a> {
         let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
         stats.target_forwards += 1;
         timings[1] += t1.elapsed();
+        if let Some(a) = auto.as_deref_mut() {
+            a.target.record(live.len(), t1.elapsed().as_secs_f64());
+        }
 
         // 3. Verify from the root.
         let t2 = Instant::now();
@@ -384,6 +502,9 @@ impl<'a> Generator<'a> {
                 )
                 .map_err(|e| Error::Msg(format!("verification: {e}")))?;
             b.emitted.push(verdict.token);
+            if let Some(a) = auto.as_deref_mut() {
+                a.record_node(verdict.accepted.map_or(b.kids.len(), |j| j + 1), verdict.accepted.is_some());
+            }
             match verdict.accepted {
                 Some(j) => {
                     node = b.kids[j];
@@ -411,6 +532,14 @@ impl<'a> Generator<'a> {
         timings[1] += t3.elapsed();
         Ok(b.path.len() - 1)
     }
+}
+
+/// What a speculative step works on.
+struct StepInput<'t> {
+    tree: &'t DraftTree,
+    /// The last emitted token, not yet run by the target.
+    pending: u32,
+    warp: Warp,
 }
 
 /// Warps the draft logits of `level_nodes` (one row each) into `q`, padded with zeros to the

@@ -1,8 +1,10 @@
 //! The mdsd engine: LLaMA/Qwen2 models with a tree-capable forward ([`model`]), the external
 //! KV cache ([`kv_cache`]), loaders ([`load`], GGUF and Hugging Face folders), tokenizers and
-//! chat templates ([`tokenizer`]), draft trees ([`tree`]), the decoding loop ([`decode`]),
+//! chat templates ([`tokenizer`]), draft trees ([`tree`]) and their automatic choice
+//! ([`auto_tree`]), the decoding loop ([`decode`]),
 //! model provisioning ([`provision`]) and the reference speculative step ([`speculative`]).
 
+pub mod auto_tree;
 pub mod decode;
 pub mod kv_cache;
 pub mod load;

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats};
+use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::gguf::WeightFormat;
 use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
@@ -92,8 +92,10 @@ struct GenerateArgs {
     /// A tokenizer.json overriding the target's (and the draft's) tokenizer.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Tree topology: a preset (chain-K, drafts-N-depth-D, mc_sim_7b_63) or a TOML file.
-    /// The default is the fastest measured on a 2-core CPU (benches/RESULTS.md).
+    /// Tree topology: a preset (chain-K, drafts-N-depth-D, mc_sim_7b_63), a TOML file, or
+    /// `auto` (before each step, the tree with the most expected tokens per second from
+    /// measured forward costs and the acceptance so far). The default is the fastest measured
+    /// on a 2-core CPU (benches/RESULTS.md).
     #[arg(long, default_value = "chain-2")]
     tree: String,
     /// Draft construction: wr, wor, greedy, spechub, topk, cps.
@@ -170,16 +172,24 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         None
     } else {
         samplers::validate_pair(args.draft_sampling, verifier)?;
-        let tree = DraftTree::load(&args.tree).with_context(|| format!("tree `{}`", args.tree))?;
-        if args.draft_sampling == DraftConstruction::SpecHub {
-            if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
-                bail!(
-                    "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} children",
-                    args.tree,
-                    tree.children(i).len()
-                );
+        let tree = if args.tree == "auto" {
+            if args.draft_sampling == DraftConstruction::SpecHub {
+                bail!("--tree auto picks among chains and trees that --draft-sampling spechub (2 drafts per node) cannot draw; give a tree");
             }
-        }
+            TreeChoice::Auto
+        } else {
+            let tree = DraftTree::load(&args.tree).with_context(|| format!("tree `{}`", args.tree))?;
+            if args.draft_sampling == DraftConstruction::SpecHub {
+                if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
+                    bail!(
+                        "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} children",
+                        args.tree,
+                        tree.children(i).len()
+                    );
+                }
+            }
+            TreeChoice::Fixed(tree)
+        };
         let draft_warp = args.draft_temperature.map(|t| Warp { temperature: t, top_k: args.top_k, top_p: args.top_p });
         Some(SpecConfig { tree, construction: args.draft_sampling, verifier, draft_warp })
     };
@@ -246,7 +256,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         .config()
         .context_length
         .min(draft.as_ref().map_or(usize::MAX, |d| d.model.config().context_length));
-    let tree_len = spec.as_ref().map_or(1, |s| s.tree.len());
+    let tree_len = spec.as_ref().map_or(1, |s| s.max_tree_len(warp));
     if ids.len() + tree_len >= context {
         bail!(
             "the prompt has {} tokens, too long for the context of {context} positions of {}",
@@ -360,6 +370,9 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
         let per: Vec<String> =
             s.acceptance_per_depth.iter().enumerate().map(|(d, a)| format!("d{}={:.2}", d + 1, a)).collect();
         eprintln!("acceptance per depth: {}", per.join(" "));
+    }
+    if !s.auto_tree.is_empty() {
+        eprintln!("tree auto: {}", s.auto_tree);
     }
     eprintln!(
         "time: prefill {:.2} s · draft {:.2} s · target {:.2} s · verify {:.3} s · total {:.2} s",

@@ -137,6 +137,17 @@ impl DraftTree {
         Ok(Self { parents, depths, paths: all, children, levels })
     }
 
+    /// The tree of the root alone: no drafts (one target row per step, plain decoding).
+    pub fn root_only() -> Self {
+        Self {
+            parents: vec![usize::MAX],
+            depths: vec![0],
+            paths: vec![Vec::new()],
+            children: vec![Vec::new()],
+            levels: std::iter::once(0..1).collect(),
+        }
+    }
+
     /// A preset by name: `chain-K`, `drafts-N-depth-D` (a full tree, N drafts per node) or
     /// `mc_sim_7b_63`.
     pub fn preset(name: &str) -> Result<Self, TreeError> {

@@ -33,6 +33,7 @@ fn generate_json_on_tiny_models() {
     for extra in [
         &["--tree", "mc_sim_7b_63", "--draft-sampling", "wor"][..],
         &["--no-spec"][..],
+        &["--tree", "auto", "--draft-sampling", "wor"][..],
         &[
             "--tree",
             "drafts-2-depth-2",
@@ -74,6 +75,9 @@ fn generate_json_on_tiny_models() {
         assert!(v["text"].as_str().unwrap().chars().count() == 20, "{v}");
         for key in ["tokens_per_s", "draft_s", "target_s", "verify_s", "acceptance_per_depth", "stop_reason"] {
             assert!(v.get(key).is_some(), "missing {key}: {v}");
+        }
+        if extra.contains(&"auto") {
+            assert!(v["auto_tree"].as_str().unwrap().starts_with("alpha "), "{v}");
         }
     }
     // Streaming mode prints the text and the stats.
@@ -173,6 +177,8 @@ fn bad_inputs_give_clear_errors() {
     assert!(e.contains("kseq") && e.contains("wor"), "{e}");
     let e = gen(&good, &good, &["--draft-sampling", "spechub", "--tree", "chain-3"]);
     assert!(e.contains("spechub") && e.contains("chain-3"), "{e}");
+    let e = gen(&good, &good, &["--draft-sampling", "spechub", "--tree", "auto"]);
+    assert!(e.contains("spechub") && e.contains("--tree auto"), "{e}");
     let e = gen(&good, &good, &["--top-p", "1.5"]);
     assert!(e.contains("top-p"), "{e}");
     // NaN logits: a model whose output head is NaN.

@@ -4,7 +4,8 @@ mod common;
 
 use candle_core::{DType, Device};
 use common::{load_cpu, temp_dir, Tiny};
-use engine::decode::{GenerationConfig, Generator, SpecConfig};
+use engine::auto_tree::AutoTree;
+use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
 use engine::model::{causal_bias, DecoderModel};
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -46,7 +47,7 @@ fn temperature_zero_speculative_equals_plain_decoding() {
                 continue;
             }
             let config = GenerationConfig {
-                speculative: Some(SpecConfig { tree: tree.clone(), construction: c, verifier: v, draft_warp }),
+                speculative: Some(SpecConfig { tree: tree.clone().into(), construction: c, verifier: v, draft_warp }),
                 ..base.clone()
             };
             let mut streamed = Vec::new();
@@ -83,7 +84,7 @@ fn identical_draft_accepts_whole_chains() {
         warp: Warp::temperature(0.0),
         seed: 0,
         speculative: Some(SpecConfig {
-            tree,
+            tree: tree.into(),
             construction: DraftConstruction::Greedy,
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,
@@ -150,7 +151,7 @@ fn first_two_tokens_follow_the_target_law() {
                 max_new_tokens: 2,
                 warp,
                 seed,
-                speculative: Some(SpecConfig { tree: tree.clone(), construction: c, verifier: v, draft_warp }),
+                speculative: Some(SpecConfig { tree: tree.clone().into(), construction: c, verifier: v, draft_warp }),
             };
             let (out, _) = generator.generate(&SMALL_PROMPT, &config, |_| false, |_| Ok(())).unwrap();
             counts[out[0] as usize * 5 + out[1] as usize] += 1;
@@ -175,4 +176,87 @@ fn first_two_tokens_follow_the_target_law() {
         };
         assert!(stat < critical, "{name} {c}+{v}: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
     }
+}
+
+/// `--tree auto` at temperature 0: whatever tree each step picks (from real timings of these
+/// tiny models), the output is the plain greedy output, for every pair that can draw chains.
+#[test]
+fn auto_tree_at_temperature_zero_equals_plain_decoding() {
+    let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, "auto-t0-target");
+    let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "auto-t0-draft");
+    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let (reference, _) =
+        Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
+    let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
+    let mut drafted = 0;
+    for draft_warp in [None, Some(Warp::temperature(1.0))] {
+        for &(c, v) in VALID_PAIRS.iter().filter(|(c, _)| *c != DraftConstruction::SpecHub) {
+            let config = GenerationConfig {
+                speculative: Some(SpecConfig { tree: TreeChoice::Auto, construction: c, verifier: v, draft_warp }),
+                ..base.clone()
+            };
+            let (out, stats) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
+            assert_eq!(out, reference, "auto {c}+{v} (draft warp {draft_warp:?}): {}", stats.auto_tree);
+            assert!(stats.auto_tree.starts_with("alpha "), "{}", stats.auto_tree);
+            drafted += stats.auto_tree.contains("chain-") as usize;
+        }
+    }
+    // Even when plain steps win on cost, one step in 16 drafts (40 tokens: at least twice).
+    assert!(drafted > 0, "no generation with --tree auto ever drafted");
+}
+
+/// `--tree auto` at temperature 1, with costs seeded so that drafting trees win (cheap draft,
+/// flat target cost): the first two tokens follow the exact law. Chi-square as in
+/// `first_two_tokens_follow_the_target_law`: 4,000 generations, 24 degrees of freedom, fails
+/// above 52.62 (p = 1e-4).
+#[test]
+fn auto_tree_follows_the_target_law() {
+    let small = |seed, layers| Tiny { vocab: 5, scale: 1.0, layers, ..Tiny::qwen2(seed) };
+    let target = model(small(31, 2), "auto-chi-target");
+    let draft = model(small(32, 1), "auto-chi-draft");
+    let warp = Warp::temperature(1.0);
+    let law = two_token_law(&target, warp);
+    let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
+    let mut seeded = AutoTree::new(true);
+    let (target_rows, draft_rows) = seeded.needed_rows();
+    for r in 1..=*target_rows.last().unwrap() {
+        seeded.target.record(r, 1.0);
+    }
+    for r in 1..=*draft_rows.last().unwrap().max(&4) {
+        seeded.draft.record(r, 0.01);
+    }
+    *generator.auto_tree_mut() = Some(seeded);
+    let draws = 4000;
+    let mut counts = vec![0u64; 25];
+    let mut multi_draft_steps = 0;
+    for seed in 0..draws {
+        let config = GenerationConfig {
+            max_new_tokens: 2,
+            warp,
+            seed,
+            speculative: Some(SpecConfig {
+                tree: TreeChoice::Auto,
+                construction: DraftConstruction::WithoutReplacement,
+                verifier: samplers::Verifier::Rrs,
+                draft_warp: None,
+            }),
+        };
+        let (out, stats) = generator.generate(&SMALL_PROMPT, &config, |_| false, |_| Ok(())).unwrap();
+        counts[out[0] as usize * 5 + out[1] as usize] += 1;
+        multi_draft_steps += stats.auto_tree.contains("drafts-") as usize;
+    }
+    assert!(
+        multi_draft_steps > draws as usize / 2,
+        "multi-draft trees were picked in only {multi_draft_steps} generations"
+    );
+    let stat: f64 = counts
+        .iter()
+        .zip(&law)
+        .map(|(&o, &e)| {
+            let e = e * draws as f64;
+            assert!(e > 0.0, "a zero-probability cell");
+            (o as f64 - e).powi(2) / e
+        })
+        .sum();
+    assert!(stat < 52.62, "auto: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
 }

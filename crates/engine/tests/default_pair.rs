@@ -59,7 +59,7 @@ fn default_pair_generates_with_acceptance() {
         warp: Warp::temperature(0.0),
         seed: 0,
         speculative: Some(SpecConfig {
-            tree: DraftTree::preset("chain-4").unwrap(),
+            tree: DraftTree::preset("chain-4").unwrap().into(),
             construction: DraftConstruction::Greedy,
             verifier: Verifier::Greedy,
             draft_warp: None,

@@ -36,7 +36,7 @@ fn chat_ids(m: &LoadedModel, prompt: &str) -> Vec<u32> {
 }
 
 fn spec(tree: &str, c: DraftConstruction, v: Verifier) -> Option<SpecConfig> {
-    Some(SpecConfig { tree: DraftTree::preset(tree).unwrap(), construction: c, verifier: v, draft_warp: None })
+    Some(SpecConfig { tree: DraftTree::preset(tree).unwrap().into(), construction: c, verifier: v, draft_warp: None })
 }
 
 /// The GGUF tokenizer: chat template, special tokens and a lossless round trip.
@@ -81,7 +81,8 @@ fn temperature_zero_speculative_equals_plain_decoding() {
         for s in &configs {
             let config = GenerationConfig { speculative: s.clone(), ..plain.clone() };
             let (out, stats) = generator.generate(&ids, &config, |t| target.tokenizer.is_stop(t), |_| Ok(())).unwrap();
-            let name = s.as_ref().map(|s| format!("{:?} {}+{}", s.tree.len(), s.construction, s.verifier));
+            let name =
+                s.as_ref().map(|s| format!("{:?} {}+{}", s.max_tree_len(Warp::default()), s.construction, s.verifier));
             assert_eq!(out, reference, "{prompt:?} {name:?}");
             accepted += stats.accepted_at_depth.first().copied().unwrap_or(0);
         }

@@ -326,7 +326,7 @@ pub fn load(
         };
         let qkv_bias = config.architecture == Architecture::Qwen2;
         layers.push(Layer {
-            attn_norm: dense(&mut file, &p("attn_norm.weight"))?,
+            attn_norm: Some(dense(&mut file, &p("attn_norm.weight"))?),
             q: linear(&mut file, "attn_q", qkv_bias)?,
             k: linear(&mut file, "attn_k", qkv_bias)?,
             v: linear(&mut file, "attn_v", qkv_bias)?,

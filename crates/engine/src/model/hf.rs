@@ -39,6 +39,8 @@ pub struct HfConfig {
     #[serde(default)]
     pub tie_word_embeddings: bool,
     pub attention_bias: Option<bool>,
+    /// EAGLE heads' name for `attention_bias` (their Qwen2 heads say `model_type: llama`).
+    pub qkv_bias: Option<bool>,
     pub rope_scaling: Option<serde_json::Value>,
     pub hidden_act: Option<String>,
 }
@@ -97,8 +99,8 @@ impl HfConfig {
         Ok(config)
     }
 
-    fn qkv_bias(&self) -> bool {
-        self.attention_bias.unwrap_or(self.model_type == "qwen2")
+    pub fn qkv_bias(&self) -> bool {
+        self.attention_bias.or(self.qkv_bias).unwrap_or(self.model_type == "qwen2")
     }
 }
 
@@ -165,7 +167,7 @@ pub fn load(dir: &Path, dtype: DType, device: &Device, max_layers: Option<usize>
 
 /// A safetensors header that parses and whose tensors lie inside the file (reads only the
 /// header, so a truncated download is caught before memory-mapping).
-fn check_safetensors(path: &Path) -> Result<()> {
+pub fn check_safetensors(path: &Path) -> Result<()> {
     use std::io::Read;
     let mut f = std::fs::File::open(path).map_err(|e| err(path, format!("cannot open: {e}")))?;
     let file_len = f.metadata().map_err(|e| err(path, e))?.len();
@@ -196,33 +198,39 @@ fn check_safetensors(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A dense `Linear` from `vb`'s `weight` (`[out, inp]`) and, when `bias`, `bias`.
+pub(crate) fn dense_linear(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    let w = vb.get((out, inp), "weight")?;
+    let b = if bias { Some(vb.get(out, "bias")?) } else { None };
+    Ok(Linear::new(QMatMul::Tensor(w), b))
+}
+
+/// One decoder layer under transformers' names (`self_attn.*`, `mlp.*`, the norms) from `l`;
+/// without `input_layernorm` when `input_norm` is false (EAGLE heads).
+pub(crate) fn layer(l: &VarBuilder, c: &ModelConfig, qkv_bias: bool, input_norm: bool) -> Result<Layer> {
+    let (h, kv, q) = (c.hidden_size, c.num_kv_heads * c.head_dim, c.num_heads * c.head_dim);
+    let (a, f) = (l.pp("self_attn"), l.pp("mlp"));
+    Ok(Layer {
+        attn_norm: if input_norm { Some(l.get(h, "input_layernorm.weight")?) } else { None },
+        q: dense_linear(&a.pp("q_proj"), q, h, qkv_bias)?,
+        k: dense_linear(&a.pp("k_proj"), kv, h, qkv_bias)?,
+        v: dense_linear(&a.pp("v_proj"), kv, h, qkv_bias)?,
+        o: dense_linear(&a.pp("o_proj"), h, q, false)?,
+        mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
+        gate: dense_linear(&f.pp("gate_proj"), c.intermediate_size, h, false)?,
+        up: dense_linear(&f.pp("up_proj"), c.intermediate_size, h, false)?,
+        down: dense_linear(&f.pp("down_proj"), h, c.intermediate_size, false)?,
+    })
+}
+
 fn build(hf: &HfConfig, config: ModelConfig, vb: VarBuilder, dtype: DType, device: &Device) -> Result<DecoderModel> {
     let c = &config;
-    let (h, kv) = (c.hidden_size, c.num_kv_heads * c.head_dim);
+    let h = c.hidden_size;
     let m = vb.pp("model");
     let embed = m.get((c.vocab_size, h), "embed_tokens.weight")?;
-    let linear = |vb: &VarBuilder, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-        let w = vb.get((out, inp), "weight")?;
-        let b = if bias { Some(vb.get(out, "bias")?) } else { None };
-        Ok(Linear::new(QMatMul::Tensor(w), b))
-    };
-    let qkv_bias = hf.qkv_bias();
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
-        let l = m.pp(format!("layers.{i}"));
-        let a = l.pp("self_attn");
-        let f = l.pp("mlp");
-        layers.push(Layer {
-            attn_norm: l.get(h, "input_layernorm.weight")?,
-            q: linear(&a.pp("q_proj"), c.num_heads * c.head_dim, h, qkv_bias)?,
-            k: linear(&a.pp("k_proj"), kv, h, qkv_bias)?,
-            v: linear(&a.pp("v_proj"), kv, h, qkv_bias)?,
-            o: linear(&a.pp("o_proj"), h, c.num_heads * c.head_dim, false)?,
-            mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
-            gate: linear(&f.pp("gate_proj"), c.intermediate_size, h, false)?,
-            up: linear(&f.pp("up_proj"), c.intermediate_size, h, false)?,
-            down: linear(&f.pp("down_proj"), h, c.intermediate_size, false)?,
-        });
+        layers.push(layer(&m.pp(format!("layers.{i}")), c, hf.qkv_bias(), true)?);
     }
     let norm = m.get(h, "norm.weight")?;
     let lm_head = if hf.tie_word_embeddings && !vb.contains_tensor("lm_head.weight") {

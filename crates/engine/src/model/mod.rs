@@ -13,8 +13,10 @@
 //! files they come from; both load from Hugging Face safetensors ([`hf`]) and from GGUF
 //! ([`gguf`]), dense or quantized (candle's quantized matmul).
 
+pub mod eagle;
 pub mod gguf;
 pub mod hf;
+pub mod qgemv;
 
 use crate::kv_cache::KvCache;
 use candle_core::quantized::QMatMul;
@@ -78,25 +80,54 @@ pub struct Linear {
     weight: QMatMul,
     bias: Option<Tensor>,
     pad_input: usize,
+    /// Up to this many input rows go through [`qgemv`] (0: never).
+    few_rows_max: usize,
 }
+
+/// Input rows up to which Q4_K/Q6_K products on an AVX2 CPU use [`qgemv`] rather than
+/// candle's repacked kernels (measured in `benches/RESULTS.md`, "Engine on CPU").
+pub const FEW_ROWS_MAX: usize = 4;
 
 impl Linear {
     pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
-        Self { weight, bias, pad_input: 0 }
+        Self::padded(weight, bias, 0)
     }
 
     /// A matrix whose rows were padded with `pad_input` zero columns.
     pub fn padded(weight: QMatMul, bias: Option<Tensor>, pad_input: usize) -> Self {
-        Self { weight, bias, pad_input }
+        let few_rows_max = match &weight {
+            QMatMul::QTensor(w) if qgemv::supports(w) => few_rows_max_from_env(),
+            _ => 0,
+        };
+        Self { weight, bias, pad_input, few_rows_max }
+    }
+}
+
+/// [`FEW_ROWS_MAX`], or `MDSD_FEW_ROWS_MAX` when set (0 turns the fast path off; for
+/// measuring one kernel against the other).
+fn few_rows_max_from_env() -> usize {
+    static VALUE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *VALUE.get_or_init(|| std::env::var("MDSD_FEW_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(FEW_ROWS_MAX))
+}
+
+impl Linear {
+    fn matmul(&self, x: &Tensor) -> Result<Tensor> {
+        if let QMatMul::QTensor(w) = &self.weight {
+            let k = x.dim(D::Minus1)?;
+            if k > 0 && x.elem_count() / k <= self.few_rows_max && x.dtype() == DType::F32 {
+                return x.contiguous()?.apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(w));
+            }
+        }
+        self.weight.forward(x)
     }
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = if self.pad_input > 0 {
-            self.weight.forward(&x.pad_with_zeros(D::Minus1, 0, self.pad_input)?)?
+            self.matmul(&x.pad_with_zeros(D::Minus1, 0, self.pad_input)?)?
         } else {
-            self.weight.forward(x)?
+            self.matmul(x)?
         };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
@@ -108,7 +139,8 @@ impl Module for Linear {
 /// One transformer block's weights.
 #[derive(Debug, Clone)]
 pub struct Layer {
-    pub attn_norm: Tensor,
+    /// `None` for a block without an input norm (EAGLE heads' first layer).
+    pub attn_norm: Option<Tensor>,
     pub q: Linear,
     pub k: Linear,
     pub v: Linear,
@@ -150,6 +182,11 @@ impl DecoderModel {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The token embedding `[vocab, hidden]` (EAGLE heads without their own reuse it).
+    pub fn embedding(&self) -> &Tensor {
+        &self.embed
     }
 
     pub fn device(&self) -> &Device {
@@ -210,7 +247,7 @@ impl DecoderModel {
         let bias = bias.to_dtype(self.dtype)?;
         let mut x = self.embed.index_select(&tokens, 0)?.unsqueeze(0)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = self.block(i, layer, &x, &cos, &sin, &bias, cache)?;
+            x = block(&self.config, i, layer, &x, &cos, &sin, &bias, cache)?;
         }
         cache.advance(t)?;
         candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)
@@ -221,64 +258,65 @@ impl DecoderModel {
         let _span = tracing::trace_span!("lm_head").entered();
         self.lm_head.forward(&hidden.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn block(
-        &self,
-        index: usize,
-        layer: &Layer,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        bias: &Tensor,
-        cache: &mut KvCache,
-    ) -> Result<Tensor> {
-        let c = &self.config;
-        let (_, t, _) = x.dims3()?;
-        let eps = c.rms_norm_eps as f32;
-        let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
-        let attn = {
-            let _span = tracing::trace_span!("attention").entered();
-            let heads = |lin: &Linear, n: usize| -> Result<Tensor> {
-                lin.forward(&h)?.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()
-            };
-            let q = heads(&layer.q, c.num_heads)?;
-            let k = heads(&layer.k, c.num_kv_heads)?;
-            let v = heads(&layer.v, c.num_kv_heads)?;
-            let (q, k) = if c.rope_interleaved {
-                (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?)
-            } else {
-                (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?)
-            };
-            let (k_all, v_all) = cache.append(index, &k, &v)?;
-            let total = k_all.dim(2)?;
-            // Grouped-query attention without repeating K/V: the query heads sharing one KV
-            // head are stacked along the sequence axis.
-            let groups = c.num_heads / c.num_kv_heads;
-            let q = q.reshape((1, c.num_kv_heads, groups * t, c.head_dim))?;
-            let scale = 1.0 / (c.head_dim as f64).sqrt();
-            let k_t = k_all.contiguous()?.t()?;
-            let scores = (q.matmul(&k_t)? * scale)?.reshape((1, c.num_heads, t, total))?;
-            let scores = scores.broadcast_add(bias)?;
-            let weights = candle_nn::ops::softmax_last_dim(&scores)?;
-            let weights = weights.reshape((1, c.num_kv_heads, groups * t, total))?;
-            let y = weights.matmul(&v_all.contiguous()?)?;
-            let y = y.reshape((1, c.num_heads, t, c.head_dim))?.transpose(1, 2)?.reshape((
-                1,
-                t,
-                c.num_heads * c.head_dim,
-            ))?;
-            layer.o.forward(&y)?
+/// One transformer block on `x` (`[1, t, hidden]`): attention against the cache of layer
+/// `index` plus the new keys (appended), then the MLP, each with its residual.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block(
+    c: &ModelConfig,
+    index: usize,
+    layer: &Layer,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    bias: &Tensor,
+    cache: &mut KvCache,
+) -> Result<Tensor> {
+    let (_, t, _) = x.dims3()?;
+    let eps = c.rms_norm_eps as f32;
+    let h = match &layer.attn_norm {
+        Some(w) => candle_nn::ops::rms_norm(x, w, eps)?,
+        None => x.clone(),
+    };
+    let attn = {
+        let _span = tracing::trace_span!("attention").entered();
+        let heads = |lin: &Linear, n: usize| -> Result<Tensor> {
+            lin.forward(&h)?.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()
         };
-        let x = (x + attn)?;
-        let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-        let mlp = {
-            let _span = tracing::trace_span!("mlp").entered();
-            let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
-            layer.down.forward(&(g * layer.up.forward(&h)?)?)?
+        let q = heads(&layer.q, c.num_heads)?;
+        let k = heads(&layer.k, c.num_kv_heads)?;
+        let v = heads(&layer.v, c.num_kv_heads)?;
+        let (q, k) = if c.rope_interleaved {
+            (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?)
+        } else {
+            (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?)
         };
-        x + mlp
-    }
+        let (k_all, v_all) = cache.append(index, &k, &v)?;
+        let total = k_all.dim(2)?;
+        // Grouped-query attention without repeating K/V: the query heads sharing one KV
+        // head are stacked along the sequence axis.
+        let groups = c.num_heads / c.num_kv_heads;
+        let q = q.reshape((1, c.num_kv_heads, groups * t, c.head_dim))?;
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let k_t = k_all.contiguous()?.t()?;
+        let scores = (q.matmul(&k_t)? * scale)?.reshape((1, c.num_heads, t, total))?;
+        let scores = scores.broadcast_add(bias)?;
+        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+        let weights = weights.reshape((1, c.num_kv_heads, groups * t, total))?;
+        let y = weights.matmul(&v_all.contiguous()?)?;
+        let y =
+            y.reshape((1, c.num_heads, t, c.head_dim))?.transpose(1, 2)?.reshape((1, t, c.num_heads * c.head_dim))?;
+        layer.o.forward(&y)?
+    };
+    let x = (x + attn)?;
+    let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
+    let mlp = {
+        let _span = tracing::trace_span!("mlp").entered();
+        let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
+        layer.down.forward(&(g * layer.up.forward(&h)?)?)?
+    };
+    x + mlp
 }
 
 /// cos and sin tables `[context_length, head_dim / 2]`: angle `pos * theta^(-2i / head_dim)`.

@@ -239,3 +239,138 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .to_scalar::<f32>()
         .unwrap()
 }
+
+/// Writes `tensors` (f32) as PyTorch's `torch.save` zip format (`archive/data.pkl`, a
+/// protocol-2 pickle of a dict of `torch._utils._rebuild_tensor_v2` calls, plus one
+/// `archive/data/N` storage file per tensor), the layout of `pytorch_model.bin`.
+pub fn write_torch_bin(path: &Path, tensors: &[(String, Tensor)]) {
+    use std::io::Write;
+    let bin_unicode = |out: &mut Vec<u8>, s: &str| {
+        out.push(b'X');
+        out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    };
+    let bin_int = |out: &mut Vec<u8>, v: usize| {
+        out.push(b'J');
+        out.extend_from_slice(&(v as i32).to_le_bytes());
+    };
+    let mut pkl = vec![0x80, 2, b'}', b'('];
+    for (i, (name, t)) in tensors.iter().enumerate() {
+        let dims = t.dims();
+        bin_unicode(&mut pkl, name);
+        pkl.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n(");
+        pkl.push(b'(');
+        bin_unicode(&mut pkl, "storage");
+        pkl.extend_from_slice(b"ctorch\nFloatStorage\n");
+        bin_unicode(&mut pkl, &i.to_string());
+        bin_unicode(&mut pkl, "cpu");
+        bin_int(&mut pkl, t.elem_count());
+        pkl.extend_from_slice(b"tQ");
+        bin_int(&mut pkl, 0);
+        pkl.push(b'(');
+        for &d in dims {
+            bin_int(&mut pkl, d);
+        }
+        pkl.push(b't');
+        pkl.push(b'(');
+        let mut stride = vec![1usize; dims.len()];
+        for k in (0..dims.len().saturating_sub(1)).rev() {
+            stride[k] = stride[k + 1] * dims[k + 1];
+        }
+        for s in stride {
+            bin_int(&mut pkl, s);
+        }
+        pkl.push(b't');
+        pkl.push(0x89); // NEWFALSE: requires_grad
+        pkl.extend_from_slice(b"ccollections\nOrderedDict\n)R");
+        pkl.extend_from_slice(b"tR");
+    }
+    pkl.extend_from_slice(b"u.");
+    let file = std::fs::File::create(path).unwrap();
+    let mut zip = zip::ZipWriter::new(file);
+    let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    zip.start_file("archive/data.pkl", opts).unwrap();
+    zip.write_all(&pkl).unwrap();
+    for (i, (_, t)) in tensors.iter().enumerate() {
+        zip.start_file(format!("archive/data/{i}"), opts).unwrap();
+        let data: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        for v in data {
+            zip.write_all(&v.to_le_bytes()).unwrap();
+        }
+    }
+    zip.start_file("archive/version", opts).unwrap();
+    zip.write_all(b"3\n").unwrap();
+    zip.finish().unwrap();
+}
+
+/// A tiny EAGLE-1 head for `target` (same hidden size and vocabulary) in the checkpoint
+/// layout: `config.json` plus `model.safetensors` or `pytorch_model.bin`.
+pub struct TinyEagle {
+    pub target: Tiny,
+    pub seed: u64,
+    /// Also write `embed_tokens.weight` (otherwise the target's embedding is used).
+    pub own_embedding: bool,
+    /// Scale of the random weights.
+    pub scale: f32,
+}
+
+impl TinyEagle {
+    pub fn weights(&self) -> Vec<(String, Tensor)> {
+        let mut rng = StdRng::seed_from_u64(self.seed);
+        let mut t = |dims: &[usize], scale: f32, offset: f32| -> Tensor {
+            let n: usize = dims.iter().product();
+            let data: Vec<f32> = (0..n).map(|_| offset + scale * (rng.random::<f32>() * 2.0 - 1.0)).collect();
+            Tensor::from_vec(data, dims, &Device::Cpu).unwrap()
+        };
+        let c = &self.target;
+        let (h, kv, s) = (c.hidden, c.kv_heads * c.head_dim(), self.scale);
+        let mut w = vec![
+            ("fc.weight".to_string(), t(&[h, 2 * h], s, 0.0)),
+            ("fc.bias".to_string(), t(&[h], s, 0.0)),
+            ("layers.0.self_attn.q_proj.weight".into(), t(&[h, h], s, 0.0)),
+            ("layers.0.self_attn.k_proj.weight".into(), t(&[kv, h], s, 0.0)),
+            ("layers.0.self_attn.v_proj.weight".into(), t(&[kv, h], s, 0.0)),
+            ("layers.0.self_attn.o_proj.weight".into(), t(&[h, h], s, 0.0)),
+            ("layers.0.post_attention_layernorm.weight".into(), t(&[h], 0.2, 1.0)),
+            ("layers.0.mlp.gate_proj.weight".into(), t(&[c.intermediate, h], s, 0.0)),
+            ("layers.0.mlp.up_proj.weight".into(), t(&[c.intermediate, h], s, 0.0)),
+            ("layers.0.mlp.down_proj.weight".into(), t(&[h, c.intermediate], s, 0.0)),
+        ];
+        if c.arch == "qwen2" {
+            w.push(("layers.0.self_attn.q_proj.bias".into(), t(&[h], s, 0.0)));
+            w.push(("layers.0.self_attn.k_proj.bias".into(), t(&[kv], s, 0.0)));
+            w.push(("layers.0.self_attn.v_proj.bias".into(), t(&[kv], s, 0.0)));
+        }
+        if self.own_embedding {
+            w.push(("embed_tokens.weight".into(), t(&[c.vocab, h], 1.0, 0.0)));
+        }
+        w
+    }
+
+    /// EAGLE's `config.json`: LLaMA fields, one layer, `qkv_bias` for Qwen2 heads.
+    pub fn config_json(&self) -> serde_json::Value {
+        let mut v = self.target.config_json();
+        v["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+        v["model_type"] = "llama".into();
+        v["num_hidden_layers"] = 1.into();
+        if self.target.arch == "qwen2" {
+            v["qkv_bias"] = true.into();
+        }
+        v
+    }
+
+    /// Writes the head into `dir`, as `pytorch_model.bin` when `torch_bin`, else
+    /// `model.safetensors`.
+    pub fn write(&self, dir: &Path, torch_bin: bool) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&self.config_json()).unwrap()).unwrap();
+        let w = self.weights();
+        if torch_bin {
+            write_torch_bin(&dir.join("pytorch_model.bin"), &w);
+        } else {
+            let map: HashMap<String, Tensor> = w.into_iter().collect();
+            candle_core::safetensors::save(&map, dir.join("model.safetensors")).unwrap();
+        }
+        dir.to_path_buf()
+    }
+}

@@ -1,0 +1,141 @@
+//! `bench forward-cost`: seconds per forward of k new tokens (after a prefix), the cost curve
+//! that decides which draft tree can pay, for the target and the draft of a pair, printed as a
+//! markdown table. With `--llama-cpp PYTHON`, llama.cpp (through llama-cpp-python and
+//! `benches/llama_cpp_forward.py`) is measured on the same GGUF files in the same run, so the
+//! ratios compare like with like on a noisy machine.
+
+use anyhow::{bail, Context};
+use candle_core::Device;
+use clap::Args;
+use engine::load::{load, parse_device, LoadOptions};
+use engine::model::causal_bias;
+use engine::model::gguf::WeightFormat;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct ForwardCostArgs {
+    #[command(flatten)]
+    models: crate::mt_bench::PairArgs,
+    /// How the target's weights are held (`stored` keeps p exact).
+    #[arg(long, value_enum, default_value = "stored")]
+    target_weights: WeightFormat,
+    /// How the draft's weights are held (as `mdsd generate` does by default).
+    #[arg(long, value_enum, default_value = "fast-cpu")]
+    draft_weights: WeightFormat,
+    /// Comma-separated numbers of new tokens per forward.
+    #[arg(long, default_value = "1,2,4,8,16,32")]
+    ks: String,
+    /// Cached tokens before the timed forward.
+    #[arg(long, default_value_t = 64)]
+    prefix: usize,
+    /// Repetitions per k; the best is reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Also time llama.cpp with this Python (which must have `llama_cpp` installed).
+    #[arg(long)]
+    llama_cpp: Option<PathBuf>,
+    /// Threads for llama.cpp.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
+    let ks: Vec<usize> = args
+        .ks
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().with_context(|| format!("--ks: `{s}` is not a number")))
+        .collect::<anyhow::Result<_>>()?;
+    if ks.is_empty() || ks.contains(&0) || args.reps == 0 {
+        bail!("--ks needs positive numbers and --reps at least 1");
+    }
+    let device = parse_device(&args.device)?;
+    let (target, draft) = args.models.files()?;
+    println!("Seconds per forward of k new tokens after {} cached, best of {}:\n", args.prefix, args.reps);
+    println!("| model | engine | {} |", ks.iter().map(|k| format!("k={k}")).collect::<Vec<_>>().join(" | "));
+    println!("|---|---|{}", "---|".repeat(ks.len()));
+    for (role, path, weights) in [("target", &target, args.target_weights), ("draft", &draft, args.draft_weights)] {
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let secs = time_ours(path, &device, weights, &ks, args)?;
+        println!("| {name} ({role}) | mdsd, {} | {} |", weights_name(weights), cells(&secs));
+        if let Some(python) = &args.llama_cpp {
+            let secs = time_llama_cpp(python, path, &ks, args)?;
+            println!("| | llama.cpp, {} threads | {} |", args.threads, cells(&secs));
+        }
+    }
+    Ok(())
+}
+
+fn weights_name(w: WeightFormat) -> &'static str {
+    match w {
+        WeightFormat::AsStored => "weights as stored",
+        WeightFormat::FastCpu => "fast-cpu weights",
+        WeightFormat::Dequantized => "f32 weights",
+    }
+}
+
+fn cells(secs: &[f64]) -> String {
+    secs.iter().map(|s| format!("{s:.4}")).collect::<Vec<_>>().join(" | ")
+}
+
+/// Best-of-`reps` seconds of one forward plus the logits of every new row, per k.
+fn time_ours(
+    path: &Path,
+    device: &Device,
+    weights: WeightFormat,
+    ks: &[usize],
+    args: &ForwardCostArgs,
+) -> anyhow::Result<Vec<f64>> {
+    let m = load(path, device, &LoadOptions { weights, ..Default::default() })
+        .with_context(|| format!("loading {}", path.display()))?
+        .model;
+    let kmax = *ks.iter().max().expect("non-empty");
+    let mut cache = m.new_cache(args.prefix + kmax + 1)?;
+    let prefix: Vec<u32> = (0..args.prefix as u32).map(|i| 100 + i).collect();
+    let pos: Vec<u32> = (0..args.prefix as u32).collect();
+    if !prefix.is_empty() {
+        m.forward(&prefix, &pos, &causal_bias(0, prefix.len(), m.dtype(), device)?, &mut cache)?;
+    }
+    let mut out = Vec::with_capacity(ks.len());
+    for &k in ks {
+        let toks: Vec<u32> = (0..k as u32).map(|i| 500 + i).collect();
+        let pos: Vec<u32> = (args.prefix as u32..(args.prefix + k) as u32).collect();
+        let bias = causal_bias(args.prefix, k, m.dtype(), device)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..args.reps {
+            cache.truncate(args.prefix);
+            let t0 = Instant::now();
+            let hidden = m.forward(&toks, &pos, &bias, &mut cache)?;
+            let logits = m.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+            std::hint::black_box(logits);
+        }
+        out.push(best);
+    }
+    Ok(out)
+}
+
+/// Runs `benches/llama_cpp_forward.py` and reads the seconds from its last table row.
+fn time_llama_cpp(python: &Path, model: &Path, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<Vec<f64>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/llama_cpp_forward.py");
+    let ks_arg = ks.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(model)
+        .args(["--threads", &args.threads.to_string(), "--reps", &args.reps.to_string(), "--ks", &ks_arg])
+        .args(["--prefix", &args.prefix.to_string()])
+        .output()
+        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("llama.cpp timing failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let last = stdout.lines().rev().find(|l| l.starts_with('|')).context("llama.cpp timing printed no table")?;
+    let secs: Vec<f64> = last.split('|').map(str::trim).filter_map(|c| c.parse().ok()).collect();
+    if secs.len() != ks.len() {
+        bail!("llama.cpp timing: expected {} figures in `{last}`", ks.len());
+    }
+    Ok(secs)
+}

@@ -1,0 +1,299 @@
+//! `--tree auto`: before every speculative step, the tree with the most expected tokens per
+//! second of step, from measured forward costs and the acceptance rate seen so far.
+//!
+//! **Cost** of a step with tree `T`: one draft forward at the root, one per deeper level that
+//! has nodes to expand (as wide as that level), and one target forward over `|T|` rows:
+//! `C(T) = D(1) + Σ_levels D(width) + T_target(|T|)`. The curves `D(rows)` and
+//! `T_target(rows)` are measured once per [`crate::decode::Generator`] (a warm-up, then the best
+//! of two forwards per row count), then follow what each step measures (moving average).
+//!
+//! **Tokens** of a step: with a per-draft acceptance probability `α` and drafts of one node
+//! tried in order, the expected number of drafts accepted below a node is
+//! `extra(v) = Σ_j (1-α)^j α (1 + extra(child_j))` (child `j` is reached when the `j` before
+//! it were rejected); a step emits `E(T) = 1 + extra(root)` tokens (a chain of depth `d`:
+//! `Σ_{i=0}^{d} α^i`). `α` is the ratio of accepted to tried drafts so far, with a prior of
+//! 0.6 worth 4 drafts and a forgetting factor, so that it follows the prompt.
+//!
+//! The tree without drafts (plain decoding, `E = 1`, `C = T_target(1)`) is a candidate too;
+//! while it wins no draft is tried, so every 16th such step drafts anyway to keep `α` honest.
+//! Whatever tree is picked, each step is exact: the choice depends only on past steps, never
+//! on the drafts or the target's logits of the step itself.
+
+use crate::tree::DraftTree;
+use std::sync::Arc;
+
+/// Moving-average weight of a new timing.
+const EMA: f64 = 0.2;
+/// Prior of the acceptance rate and its weight in drafts.
+const PRIOR_ALPHA: f64 = 0.6;
+const PRIOR_WEIGHT: f64 = 4.0;
+/// Per-step decay of the acceptance counts.
+const FORGET: f64 = 0.98;
+/// Steps without drafts after which one step drafts anyway.
+const EXPLORE_EVERY: usize = 16;
+
+/// The candidate trees: chains of depth 1 to 6, plus multi-draft trees when the draft keeps
+/// a temperature (a one-hot q yields one distinct draft per node, so wider trees would only
+/// cost rows). Index 0 is the tree without drafts.
+pub fn candidates(multi_draft: bool) -> Vec<(String, Arc<DraftTree>)> {
+    let mut names: Vec<String> = vec![];
+    names.extend((1..=6).map(|d| format!("chain-{d}")));
+    if multi_draft {
+        names.extend(["drafts-2-depth-2", "drafts-2-depth-3", "drafts-3-depth-2"].map(String::from));
+    }
+    let mut out = vec![("no-drafts".to_string(), Arc::new(DraftTree::root_only()))];
+    out.extend(names.into_iter().map(|n| {
+        let t = DraftTree::preset(&n).expect("valid preset");
+        (n, Arc::new(t))
+    }));
+    out
+}
+
+/// Measured seconds per forward by number of rows (index = rows), filled where measured and
+/// interpolated linearly between (extrapolated with the last slope) elsewhere.
+#[derive(Debug, Clone, Default)]
+pub struct CostCurve {
+    secs: Vec<Option<f64>>,
+}
+
+impl CostCurve {
+    /// Records a measurement (the first one as is, later ones as a moving average).
+    pub fn record(&mut self, rows: usize, secs: f64) {
+        if rows == 0 || !secs.is_finite() {
+            return;
+        }
+        if self.secs.len() <= rows {
+            self.secs.resize(rows + 1, None);
+        }
+        let s = &mut self.secs[rows];
+        *s = Some(match *s {
+            Some(old) => (1.0 - EMA) * old + EMA * secs,
+            None => secs,
+        });
+    }
+
+    /// Whether `rows` has a measurement.
+    pub fn has(&self, rows: usize) -> bool {
+        self.secs.get(rows).copied().flatten().is_some()
+    }
+
+    /// The cost of `rows`, or `None` when nothing is measured.
+    pub fn at(&self, rows: usize) -> Option<f64> {
+        if let Some(Some(s)) = self.secs.get(rows) {
+            return Some(*s);
+        }
+        let known: Vec<(usize, f64)> = self.secs.iter().enumerate().filter_map(|(r, s)| s.map(|s| (r, s))).collect();
+        let (&first, &last) = (known.first()?, known.last()?);
+        let line = |(r0, s0): (usize, f64), (r1, s1): (usize, f64)| {
+            let slope = if r1 > r0 { (s1 - s0) / (r1 - r0) as f64 } else { 0.0 };
+            (s0 + slope * (rows as f64 - r0 as f64)).max(0.0)
+        };
+        if rows < first.0 {
+            return Some(first.1);
+        }
+        match known.windows(2).find(|w| w[0].0 < rows && rows < w[1].0) {
+            Some(w) => Some(line(w[0], w[1])),
+            None if known.len() >= 2 => Some(line(known[known.len() - 2], last)),
+            None => Some(last.1 * rows as f64 / last.0 as f64),
+        }
+    }
+}
+
+/// The state of the choice, kept across generations of one generator.
+#[derive(Debug, Clone)]
+pub struct AutoTree {
+    pub trees: Vec<(String, Arc<DraftTree>)>,
+    pub target: CostCurve,
+    pub draft: CostCurve,
+    accepted: f64,
+    tried: f64,
+    steps_without_drafts: usize,
+    /// Steps taken with each tree (same order as `trees`).
+    pub uses: Vec<usize>,
+}
+
+impl AutoTree {
+    pub fn new(multi_draft: bool) -> Self {
+        let trees = candidates(multi_draft);
+        let uses = vec![0; trees.len()];
+        Self {
+            trees,
+            target: CostCurve::default(),
+            draft: CostCurve::default(),
+            accepted: 0.0,
+            tried: 0.0,
+            steps_without_drafts: 0,
+            uses,
+        }
+    }
+
+    /// The largest number of nodes of any candidate.
+    pub fn max_len(&self) -> usize {
+        self.trees.iter().map(|(_, t)| t.len()).max().unwrap_or(1)
+    }
+
+    /// Row counts that the cost model needs: target rows and draft level widths.
+    pub fn needed_rows(&self) -> (Vec<usize>, Vec<usize>) {
+        let mut target: Vec<usize> = self.trees.iter().map(|(_, t)| t.len()).collect();
+        let mut draft: Vec<usize> = vec![1];
+        for (_, t) in &self.trees {
+            draft.extend(level_widths(t));
+        }
+        target.sort_unstable();
+        target.dedup();
+        draft.sort_unstable();
+        draft.dedup();
+        (target, draft)
+    }
+
+    /// The current estimate of the per-draft acceptance probability.
+    pub fn alpha(&self) -> f64 {
+        (self.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+    }
+
+    /// Records the verification of one node's drafts: `tried` drafts looked at, the last
+    /// accepted or not.
+    pub fn record_node(&mut self, tried: usize, accepted: bool) {
+        self.tried += tried as f64;
+        self.accepted += accepted as usize as f64;
+    }
+
+    /// Expected tokens per step of `tree` at acceptance `alpha` (see the module docs).
+    pub fn expected_tokens(tree: &DraftTree, alpha: f64) -> f64 {
+        // Children come after their parents, so a reverse pass sees children first.
+        let mut extra = vec![0.0; tree.len()];
+        for v in (0..tree.len()).rev() {
+            let mut reach = 1.0;
+            let mut e = 0.0;
+            for &c in tree.children(v) {
+                e += reach * alpha * (1.0 + extra[c]);
+                reach *= 1.0 - alpha;
+            }
+            extra[v] = e;
+        }
+        1.0 + extra[0]
+    }
+
+    /// Seconds of one step of `tree`, or `None` when a needed cost is unknown.
+    pub fn step_cost(&self, tree: &DraftTree) -> Option<f64> {
+        let mut c = self.target.at(tree.len())?;
+        if !tree.children(0).is_empty() {
+            c += self.draft.at(1)?;
+            for w in level_widths(tree) {
+                c += self.draft.at(w)?;
+            }
+        }
+        Some(c)
+    }
+
+    /// Picks the tree for the next step (an index into `trees`) and ends the step's
+    /// bookkeeping of the previous one (forgetting, exploration).
+    pub fn choose(&mut self) -> usize {
+        self.accepted *= FORGET;
+        self.tried *= FORGET;
+        let alpha = self.alpha();
+        let rate = |i: usize| {
+            let t = &self.trees[i].1;
+            self.step_cost(t).map(|c| Self::expected_tokens(t, alpha) / c.max(1e-9))
+        };
+        let best_of = |from: usize| {
+            (from..self.trees.len())
+                .filter_map(|i| rate(i).map(|r| (i, r)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(i, _)| i)
+        };
+        let mut pick = best_of(0).unwrap_or(1.min(self.trees.len() - 1));
+        let best_drafting = best_of(1).unwrap_or(0);
+        if pick == 0 {
+            self.steps_without_drafts += 1;
+            if self.steps_without_drafts >= EXPLORE_EVERY {
+                pick = best_drafting;
+            }
+        }
+        if pick != 0 {
+            self.steps_without_drafts = 0;
+        }
+        self.uses[pick] += 1;
+        pick
+    }
+
+    /// A one-line summary: α and the steps per tree.
+    pub fn summary(&self) -> String {
+        let used: Vec<String> =
+            self.trees.iter().zip(&self.uses).filter(|(_, &u)| u > 0).map(|((n, _), u)| format!("{n} x{u}")).collect();
+        format!("alpha {:.2}; steps: {}", self.alpha(), used.join(", "))
+    }
+}
+
+/// Widths of the draft forwards below the root: the nodes with children at each depth >= 1.
+fn level_widths(tree: &DraftTree) -> Vec<usize> {
+    tree.levels()
+        .iter()
+        .skip(1)
+        .map(|l| l.clone().filter(|&i| !tree.children(i).is_empty()).count())
+        .take_while(|&w| w > 0)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_tokens_of_a_chain_is_a_geometric_sum() {
+        let t = DraftTree::preset("chain-3").unwrap();
+        let a: f64 = 0.7;
+        let want = 1.0 + a + a * a + a * a * a;
+        assert!((AutoTree::expected_tokens(&t, a) - want).abs() < 1e-12);
+        assert_eq!(AutoTree::expected_tokens(&DraftTree::root_only(), a), 1.0);
+    }
+
+    /// Two drafts per node, depth 1: P(first accepted) = a, P(second) = (1-a) a.
+    #[test]
+    fn expected_tokens_of_two_drafts() {
+        let t = DraftTree::preset("drafts-2-depth-1").unwrap();
+        let a = 0.4;
+        assert!((AutoTree::expected_tokens(&t, a) - (1.0 + a + (1.0 - a) * a)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cost_curve_interpolates_and_extrapolates() {
+        let mut c = CostCurve::default();
+        assert_eq!(c.at(3), None);
+        c.record(1, 1.0);
+        assert_eq!(c.at(4), Some(4.0)); // one point: proportional
+        c.record(3, 2.0);
+        assert_eq!(c.at(2), Some(1.5));
+        assert_eq!(c.at(5), Some(3.0));
+        assert_eq!(c.at(1), Some(1.0));
+        c.record(1, 2.0); // moving average
+        assert!((c.at(1).unwrap() - 1.2).abs() < 1e-12);
+    }
+
+    /// With a costly target row and a cheap draft, long chains win at high acceptance and
+    /// no drafts win at low acceptance.
+    #[test]
+    fn choice_follows_acceptance_and_cost() {
+        let mut a = AutoTree::new(false);
+        for r in 1..=7 {
+            a.target.record(r, 0.040 + 0.002 * (r - 1) as f64);
+        }
+        a.draft.record(1, 0.004);
+        for _ in 0..50 {
+            a.record_node(1, true);
+        }
+        let pick = a.choose();
+        assert_eq!(a.trees[pick].0, "chain-6", "alpha {}", a.alpha());
+        let mut b = AutoTree::new(false);
+        b.target = a.target.clone();
+        b.draft.record(1, 0.030);
+        for _ in 0..50 {
+            b.record_node(1, false);
+        }
+        let pick = b.choose();
+        assert_eq!(b.trees[pick].0, "no-drafts", "alpha {}", b.alpha());
+        // Exploration: a draft step at the latest every EXPLORE_EVERY steps.
+        let picks: Vec<usize> = (0..EXPLORE_EVERY).map(|_| b.choose()).collect();
+        assert!(picks.iter().any(|&p| p != 0));
+    }
+}

@@ -1,0 +1,183 @@
+//! EAGLE-1 draft heads (`yuhuili/EAGLE-Vicuna-7B-v1.3`, `yuhuili/EAGLE-Qwen2-7B-Instruct`): a
+//! feature-level draft that reads the target's hidden states.
+//!
+//! A head is one LLaMA decoder layer fed by a linear map of two vectors: the target's final
+//! (normed) hidden state `f_j` at position `j` and the embedding of token `x_{j+1}`,
+//! `u_j = fc([embed(x_{j+1}); f_j])` (`fc`: `2H -> H`, with bias). The layer has no input norm
+//! (EAGLE drops it in layer 0), keeps its own KV cache, and uses rotary position `j` for entry
+//! `j`. Its output `g_j` goes, without a final norm, through the **target's** output layer:
+//! `q(x_{j+2}) = softmax(lm_head(g_j))`. Below the root of a draft tree the head feeds its own
+//! output back as the feature: a node holding token `x` whose parent entry produced `g` is
+//! the entry `(g, x)`.
+//!
+//! Files: `config.json` (LLaMA fields; Qwen2 heads say `qkv_bias: true`) and
+//! `pytorch_model.bin` or `model.safetensors` with `fc.{weight,bias}`,
+//! `layers.0.self_attn.{q,k,v,o}_proj.*`, `layers.0.post_attention_layernorm.weight`,
+//! `layers.0.mlp.{gate,up,down}_proj.weight` and, in some heads, `embed_tokens.weight`
+//! (otherwise the target's embedding is used).
+
+use super::hf::{check_safetensors, dense_linear, layer, HfConfig};
+use super::{block, DecoderModel, Layer, Linear, ModelConfig};
+use crate::kv_cache::KvCache;
+use candle_core::{DType, Device, Error, Module, Result, Tensor, D};
+use candle_nn::VarBuilder;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// An EAGLE-1 draft head (see the module docs).
+#[derive(Debug, Clone)]
+pub struct EagleHead {
+    config: ModelConfig,
+    fc: Linear,
+    layer: Layer,
+    /// The head's own token embedding, if its checkpoint has one.
+    embed: Option<Tensor>,
+    cos: Tensor,
+    sin: Tensor,
+    dtype: DType,
+    device: Device,
+    path: PathBuf,
+}
+
+fn err(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("{}: {what}", path.display()))
+}
+
+impl EagleHead {
+    /// Loads the head in folder `dir` for `target`, checking that its hidden size and
+    /// vocabulary are the target's. Weights are cast to the target's dtype.
+    pub fn load(dir: &Path, target: &DecoderModel) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        let hf = HfConfig::load(&config_path)?;
+        let mut config = hf.resolve(&config_path)?;
+        let t = target.config();
+        if config.hidden_size != t.hidden_size {
+            return Err(err(
+                &config_path,
+                format!(
+                    "EAGLE head hidden size {} does not match the target's {}: this head belongs to another model",
+                    config.hidden_size, t.hidden_size
+                ),
+            ));
+        }
+        if config.vocab_size != t.vocab_size {
+            return Err(err(
+                &config_path,
+                format!(
+                    "EAGLE head vocabulary of {} tokens does not match the target's {}",
+                    config.vocab_size, t.vocab_size
+                ),
+            ));
+        }
+        // The head runs at the target's positions.
+        config.context_length = config.context_length.max(t.context_length);
+        config.num_layers = 1;
+        let file = ["model.safetensors", "pytorch_model.bin"]
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|p| p.is_file())
+            .ok_or_else(|| err(dir, "no EAGLE head weights: expected model.safetensors or pytorch_model.bin"))?;
+        let (dtype, device) = (target.dtype(), target.device().clone());
+        let vb = if file.extension().is_some_and(|e| e == "safetensors") {
+            check_safetensors(&file)?;
+            // SAFETY: memory-mapped read-only; the file must not change while loaded.
+            unsafe { VarBuilder::from_mmaped_safetensors(&[&file], dtype, &device)? }
+        } else {
+            let tensors: HashMap<String, Tensor> = candle_core::pickle::read_all(&file)
+                .map_err(|e| err(&file, format!("cannot read: {}", crate::plain_error(&e))))?
+                .into_iter()
+                .collect();
+            VarBuilder::from_tensors(tensors, dtype, &device)
+        };
+        let head = Self::build(&hf, config, &vb, dtype, &device, &file)
+            .map_err(|e| err(&file, format!("not a valid EAGLE head: {}", crate::plain_error(&e))))?;
+        Ok(head)
+    }
+
+    fn build(
+        hf: &HfConfig,
+        config: ModelConfig,
+        vb: &VarBuilder,
+        dtype: DType,
+        device: &Device,
+        path: &Path,
+    ) -> Result<Self> {
+        let c = &config;
+        let h = c.hidden_size;
+        let fc = dense_linear(&vb.pp("fc"), h, 2 * h, vb.contains_tensor("fc.bias"))?;
+        let layer = layer(&vb.pp("layers.0"), c, hf.qkv_bias(), false)?;
+        let embed = if vb.contains_tensor("embed_tokens.weight") {
+            Some(vb.get((c.vocab_size, h), "embed_tokens.weight")?)
+        } else {
+            None
+        };
+        let (cos, sin) = super::rotary_tables(c, dtype, device)?;
+        Ok(Self { config, fc, layer, embed, cos, sin, dtype, device: device.clone(), path: path.to_path_buf() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The weight file the head came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the checkpoint carries its own token embedding.
+    pub fn has_embedding(&self) -> bool {
+        self.embed.is_some()
+    }
+
+    /// An empty KV cache for the head (one layer) holding up to `capacity` entries.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache> {
+        KvCache::new(1, self.config.num_kv_heads, self.config.head_dim, capacity, self.dtype, &self.device)
+    }
+
+    /// Runs entries `(features[i], tokens[i])` at `positions[i]` with the additive bias
+    /// `[t, cache.len() + t]` and appends them to `cache`; returns the head's outputs
+    /// `[t, hidden]` (features for deeper entries; logits through the target's `lm_head`).
+    /// `target` supplies the embedding when the head has none.
+    pub fn forward(
+        &self,
+        target: &DecoderModel,
+        features: &Tensor,
+        tokens: &[u32],
+        positions: &[u32],
+        bias: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let _span = tracing::trace_span!("eagle_head").entered();
+        let t = tokens.len();
+        let total = cache.len() + t;
+        if t == 0 || positions.len() != t || features.dims() != [t, self.config.hidden_size] {
+            candle_core::bail!(
+                "EAGLE head: {t} tokens, {} positions and features {:?} (hidden {})",
+                positions.len(),
+                features.dims(),
+                self.config.hidden_size
+            );
+        }
+        if bias.dims() != [t, total] {
+            candle_core::bail!("EAGLE head: attention bias {:?}, expected [{t}, {total}]", bias.dims());
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= self.config.vocab_size) {
+            candle_core::bail!("EAGLE head: token id {bad} is outside the vocabulary of {}", self.config.vocab_size);
+        }
+        if let Some(&p) = positions.iter().find(|&&p| p as usize >= self.config.context_length) {
+            candle_core::bail!("EAGLE head: position {p} beyond the context of {}", self.config.context_length);
+        }
+        cache.reserve(t)?;
+        let ids = Tensor::from_slice(tokens, t, &self.device)?;
+        let pos = Tensor::from_slice(positions, t, &self.device)?;
+        let embed = self.embed.as_ref().unwrap_or(target.embedding());
+        let e = embed.index_select(&ids, 0)?;
+        let x = Tensor::cat(&[&e, &features.to_dtype(self.dtype)?], D::Minus1)?;
+        let x = self.fc.forward(&x.unsqueeze(0)?)?;
+        let cos = self.cos.index_select(&pos, 0)?;
+        let sin = self.sin.index_select(&pos, 0)?;
+        let y = block(&self.config, 0, &self.layer, &x, &cos, &sin, &bias.to_dtype(self.dtype)?, cache)?;
+        cache.advance(t)?;
+        y.squeeze(0)
+    }
+}

@@ -1,0 +1,168 @@
+//! EAGLE-1 draft heads on tiny random targets, written by the test in the checkpoint layouts
+//! (`config.json` + `pytorch_model.bin` or `model.safetensors`) and loaded through the real
+//! loader.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::{load_cpu, max_diff, temp_dir, Tiny, TinyEagle};
+use engine::model::eagle::EagleHead;
+use engine::model::{attention_bias, causal_bias, DecoderModel};
+use engine::DraftTree;
+
+const PROMPT: [u32; 6] = [5, 17, 3, 40, 22, 9];
+
+/// The target's final hidden states of `PROMPT` (`[6, hidden]`).
+fn prompt_features(target: &DecoderModel) -> Tensor {
+    let mut cache = target.new_cache(64).unwrap();
+    let pos: Vec<u32> = (0..PROMPT.len() as u32).collect();
+    let bias = causal_bias(0, PROMPT.len(), DType::F32, &Device::Cpu).unwrap();
+    target.forward(&PROMPT, &pos, &bias, &mut cache).unwrap()
+}
+
+/// Feeds the head the prompt's entries `(f_j, x_{j+1})` at positions `j`; returns the last
+/// output (the feature of the tree's root) and the cache.
+fn prefill(head: &EagleHead, target: &DecoderModel) -> (Tensor, engine::kv_cache::KvCache) {
+    let f = prompt_features(target);
+    let n = PROMPT.len() - 1;
+    let mut cache = head.new_cache(64).unwrap();
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let bias = causal_bias(0, n, DType::F32, &Device::Cpu).unwrap();
+    let out = head.forward(target, &f.narrow(0, 0, n).unwrap(), &PROMPT[1..], &pos, &bias, &mut cache).unwrap();
+    (out.narrow(0, n - 1, 1).unwrap(), cache)
+}
+
+/// The same head from `pytorch_model.bin` and from `model.safetensors` gives the same outputs,
+/// for a LLaMA target and a Qwen2 target (q/k/v biases), with and without its own embedding.
+#[test]
+fn head_loads_from_torch_bin_and_safetensors_alike() {
+    for (arch, own_embedding) in [("llama", false), ("qwen2", true)] {
+        let tiny = if arch == "llama" { Tiny::llama(61) } else { Tiny::qwen2(61) };
+        let target = load_cpu(&tiny.write_hf(&temp_dir(&format!("eagle-target-{arch}"))));
+        let spec = TinyEagle { target: tiny, seed: 62, own_embedding, scale: 0.3 };
+        let bin = EagleHead::load(&spec.write(&temp_dir(&format!("eagle-bin-{arch}")), true), &target).unwrap();
+        let st = EagleHead::load(&spec.write(&temp_dir(&format!("eagle-st-{arch}")), false), &target).unwrap();
+        assert!(bin.path().ends_with("pytorch_model.bin") && st.path().ends_with("model.safetensors"));
+        assert_eq!(bin.has_embedding(), own_embedding);
+        let (a, _) = prefill(&bin, &target);
+        let (b, _) = prefill(&st, &target);
+        assert_eq!(a.dims(), &[1, tiny.hidden]);
+        assert!(max_diff(&a, &b) < 1e-6, "{arch}: {}", max_diff(&a, &b));
+        // q through the target's output layer is a distribution over the target's vocabulary.
+        let q = target.logits(&a).unwrap();
+        assert_eq!(q.dims(), &[1, tiny.vocab]);
+    }
+}
+
+/// The head's output at every node of a draft tree, run level by level with the tree bias
+/// (each node's feature being its parent's output), equals running the head on that node's
+/// path alone after the same prefix.
+#[test]
+fn tree_outputs_equal_each_path_run_alone() {
+    let tiny = Tiny::qwen2(63);
+    let target = load_cpu(&tiny.write_hf(&temp_dir("eagle-tree-target")));
+    let head = EagleHead::load(
+        &TinyEagle { target: tiny, seed: 64, own_embedding: false, scale: 0.4 }.write(&temp_dir("eagle-tree"), false),
+        &target,
+    )
+    .unwrap();
+    let tree = DraftTree::preset("mc_sim_7b_63").unwrap();
+    let token = |i: usize| ((i * 7 + 3) % tiny.vocab) as u32;
+    let (root_feature, mut cache) = prefill(&head, &target);
+    let base = cache.len();
+    // The root is the last prompt token x_{n-1}; its entry (f_{n-2}, x_{n-1}) is the
+    // prefill's last, at position n - 2.
+    let root_pos = PROMPT.len() - 2;
+    // Level by level: every node at depth d >= 1 is an entry (feature of its parent, its token).
+    let mut out_of: Vec<Option<Tensor>> = vec![None; tree.len()];
+    out_of[0] = Some(root_feature.clone());
+    let mut fed: Vec<usize> = Vec::new();
+    for level in tree.levels().iter().skip(1) {
+        let nodes: Vec<usize> = level.clone().collect();
+        let feats: Vec<Tensor> = nodes.iter().map(|&i| out_of[tree.parent(i).unwrap()].clone().unwrap()).collect();
+        let feats = Tensor::cat(&feats, 0).unwrap();
+        let tokens: Vec<u32> = nodes.iter().map(|&i| token(i)).collect();
+        let pos: Vec<u32> = nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
+        fed.extend(&nodes);
+        let bias = attention_bias(
+            base,
+            nodes.len(),
+            fed.len(),
+            |r, c| tree.is_ancestor_or_self(fed[c], nodes[r]),
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let out = head.forward(&target, &feats, &tokens, &pos, &bias, &mut cache).unwrap();
+        for (r, &i) in nodes.iter().enumerate() {
+            out_of[i] = Some(out.narrow(0, r, 1).unwrap());
+        }
+    }
+    let mut worst = 0f32;
+    for (i, tree_out) in out_of.iter().enumerate().skip(1) {
+        let (_, mut alone) = prefill(&head, &target);
+        let mut feature = root_feature.clone();
+        let mut last = None;
+        for (d, &node) in tree.node_path(i).iter().enumerate().skip(1) {
+            let pos = [(root_pos + d) as u32];
+            let bias = causal_bias(alone.len(), 1, DType::F32, &Device::Cpu).unwrap();
+            let out = head.forward(&target, &feature, &[token(node)], &pos, &bias, &mut alone).unwrap();
+            feature = out.clone();
+            last = Some(out);
+        }
+        // Random heads fed their own outputs grow with depth (no norm): compare relatively.
+        let last = last.unwrap();
+        let scale = last.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
+        worst = worst.max(max_diff(&last, tree_out.as_ref().unwrap()) / scale);
+    }
+    assert!(worst < 1e-5, "tree vs path-alone outputs differ by {worst} (relative)");
+}
+
+/// A head for another model (wrong hidden size), a head without `fc.weight`, and truncated
+/// weight files are refused with a message naming the file and the problem.
+#[test]
+fn bad_heads_give_clear_errors() {
+    let tiny = Tiny::llama(65);
+    let target = load_cpu(&tiny.write_hf(&temp_dir("eagle-bad-target")));
+    let err = |dir: &std::path::Path| EagleHead::load(dir, &target).unwrap_err().to_string();
+
+    let other = TinyEagle {
+        target: Tiny { hidden: 16, heads: 2, kv_heads: 1, ..tiny },
+        seed: 1,
+        own_embedding: false,
+        scale: 0.3,
+    };
+    let e = err(&other.write(&temp_dir("eagle-bad-hidden"), false));
+    assert!(e.contains("hidden size 16") && e.contains("32") && e.contains("config.json"), "{e}");
+
+    let good = TinyEagle { target: tiny, seed: 2, own_embedding: false, scale: 0.3 };
+    for torch_bin in [false, true] {
+        let dir = temp_dir(&format!("eagle-no-fc-{torch_bin}"));
+        good.write(&dir, torch_bin);
+        let w: Vec<(String, Tensor)> = good.weights().into_iter().filter(|(n, _)| n != "fc.weight").collect();
+        if torch_bin {
+            common::write_torch_bin(&dir.join("pytorch_model.bin"), &w);
+        } else {
+            candle_core::safetensors::save(&w.into_iter().collect(), dir.join("model.safetensors")).unwrap();
+        }
+        let e = err(&dir);
+        assert!(
+            e.contains("fc.weight") && e.contains(if torch_bin { "pytorch_model.bin" } else { "model.safetensors" }),
+            "{e}"
+        );
+    }
+
+    for (torch_bin, file) in [(false, "model.safetensors"), (true, "pytorch_model.bin")] {
+        let dir = good.write(&temp_dir(&format!("eagle-truncated-{torch_bin}")), torch_bin);
+        let bytes = std::fs::read(dir.join(file)).unwrap();
+        std::fs::write(dir.join(file), &bytes[..bytes.len() / 2]).unwrap();
+        let e = err(&dir);
+        assert!(e.contains(file), "{e}");
+        assert!(e.contains("truncated") || e.contains("cannot read"), "{e}");
+    }
+
+    let dir = temp_dir("eagle-empty");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), good.config_json().to_string()).unwrap();
+    assert!(err(&dir).contains("no EAGLE head weights"));
+}
