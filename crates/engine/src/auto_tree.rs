@@ -19,8 +19,12 @@
 //! Whatever tree is picked, each step is exact: the choice depends only on past steps, never
 //! on the drafts or the target's logits of the step itself.
 
+use crate::kv_cache::KvCache;
+use crate::model::{causal_bias, DecoderModel};
 use crate::tree::DraftTree;
+use candle_core::Result;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Moving-average weight of a new timing.
 const EMA: f64 = 0.2;
@@ -215,6 +219,50 @@ impl AutoTree {
         }
         self.uses[pick] += 1;
         pick
+    }
+
+    /// Measures the forward costs not measured yet: after a warm-up, the best of two
+    /// forwards per row count, each of `pending` repeated after the cached prompt and then
+    /// truncated away (the caches are left as they were).
+    pub fn calibrate(
+        &mut self,
+        target: &DecoderModel,
+        target_cache: &mut KvCache,
+        draft: Option<(&DecoderModel, &mut KvCache)>,
+        pending: u32,
+    ) -> Result<()> {
+        let (target_rows, draft_rows) = self.needed_rows();
+        let time = |model: &DecoderModel, cache: &mut KvCache, rows: usize| -> Result<f64> {
+            let base = cache.len();
+            let token = if (pending as usize) < model.config().vocab_size { pending } else { 0 };
+            let tokens = vec![token; rows];
+            let pos: Vec<u32> = (base..base + rows).map(|p| p as u32).collect();
+            let bias = causal_bias(base, rows, model.dtype(), model.device())?;
+            let t0 = Instant::now();
+            let hidden = model.forward(&tokens, &pos, &bias, cache)?;
+            std::hint::black_box(model.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?);
+            let s = t0.elapsed().as_secs_f64();
+            cache.truncate(base);
+            Ok(s)
+        };
+        let measure =
+            |model: &DecoderModel, cache: &mut KvCache, curve: &mut CostCurve, rows: &[usize]| -> Result<()> {
+                if rows.iter().all(|&r| curve.has(r)) {
+                    return Ok(());
+                }
+                time(model, cache, 1)?;
+                for &r in rows.iter().filter(|&&r| !curve.has(r)).collect::<Vec<_>>() {
+                    let s = time(model, cache, r)?.min(time(model, cache, r)?);
+                    curve.record(r, s);
+                }
+                Ok(())
+            };
+        measure(target, target_cache, &mut self.target, &target_rows)?;
+        if let Some((d, cache)) = draft {
+            // The draft cache is no longer than the target's, so the timed rows fit.
+            measure(d, cache, &mut self.draft, &draft_rows)?;
+        }
+        Ok(())
     }
 
     /// A one-line summary: α and the steps per tree.

@@ -15,12 +15,18 @@
 //!    next token; descend while it is one of the drafts; at a node without drafts sample `p`.
 //! 4. **Compact** both caches to the accepted root-to-node path.
 //!
+//! The draft source is a draft model (above) or an EAGLE head reading the target's hidden
+//! states ([`Generator::with_eagle`], `crate::eagle_draft`): the same tree, bias and
+//! verification, with the head's entries in place of draft-model tokens.
+//!
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
 
 use crate::auto_tree::AutoTree;
+use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
-use crate::model::{attention_bias, causal_bias, DecoderModel};
+use crate::model::eagle::EagleHead;
+use crate::model::{attention_bias, DecoderModel};
 use crate::tree::DraftTree;
 use candle_core::{Error, Result, Tensor};
 use rand::rngs::StdRng;
@@ -123,11 +129,14 @@ pub struct Generator<'a> {
     buf: StepBuffers,
     /// `--tree auto` state, kept across generations (costs are the models').
     auto: Option<AutoTree>,
+    /// An EAGLE head as the draft source (instead of `draft`).
+    eagle: Option<EagleDraft<'a>>,
 }
 
+/// Per-step buffers, reused across steps.
 #[derive(Default)]
-struct StepBuffers {
-    token: Vec<Option<u32>>,
+pub(crate) struct StepBuffers {
+    pub(crate) token: Vec<Option<u32>>,
     q_at: Vec<Vec<f64>>,
     p: Vec<f64>,
     row_of: Vec<usize>,
@@ -162,7 +171,24 @@ impl<'a> Generator<'a> {
             Some(d) => Some(d.new_cache(capacity.min(d.config().context_length))?),
             None => None,
         };
-        Ok(Self { target, draft, target_cache, draft_cache, vocab, buf: StepBuffers::default(), auto: None })
+        Ok(Self {
+            target,
+            draft,
+            target_cache,
+            draft_cache,
+            vocab,
+            buf: StepBuffers::default(),
+            auto: None,
+            eagle: None,
+        })
+    }
+
+    /// A generator whose drafts come from an EAGLE head reading `target`'s hidden states
+    /// (the head was loaded for this target: same hidden size and vocabulary).
+    pub fn with_eagle(target: &'a DecoderModel, head: &'a EagleHead, capacity: usize) -> Result<Self> {
+        let mut g = Self::new(target, None, capacity)?;
+        g.eagle = Some(EagleDraft::new(head, g.target_cache.capacity())?);
+        Ok(g)
     }
 
     /// The `--tree auto` state (costs measured so far, acceptance); `None` before the first
@@ -186,15 +212,19 @@ impl<'a> Generator<'a> {
         if prompt.is_empty() {
             candle_core::bail!("the prompt is empty");
         }
-        let spec = match (&config.speculative, self.draft) {
-            (Some(s), Some(_)) => {
+        let has_draft = self.draft.is_some() || self.eagle.is_some();
+        let spec = match (&config.speculative, has_draft) {
+            (Some(s), true) => {
+                if self.eagle.is_some() && matches!(s.tree, TreeChoice::Auto) {
+                    candle_core::bail!("--tree auto is not available with an EAGLE head yet; give a tree");
+                }
                 samplers::validate_pair(s.construction, s.verifier).map_err(|e| Error::Msg(e.to_string()))?;
                 if let Some(w) = &s.draft_warp {
                     w.check().map_err(|e| Error::Msg(format!("draft sampling: {e}")))?;
                 }
                 Some(s)
             }
-            (Some(_), None) => candle_core::bail!("speculative decoding needs a draft model"),
+            (Some(_), false) => candle_core::bail!("speculative decoding needs a draft model"),
             (None, _) => None,
         };
         let tree_len = spec.map_or(1, |s| s.max_tree_len(config.warp));
@@ -211,8 +241,10 @@ impl<'a> Generator<'a> {
         // Prefill every prompt token but the last, which becomes the pending token.
         self.target_cache.truncate(0);
         let n = prompt.len();
-        if n > 1 {
-            run(self.target, &prompt[..n - 1], &mut self.target_cache)?;
+        let prompt_hidden =
+            if n > 1 { Some(run(self.target, &prompt[..n - 1], &mut self.target_cache)?) } else { None };
+        if let Some(e) = self.eagle.as_mut() {
+            e.reset(prompt_hidden, &prompt[1..]);
         }
         let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
@@ -231,7 +263,8 @@ impl<'a> Generator<'a> {
                     _ => AutoTree::new(multi),
                 };
                 a.uses.iter_mut().for_each(|u| *u = 0);
-                self.calibrate(&mut a, pending)?;
+                let draft = self.draft.zip(self.draft_cache.as_mut());
+                a.calibrate(self.target, &mut self.target_cache, draft, pending)?;
                 Some(a)
             }
             _ => None,
@@ -315,49 +348,6 @@ impl<'a> Generator<'a> {
         Ok((out, stats))
     }
 
-    /// Measures the forward costs that `--tree auto` needs and has not measured yet: after a
-    /// warm-up, the best of two forwards per row count, each over the cached prompt and then
-    /// truncated away (the caches are left as they were).
-    fn calibrate(&mut self, auto: &mut AutoTree, pending: u32) -> Result<()> {
-        let (target_rows, draft_rows) = auto.needed_rows();
-        let time = |model: &DecoderModel, cache: &mut KvCache, rows: usize| -> Result<f64> {
-            let base = cache.len();
-            let tokens = vec![for_draft(&[pending], model.config().vocab_size)[0]; rows];
-            let pos: Vec<u32> = (base..base + rows).map(|p| p as u32).collect();
-            let bias = causal_bias(base, rows, model.dtype(), model.device())?;
-            let t0 = Instant::now();
-            let hidden = model.forward(&tokens, &pos, &bias, cache)?;
-            std::hint::black_box(model.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?);
-            let s = t0.elapsed().as_secs_f64();
-            cache.truncate(base);
-            Ok(s)
-        };
-        let measure = |model: &DecoderModel,
-                       cache: &mut KvCache,
-                       curve: &mut crate::auto_tree::CostCurve,
-                       rows: &[usize]|
-         -> Result<()> {
-            if rows.iter().all(|&r| curve.has(r)) {
-                return Ok(());
-            }
-            time(model, cache, 1)?;
-            for &r in rows {
-                if curve.has(r) {
-                    continue;
-                }
-                let s = time(model, cache, r)?.min(time(model, cache, r)?);
-                curve.record(r, s);
-            }
-            Ok(())
-        };
-        measure(self.target, &mut self.target_cache, &mut auto.target, &target_rows)?;
-        if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
-            // The draft cache is no longer than the target's, so the timed rows fit.
-            measure(d, cache, &mut auto.draft, &draft_rows)?;
-        }
-        Ok(())
-    }
-
     /// One speculative step; fills `self.buf.emitted` and returns the accepted draft count.
     /// With `auto`, records the step's forward costs and verifications there.
     #[allow(clippy::too_many_arguments)]
@@ -373,8 +363,6 @@ impl<'a> Generator<'a> {
     ) -> Result<usize> {
         let (tree, warp, pending) = (step.tree, step.warp, step.pending);
         let qwarp = spec.draft_warp.unwrap_or(warp);
-        let draft = self.draft.expect("checked by generate");
-        let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
         let b = &mut self.buf;
         let nodes = tree.len();
         b.token.clear();
@@ -391,7 +379,11 @@ impl<'a> Generator<'a> {
         // 1. Draft, level by level.
         let t0 = Instant::now();
         let mut level_nodes: Vec<usize> = Vec::new();
-        if !tree.children(0).is_empty() {
+        if let Some(e) = self.eagle.as_mut() {
+            stats.draft_forwards += e.draft_tree(self.target, tree, spec.construction, qwarp, self.vocab, rng, b)?;
+        } else if !tree.children(0).is_empty() {
+            let draft = self.draft.expect("checked by generate");
+            let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
             // Catch up on the tokens the draft never ran, then the root.
             let m = draft_pending.len();
             let dbase = dcache.len();
@@ -519,16 +511,23 @@ impl<'a> Generator<'a> {
         let t3 = Instant::now();
         let rows: Vec<usize> = b.path.iter().map(|&i| b.row_of[i]).collect();
         self.target_cache.compact(tbase, &rows)?;
-        let committed = root_pos + 1;
-        let fed: Vec<usize> = b.path[1..].iter().map_while(|&i| b.draft_slot[i]).map(|s| s - committed).collect();
-        if b.draft_slot[0].is_some() {
-            dcache.compact(committed, &fed)?;
-            draft_pending.clear();
+        if let Some(e) = self.eagle.as_mut() {
+            let mut tokens: Vec<u32> = b.path[1..].iter().map(|&i| b.token[i].expect("on the path")).collect();
+            tokens.push(*b.emitted.last().expect("emitted"));
+            e.commit(&hidden, &rows, &tokens)?;
+        } else {
+            let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
+            let committed = root_pos + 1;
+            let fed: Vec<usize> = b.path[1..].iter().map_while(|&i| b.draft_slot[i]).map(|s| s - committed).collect();
+            if b.draft_slot[0].is_some() {
+                dcache.compact(committed, &fed)?;
+                draft_pending.clear();
+            }
+            // Otherwise the draft ran nothing this step (a tree without drafts): what it owes,
+            // the root included, stays in `draft_pending`.
+            draft_pending.extend(b.path[1 + fed.len()..].iter().map(|&i| b.token[i].expect("on the path")));
+            draft_pending.push(*b.emitted.last().expect("emitted"));
         }
-        // Otherwise the draft ran nothing this step (a tree without drafts): what it owes,
-        // the root included, stays in `draft_pending`.
-        draft_pending.extend(b.path[1 + fed.len()..].iter().map(|&i| b.token[i].expect("on the path")));
-        draft_pending.push(*b.emitted.last().expect("emitted"));
         timings[1] += t3.elapsed();
         Ok(b.path.len() - 1)
     }
@@ -545,7 +544,7 @@ struct StepInput<'t> {
 /// Warps the draft logits of `level_nodes` (one row each) into `q`, padded with zeros to the
 /// target vocabulary, and draws each node's children.
 #[allow(clippy::too_many_arguments)]
-fn draw_children(
+pub(crate) fn draw_children(
     tree: &DraftTree,
     construction: DraftConstruction,
     warp: Warp,

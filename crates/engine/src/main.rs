@@ -4,6 +4,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
+use engine::model::eagle::EagleHead;
 use engine::model::gguf::WeightFormat;
 use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
 use engine::tokenizer::{check_vocabularies, TokenStream};
@@ -63,6 +64,12 @@ struct GenerateArgs {
     top_p: f64,
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
+    /// An EAGLE-1 draft head (a folder with config.json and pytorch_model.bin or
+    /// model.safetensors, or a hub id) that drafts from the target's hidden states, instead of a
+    /// draft model. Pairs whose manifest names a head (`vicuna-7b-eagle`, `qwen2-7b-eagle`) use
+    /// theirs.
+    #[arg(long, conflicts_with = "draft")]
+    eagle: Option<String>,
     /// Model pair (a manifest in models/), used for whichever of --target/--draft is not given.
     #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
     pair: String,
@@ -224,8 +231,17 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             target.model.num_layers()
         ),
     );
+    let eagle = match &draft_path {
+        Some(DraftFiles::Eagle(p)) => {
+            let t0 = Instant::now();
+            let head = EagleHead::load(p, &target.model).context("loading the EAGLE head")?;
+            note(&args, &format!("EAGLE head {} loaded in {:.1} s", head.path().display(), t0.elapsed().as_secs_f64()));
+            Some(head)
+        }
+        _ => None,
+    };
     let draft = match &draft_path {
-        Some(p) => {
+        Some(DraftFiles::Model(p)) => {
             let t0 = Instant::now();
             let opts = LoadOptions {
                 max_layers: args.draft_layers,
@@ -246,7 +262,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             );
             Some(d)
         }
-        None => None,
+        _ => None,
     };
 
     let text = if args.chat { target.tokenizer.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
@@ -266,7 +282,10 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     }
     let capacity = (ids.len() + args.max_new_tokens + 2 * tree_len + 1).min(context);
     let config = GenerationConfig { max_new_tokens: args.max_new_tokens, warp, seed: args.seed, speculative: spec };
-    let mut generator = Generator::new(&target.model, draft.as_ref().map(|d: &LoadedModel| &d.model), capacity)?;
+    let mut generator = match &eagle {
+        Some(head) => Generator::with_eagle(&target.model, head, capacity)?,
+        None => Generator::new(&target.model, draft.as_ref().map(|d: &LoadedModel| &d.model), capacity)?,
+    };
     let tok = &target.tokenizer;
     let mut stream = TokenStream::default();
     let stdout = std::io::stdout();
@@ -293,7 +312,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         let mut obj = serde_json::to_value(&stats)?;
         obj["text"] = serde_json::Value::String(text);
         obj["target"] = serde_json::Value::String(target.path.display().to_string());
-        obj["draft"] = draft.as_ref().map_or(serde_json::Value::Null, |d| d.path.display().to_string().into());
+        obj["draft"] = match (&draft, &eagle) {
+            (Some(d), _) => d.path.display().to_string().into(),
+            (None, Some(h)) => h.path().display().to_string().into(),
+            (None, None) => serde_json::Value::Null,
+        };
         obj["tree"] = args.tree.clone().into();
         obj["draft_sampling"] =
             if args.no_spec { serde_json::Value::Null } else { args.draft_sampling.to_string().into() };
@@ -310,41 +333,41 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 
 /// The target and draft files: explicit paths (or hub ids) first, the pair's manifest for
 /// the rest.
-fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+/// The draft's files: a draft model, or an EAGLE head folder.
+enum DraftFiles {
+    Model(PathBuf),
+    Eagle(PathBuf),
+}
+
+/// The target and draft files: explicit paths (or hub ids) first, the pair's manifest for
+/// the rest.
+fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf, Option<DraftFiles>)> {
     let fetch = FetchOptions::default();
     let cli = |spec: &str| resolve_cli(spec, &fetch).with_context(|| format!("resolving `{spec}`"));
-    let manifest = if args.target.is_none() || (need_draft && args.draft.is_none()) {
+    let explicit_draft = args.draft.is_some() || args.eagle.is_some();
+    let manifest = if args.target.is_none() || (need_draft && !explicit_draft) {
         let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
         Some(PairManifest::find(&args.pair, &dir)?)
     } else {
         None
     };
     let from_manifest = |source: &engine::provision::ModelSource, role: &str| -> anyhow::Result<PathBuf> {
-        if source.kind == ModelKind::EagleHead {
-            bail!(
-                "the {role} of pair `{}` is an EAGLE draft head ({}); EAGLE heads are not supported yet (the EAGLE \
-                 issue); pass a draft model with --draft",
-                args.pair,
-                source.hub_repo
-            );
-        }
         resolve(source, None, &fetch).with_context(|| format!("fetching the {role} of {}", args.pair))
     };
-    if let (true, None, Some(m)) = (need_draft, &args.draft, &manifest) {
-        if m.draft.kind == ModelKind::EagleHead {
-            from_manifest(&m.draft, "draft")?;
-        }
-    }
     let target = match (&args.target, &manifest) {
         (Some(t), _) => cli(t)?,
         (None, Some(m)) => from_manifest(&m.target, "target")?,
         (None, None) => unreachable!("a manifest is read when --target is missing"),
     };
-    let draft = match (need_draft, &args.draft, &manifest) {
-        (false, _, _) => None,
-        (true, Some(d), _) => Some(cli(d)?),
-        (true, None, Some(m)) => Some(from_manifest(&m.draft, "draft")?),
-        (true, None, None) => unreachable!("a manifest is read when --draft is missing"),
+    let draft = match (need_draft, &args.draft, &args.eagle, &manifest) {
+        (false, ..) => None,
+        (true, Some(d), _, _) => Some(DraftFiles::Model(cli(d)?)),
+        (true, None, Some(e), _) => Some(DraftFiles::Eagle(cli(e)?)),
+        (true, None, None, Some(m)) => {
+            let path = from_manifest(&m.draft, "draft")?;
+            Some(if m.draft.kind == ModelKind::EagleHead { DraftFiles::Eagle(path) } else { DraftFiles::Model(path) })
+        }
+        (true, None, None, None) => unreachable!("a manifest is read when no draft is given"),
     };
     Ok((target, draft))
 }

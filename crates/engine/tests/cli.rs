@@ -195,3 +195,38 @@ fn bad_inputs_give_clear_errors() {
     let e = fails(&["generate", "--target", s(&good), "--no-spec"]);
     assert!(e.contains("--prompt"), "{e}");
 }
+
+/// `--eagle DIR`: drafts from an EAGLE head (`pytorch_model.bin`) on a tiny Hugging Face
+/// target; at temperature 0 the text equals `--no-spec`'s. A head of the wrong size is refused.
+#[test]
+fn generate_with_an_eagle_head() {
+    let dir = temp_dir("cli-eagle");
+    let tiny = Tiny::llama(48);
+    let target = tiny.write_hf(&dir.join("target"));
+    let head =
+        common::TinyEagle { target: tiny, seed: 49, own_embedding: false, scale: 0.3 }.write(&dir.join("head"), true);
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["generate", "--target", s(&target), "--prompt", "ABCDEF", "--max-new-tokens", "16"];
+        args.extend_from_slice(&["--json", "--temperature", "0"]);
+        args.extend_from_slice(extra);
+        let out = mdsd(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = run(&["--no-spec"]);
+    let eagle = run(&["--eagle", s(&head), "--tree", "drafts-2-depth-2", "--draft-sampling", "wor"]);
+    assert_eq!(eagle["text"], plain["text"], "{eagle}");
+    assert!(eagle["draft"].as_str().unwrap().ends_with("pytorch_model.bin"), "{eagle}");
+    assert!(eagle["draft_forwards"].as_u64().unwrap() > 0, "{eagle}");
+    let wrong = common::TinyEagle {
+        target: Tiny { hidden: 16, heads: 2, kv_heads: 1, ..tiny },
+        seed: 1,
+        own_embedding: false,
+        scale: 0.3,
+    }
+    .write(&dir.join("wrong"), false);
+    let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--eagle", s(&wrong)]);
+    assert!(e.contains("hidden size 16") && e.contains("config.json"), "{e}");
+    let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--eagle", s(&head), "--tree", "auto"]);
+    assert!(e.contains("--tree auto") && e.contains("EAGLE"), "{e}");
+}

@@ -2,11 +2,10 @@
 
 mod common;
 
-use candle_core::{DType, Device};
 use common::{load_cpu, temp_dir, Tiny};
 use engine::auto_tree::AutoTree;
 use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
-use engine::model::{causal_bias, DecoderModel};
+use engine::model::DecoderModel;
 use engine::DraftTree;
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, VALID_PAIRS};
@@ -98,28 +97,7 @@ fn identical_draft_accepts_whole_chains() {
 
 /// Exact law of the first two tokens after `SMALL_PROMPT` under the warped target.
 fn two_token_law(target: &DecoderModel, warp: Warp) -> Vec<f64> {
-    let v = target.config().vocab_size;
-    let probs = |tokens: &[u32]| -> Vec<f64> {
-        let mut cache = target.new_cache(32).unwrap();
-        let bias = causal_bias(0, tokens.len(), DType::F32, &Device::Cpu).unwrap();
-        let pos: Vec<u32> = (0..tokens.len() as u32).collect();
-        let h = target.forward(tokens, &pos, &bias, &mut cache).unwrap();
-        let logits = target.logits(&h.narrow(0, tokens.len() - 1, 1).unwrap()).unwrap();
-        let mut p = Vec::new();
-        warp.apply(&logits.flatten_all().unwrap().to_vec1::<f32>().unwrap(), &mut p).unwrap();
-        p
-    };
-    let p1 = probs(&SMALL_PROMPT);
-    let mut law = vec![0.0; v * v];
-    for a in 0..v {
-        let mut seq = SMALL_PROMPT.to_vec();
-        seq.push(a as u32);
-        let p2 = probs(&seq);
-        for b in 0..v {
-            law[a * v + b] = p1[a] * p2[b];
-        }
-    }
-    law
+    common::two_token_law(target, &SMALL_PROMPT, warp)
 }
 
 /// Temperature 1 (0.7 with a draft at 1.5, 0.8 with top-k): the first two tokens follow the exact

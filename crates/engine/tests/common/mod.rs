@@ -374,3 +374,28 @@ impl TinyEagle {
         dir.to_path_buf()
     }
 }
+
+/// Exact law of the first two tokens after `prompt` under the warped target, by enumeration:
+/// `law[a * V + b] = p(a | prompt) p(b | prompt, a)`.
+pub fn two_token_law(target: &engine::model::DecoderModel, prompt: &[u32], warp: samplers::dist::Warp) -> Vec<f64> {
+    let v = target.config().vocab_size;
+    let probs = |tokens: &[u32]| -> Vec<f64> {
+        let mut cache = target.new_cache(tokens.len() + 1).unwrap();
+        let bias = engine::model::causal_bias(0, tokens.len(), DType::F32, &Device::Cpu).unwrap();
+        let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+        let h = target.forward(tokens, &pos, &bias, &mut cache).unwrap();
+        let logits = target.logits(&h.narrow(0, tokens.len() - 1, 1).unwrap()).unwrap();
+        let mut p = Vec::new();
+        warp.apply(&logits.flatten_all().unwrap().to_vec1::<f32>().unwrap(), &mut p).unwrap();
+        p
+    };
+    let p1 = probs(prompt);
+    let mut law = vec![0.0; v * v];
+    for a in 0..v {
+        let p2 = probs(&[prompt, &[a as u32]].concat());
+        for b in 0..v {
+            law[a * v + b] = p1[a] * p2[b];
+        }
+    }
+    law
+}

@@ -1,0 +1,135 @@
+//! Drafting a tree with an EAGLE-1 head ([`EagleHead`]), the feature-level draft source of
+//! [`crate::decode::Generator`].
+//!
+//! The head's cache holds only *true* entries `(f_j, x_{j+1})`, `f_j` being the target's
+//! final hidden state at position `j`, entered at position `j`. Between steps the entries the
+//! head still owes wait in `pending`: after the prompt, `(f_0 .. f_{n-2}; x_1 .. x_{n-1})`; after
+//! a step that accepted drafts `a_1 .. a_k` and emitted `b`, the target's hidden states of the
+//! root and of `a_1 .. a_k` (rows of the step's own target forward, no second pass) paired with
+//! `a_1 .. a_k, b`. One step:
+//! 1. one head forward over the pending entries; the last output `g` gives `q` at the root
+//!    (the pending token) through the target's output layer;
+//! 2. one head forward per tree depth over the nodes that have children, each node's entry
+//!    being (its parent's output, its token) at position `root + depth`, with the tree bias;
+//! 3. the tree entries are dropped from the head's cache (their features were the head's own
+//!    guesses); the caller then hands over the accepted path ([`EagleDraft::commit`]).
+//!
+//! Features move between levels with `index_select` on the device; logits go to the host once
+//! per level, as for a draft model.
+
+use crate::decode::{draw_children, StepBuffers};
+use crate::kv_cache::KvCache;
+use crate::model::eagle::EagleHead;
+use crate::model::{attention_bias, causal_bias, DecoderModel};
+use crate::tree::DraftTree;
+use candle_core::{Result, Tensor};
+use rand::rngs::StdRng;
+use samplers::dist::Warp;
+use samplers::DraftConstruction;
+
+/// An EAGLE head with its cache and the entries it owes (see the module docs).
+pub(crate) struct EagleDraft<'a> {
+    head: &'a EagleHead,
+    cache: KvCache,
+    pending: Option<Tensor>,
+    pending_tokens: Vec<u32>,
+}
+
+impl<'a> EagleDraft<'a> {
+    pub fn new(head: &'a EagleHead, capacity: usize) -> Result<Self> {
+        Ok(Self { head, cache: head.new_cache(capacity)?, pending: None, pending_tokens: Vec::new() })
+    }
+
+    /// Starts a generation: the target's hidden states of the prompt but its last token
+    /// (`[n - 1, hidden]`, none for a one-token prompt) and the prompt's tokens after the first.
+    pub fn reset(&mut self, features: Option<Tensor>, tokens: &[u32]) {
+        self.cache.truncate(0);
+        self.pending = features;
+        self.pending_tokens = tokens.to_vec();
+    }
+
+    /// Drafts `tree`'s tokens into `b` (steps 1-3 of the module docs); returns the number of
+    /// head forwards (0 when nothing could be drafted: a tree without drafts, or no feature
+    /// yet).
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft_tree(
+        &mut self,
+        target: &DecoderModel,
+        tree: &DraftTree,
+        construction: DraftConstruction,
+        qwarp: Warp,
+        vocab: usize,
+        rng: &mut StdRng,
+        b: &mut StepBuffers,
+    ) -> Result<usize> {
+        let Some(features) = self.pending.take() else { return Ok(0) };
+        if tree.children(0).is_empty() {
+            self.pending = Some(features);
+            return Ok(0);
+        }
+        let head = self.head;
+        let m = self.pending_tokens.len();
+        let base = self.cache.len();
+        let pos: Vec<u32> = (base..base + m).map(|p| p as u32).collect();
+        let bias = causal_bias(base, m, target.dtype(), target.device())?;
+        let out = head.forward(target, &features, &self.pending_tokens, &pos, &bias, &mut self.cache)?;
+        self.pending_tokens.clear();
+        let committed = self.cache.len();
+        let root_pos = committed - 1;
+        let mut prev = out.narrow(0, m - 1, 1)?;
+        let mut forwards = 1;
+        let mut level_nodes = vec![0usize];
+        draw_children(tree, construction, qwarp, &target.logits(&prev)?, &level_nodes, vocab, rng, b)?;
+        // Row of each node's output in `prev` (the previous level's outputs).
+        let mut prev_row = vec![usize::MAX; tree.len()];
+        prev_row[0] = 0;
+        let mut fed: Vec<usize> = Vec::new();
+        for level in tree.levels().iter().skip(1) {
+            level_nodes.clear();
+            level_nodes.extend(level.clone().filter(|&i| b.token[i].is_some() && !tree.children(i).is_empty()));
+            if level_nodes.is_empty() {
+                break;
+            }
+            let parent_rows: Vec<u32> =
+                level_nodes.iter().map(|&i| prev_row[tree.parent(i).expect("non-root")] as u32).collect();
+            let parent_rows = Tensor::from_vec(parent_rows, level_nodes.len(), target.device())?;
+            let feats = prev.index_select(&parent_rows, 0)?;
+            let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
+            let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
+            fed.extend(&level_nodes);
+            let bias = attention_bias(
+                committed,
+                level_nodes.len(),
+                fed.len(),
+                |r, c| tree.is_ancestor_or_self(fed[c], level_nodes[r]),
+                target.dtype(),
+                target.device(),
+            )?;
+            let out = head.forward(target, &feats, &tokens, &pos, &bias, &mut self.cache)?;
+            forwards += 1;
+            draw_children(tree, construction, qwarp, &target.logits(&out)?, &level_nodes, vocab, rng, b)?;
+            for (r, &i) in level_nodes.iter().enumerate() {
+                prev_row[i] = r;
+            }
+            prev = out;
+        }
+        self.cache.truncate(committed);
+        Ok(forwards)
+    }
+
+    /// After verification: the target's hidden states `hidden` at rows `path_rows` (the root
+    /// and the accepted drafts) become pending features, paired with `tokens` (the accepted
+    /// drafts and the emitted token). Entries still pending from a step without drafting come
+    /// first.
+    pub fn commit(&mut self, hidden: &Tensor, path_rows: &[usize], tokens: &[u32]) -> Result<()> {
+        let rows: Vec<u32> = path_rows.iter().map(|&r| r as u32).collect();
+        let rows = Tensor::from_vec(rows, path_rows.len(), hidden.device())?;
+        let feats = hidden.index_select(&rows, 0)?;
+        self.pending = Some(match self.pending.take() {
+            Some(old) => Tensor::cat(&[&old, &feats], 0)?,
+            None => feats,
+        });
+        self.pending_tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+}
