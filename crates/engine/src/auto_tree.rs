@@ -206,8 +206,21 @@ impl AutoTree {
                 .max_by(|a, b| a.1.total_cmp(&b.1))
                 .map(|(i, _)| i)
         };
-        let mut pick = best_of(0).unwrap_or(1.min(self.trees.len() - 1));
-        let best_drafting = best_of(1).unwrap_or(0);
+        // The best drafting tree, then plain steps if they beat it (ties go to drafting).
+        let drafting = best_of(1).map(|i| (i, rate(i).expect("rated by best_of")));
+        let mut pick = match (rate(0), drafting) {
+            (Some(plain), Some((i, r))) => {
+                if plain > r {
+                    0
+                } else {
+                    i
+                }
+            }
+            (Some(_), None) => 0,
+            (None, Some((i, _))) => i,
+            (None, None) => 1.min(self.trees.len() - 1),
+        };
+        let best_drafting = drafting.map_or(0, |(i, _)| i);
         if pick == 0 {
             self.steps_without_drafts += 1;
             if self.steps_without_drafts >= EXPLORE_EVERY {

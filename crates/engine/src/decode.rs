@@ -28,12 +28,13 @@ use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
 use crate::model::{attention_bias, DecoderModel};
 use crate::tree::DraftTree;
-use candle_core::{Error, Result, Tensor};
+use candle_core::{DType, Device, Error, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::construction::DraftScratch;
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, Verifier, VerifyScratch};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -404,8 +405,7 @@ impl<'a> Generator<'a> {
             }
             let committed = root_pos + 1;
             for level in tree.levels().iter().skip(1) {
-                level_nodes.clear();
-                level_nodes.extend(level.clone().filter(|&i| b.token[i].is_some() && !tree.children(i).is_empty()));
+                expandable(tree, level.clone(), &b.token, &mut level_nodes);
                 if level_nodes.is_empty() {
                     break;
                 }
@@ -416,15 +416,7 @@ impl<'a> Generator<'a> {
                 let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
                 let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
                 // Columns: the committed prefix (all visible), then this step's tree nodes.
-                let fed = &b.draft_fed;
-                let bias = attention_bias(
-                    committed,
-                    level_nodes.len(),
-                    fed.len(),
-                    |r, c| tree.is_ancestor_or_self(fed[c], level_nodes[r]),
-                    draft.dtype(),
-                    draft.device(),
-                )?;
+                let bias = tree_bias(tree, committed, &level_nodes, &b.draft_fed, draft.dtype(), draft.device())?;
                 let t_level = Instant::now();
                 let hidden = draft.forward(&tokens, &pos, &bias, dcache)?;
                 stats.draft_forwards += 1;
@@ -448,14 +440,7 @@ impl<'a> Generator<'a> {
         let tokens: Vec<u32> = live.iter().map(|&i| b.token[i].expect("live")).collect();
         let pos: Vec<u32> = live.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
         let tbase = self.target_cache.len();
-        let bias = attention_bias(
-            tbase,
-            live.len(),
-            live.len(),
-            |r, c| tree.is_ancestor_or_self(live[c], live[r]),
-            self.target.dtype(),
-            self.target.device(),
-        )?;
+        let bias = tree_bias(tree, tbase, &live, &live, self.target.dtype(), self.target.device())?;
         let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
         let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
         stats.target_forwards += 1;
@@ -531,6 +516,27 @@ impl<'a> Generator<'a> {
         timings[1] += t3.elapsed();
         Ok(b.path.len() - 1)
     }
+}
+
+/// The nodes of `level` that were drafted and have children (the ones a draft runs), into
+/// `out`.
+pub(crate) fn expandable(tree: &DraftTree, level: Range<usize>, token: &[Option<u32>], out: &mut Vec<usize>) {
+    out.clear();
+    out.extend(level.filter(|&i| token[i].is_some() && !tree.children(i).is_empty()));
+}
+
+/// Attention bias of tree nodes `rows` against `prefix` committed positions (all visible) and
+/// then the tree nodes `cols` in cache order: visible where the column is an ancestor of the
+/// row or the row itself.
+pub(crate) fn tree_bias(
+    tree: &DraftTree,
+    prefix: usize,
+    rows: &[usize],
+    cols: &[usize],
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    attention_bias(prefix, rows.len(), cols.len(), |r, c| tree.is_ancestor_or_self(cols[c], rows[r]), dtype, device)
 }
 
 /// What a speculative step works on.

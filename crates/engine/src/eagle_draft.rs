@@ -17,10 +17,10 @@
 //! Features move between levels with `index_select` on the device; logits go to the host once
 //! per level, as for a draft model.
 
-use crate::decode::{draw_children, StepBuffers};
+use crate::decode::{draw_children, expandable, tree_bias, StepBuffers};
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
-use crate::model::{attention_bias, causal_bias, DecoderModel};
+use crate::model::{causal_bias, DecoderModel};
 use crate::tree::DraftTree;
 use candle_core::{Result, Tensor};
 use rand::rngs::StdRng;
@@ -85,8 +85,7 @@ impl<'a> EagleDraft<'a> {
         prev_row[0] = 0;
         let mut fed: Vec<usize> = Vec::new();
         for level in tree.levels().iter().skip(1) {
-            level_nodes.clear();
-            level_nodes.extend(level.clone().filter(|&i| b.token[i].is_some() && !tree.children(i).is_empty()));
+            expandable(tree, level.clone(), &b.token, &mut level_nodes);
             if level_nodes.is_empty() {
                 break;
             }
@@ -97,14 +96,7 @@ impl<'a> EagleDraft<'a> {
             let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
             let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
             fed.extend(&level_nodes);
-            let bias = attention_bias(
-                committed,
-                level_nodes.len(),
-                fed.len(),
-                |r, c| tree.is_ancestor_or_self(fed[c], level_nodes[r]),
-                target.dtype(),
-                target.device(),
-            )?;
+            let bias = tree_bias(tree, committed, &level_nodes, &fed, target.dtype(), target.device())?;
             let out = head.forward(target, &feats, &tokens, &pos, &bias, &mut self.cache)?;
             forwards += 1;
             draw_children(tree, construction, qwarp, &target.logits(&out)?, &level_nodes, vocab, rng, b)?;

@@ -134,17 +134,7 @@ fn first_two_tokens_follow_the_target_law() {
             let (out, _) = generator.generate(&SMALL_PROMPT, &config, |_| false, |_| Ok(())).unwrap();
             counts[out[0] as usize * 5 + out[1] as usize] += 1;
         }
-        let mut stat = 0.0;
-        let mut df = 0;
-        for (o, e) in counts.iter().zip(&law) {
-            let e = e * draws as f64;
-            if e == 0.0 {
-                assert_eq!(*o, 0, "{name} {c}+{v}: a zero-probability pair was generated");
-                continue;
-            }
-            stat += (*o as f64 - e).powi(2) / e;
-            df += 1;
-        }
+        let (stat, df) = common::pearson(&counts, &law, draws);
         // Chi-square critical values at p = 1e-4: 24 degrees of freedom (25 cells) 52.62;
         // 15 (top-k 4 leaves 4 x 4 cells) 42.58.
         let critical = match df - 1 {
@@ -227,14 +217,7 @@ fn auto_tree_follows_the_target_law() {
         multi_draft_steps > draws as usize / 2,
         "multi-draft trees were picked in only {multi_draft_steps} generations"
     );
-    let stat: f64 = counts
-        .iter()
-        .zip(&law)
-        .map(|(&o, &e)| {
-            let e = e * draws as f64;
-            assert!(e > 0.0, "a zero-probability cell");
-            (o as f64 - e).powi(2) / e
-        })
-        .sum();
+    let (stat, cells) = common::pearson(&counts, &law, draws);
+    assert_eq!(cells, 25, "a zero-probability cell");
     assert!(stat < 52.62, "auto: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
 }

@@ -399,3 +399,21 @@ pub fn two_token_law(target: &engine::model::DecoderModel, prompt: &[u32], warp:
     }
     law
 }
+
+/// Pearson's chi-square statistic of `counts` (out of `draws`) against the probabilities
+/// `law`, over the cells of positive probability; a cell of zero probability must have no
+/// count. Returns the statistic and the number of cells used.
+pub fn pearson(counts: &[u64], law: &[f64], draws: u64) -> (f64, usize) {
+    let mut stat = 0.0;
+    let mut cells = 0;
+    for (i, (&o, &p)) in counts.iter().zip(law).enumerate() {
+        let e = p * draws as f64;
+        if e == 0.0 {
+            assert_eq!(o, 0, "cell {i}: a zero-probability outcome was generated");
+            continue;
+        }
+        stat += (o as f64 - e).powi(2) / e;
+        cells += 1;
+    }
+    (stat, cells)
+}
