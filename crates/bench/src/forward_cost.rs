@@ -16,7 +16,7 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 pub struct ForwardCostArgs {
     #[command(flatten)]
-    models: crate::mt_bench::PairArgs,
+    models: crate::pair::PairArgs,
     /// How the target's weights are held (`stored` keeps p exact).
     #[arg(long, value_enum, default_value = "stored")]
     target_weights: WeightFormat,

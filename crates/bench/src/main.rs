@@ -2,15 +2,20 @@
 //!
 //! - `alpha`: acceptance rates (optimal and of each verifier) for given (p, q) pairs.
 //!
-//! - `mt-bench`: end-to-end tokens/s of plain and speculative decoding on MT-Bench.
+//! - `mt-bench`: end-to-end speed of the baseline and speculative methods on MT-Bench
+//!   (both turns, methods x trees x temperatures interleaved per question).
+//!
+//! - `acceptance`: the paper's acceptance-rate study on real text (Table 1, Figures 1-2).
 //!
 //! - `forward-cost`: seconds per forward of k new tokens, ours beside llama.cpp's.
 //!
-//! The acceptance-rate study arrives with the bench issue.
-
+mod acceptance;
 mod alpha_cmd;
 mod forward_cost;
 mod mt_bench;
+mod pair;
+mod run_info;
+mod stats;
 
 use clap::{Parser, Subcommand};
 
@@ -25,8 +30,10 @@ struct Cli {
 enum Command {
     /// Acceptance rates of every draft construction and verifier for JSON-lines (p, q) pairs.
     Alpha(alpha_cmd::AlphaArgs),
-    /// End-to-end speed of plain and speculative decoding on MT-Bench first turns.
+    /// End-to-end speed of the baseline and speculative methods on MT-Bench (both turns).
     MtBench(mt_bench::MtBenchArgs),
+    /// The acceptance-rate study: alpha of every method against alpha* on generated text.
+    Acceptance(acceptance::AcceptanceArgs),
     /// Seconds per forward of k new tokens for the target and the draft (and llama.cpp's).
     ForwardCost(forward_cost::ForwardCostArgs),
 }
@@ -36,6 +43,7 @@ fn main() {
     let result = match cli.command {
         Command::Alpha(args) => alpha_cmd::run(&args),
         Command::MtBench(args) => mt_bench::run(&args).map(|()| 0),
+        Command::Acceptance(args) => acceptance::run(&args).map(|()| 0),
         Command::ForwardCost(args) => forward_cost::run(&args).map(|()| 0),
     };
     match result {

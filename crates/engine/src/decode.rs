@@ -97,6 +97,9 @@ pub struct Stats {
     pub new_tokens: usize,
     /// Target forwards after the prompt (one per step).
     pub target_forwards: usize,
+    /// Rows the target ran after the prompt: one per plain step, the drafted tree nodes plus
+    /// the root per speculative step (repeated drafts get no row).
+    pub target_rows: usize,
     /// Draft forwards (one per tree depth per step).
     pub draft_forwards: usize,
     /// Mean tokens emitted per target forward, bonus token included.
@@ -137,7 +140,11 @@ pub struct Generator<'a> {
 /// Per-step buffers, reused across steps.
 #[derive(Default)]
 pub(crate) struct StepBuffers {
+    /// Token of each tree node; `None` for nodes not drafted this step, and for a node whose
+    /// token repeats an earlier sibling's (see [`draw_children`]).
     pub(crate) token: Vec<Option<u32>>,
+    /// The draft tuple drawn at each node, in order, repeats included: what its verifier sees.
+    drawn: Vec<Vec<u32>>,
     q_at: Vec<Vec<f64>>,
     p: Vec<f64>,
     row_of: Vec<usize>,
@@ -145,7 +152,6 @@ pub(crate) struct StepBuffers {
     /// Tree nodes the draft ran this step after the root, in cache order.
     draft_fed: Vec<usize>,
     drafts: Vec<u32>,
-    kids: Vec<usize>,
     path: Vec<usize>,
     emitted: Vec<u32>,
     draft_scratch: DraftScratch,
@@ -291,6 +297,7 @@ impl<'a> Generator<'a> {
                     self.buf.emitted.push(samplers::dist::sample(&self.buf.p, &mut rng));
                     timings[2] += t1.elapsed();
                     stats.target_forwards += 1;
+                    stats.target_rows += 1;
                 }
                 Some(s) => {
                     let chosen;
@@ -369,6 +376,10 @@ impl<'a> Generator<'a> {
         b.token.clear();
         b.token.resize(nodes, None);
         b.token[0] = Some(pending);
+        if b.drawn.len() < nodes {
+            b.drawn.resize_with(nodes, Vec::new);
+        }
+        b.drawn.iter_mut().for_each(Vec::clear);
         b.draft_slot.clear();
         b.draft_slot.resize(nodes, None);
         b.draft_fed.clear();
@@ -444,6 +455,7 @@ impl<'a> Generator<'a> {
         let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
         let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
         stats.target_forwards += 1;
+        stats.target_rows += live.len();
         timings[1] += t1.elapsed();
         if let Some(a) = auto.as_deref_mut() {
             a.target.record(live.len(), t1.elapsed().as_secs_f64());
@@ -458,14 +470,12 @@ impl<'a> Generator<'a> {
         loop {
             let row = b.row_of[node];
             warp.apply(&logits[row * v..(row + 1) * v], &mut b.p).map_err(|e| nan_error(e, "target"))?;
-            b.kids.clear();
-            b.kids.extend(tree.children(node).iter().copied().filter(|&c| b.token[c].is_some()));
-            if b.kids.is_empty() {
+            if b.drawn[node].is_empty() {
                 b.emitted.push(samplers::dist::sample(&b.p, rng));
                 break;
             }
             b.drafts.clear();
-            b.drafts.extend(b.kids.iter().map(|&c| b.token[c].expect("drafted")));
+            b.drafts.extend_from_slice(&b.drawn[node]);
             let verdict = spec
                 .verifier
                 .verify(
@@ -480,11 +490,19 @@ impl<'a> Generator<'a> {
                 .map_err(|e| Error::Msg(format!("verification: {e}")))?;
             b.emitted.push(verdict.token);
             if let Some(a) = auto.as_deref_mut() {
-                a.record_node(verdict.accepted.map_or(b.kids.len(), |j| j + 1), verdict.accepted.is_some());
+                a.record_node(verdict.accepted.map_or(b.drafts.len(), |j| j + 1), verdict.accepted.is_some());
             }
             match verdict.accepted {
                 Some(j) => {
-                    node = b.kids[j];
+                    // The first sibling holding the accepted token: a repeat's subtree
+                    // would be an independent draw given the same path, so the first
+                    // copy's serves (see `draw_children`).
+                    let t = b.drafts[j];
+                    node = *tree
+                        .children(node)
+                        .iter()
+                        .find(|&&c| b.token[c] == Some(t))
+                        .expect("every drafted token has a node");
                     b.path.push(node);
                 }
                 None => break,
@@ -549,6 +567,13 @@ struct StepInput<'t> {
 
 /// Warps the draft logits of `level_nodes` (one row each) into `q`, padded with zeros to the
 /// target vocabulary, and draws each node's children.
+///
+/// A token drawn twice at one node (drafts with replacement, K-SEQ) gets one child: the repeat
+/// stays in the node's tuple, which the verifier sees whole, but gets no tree node, target
+/// row or subtree. This is lossless: the verifier's choice at the node depends only on the
+/// tuple, and if it accepts the repeat, the first copy's subtree is a draw with the same law
+/// (the same path, drafted independently of the choice). At low temperatures, where drafts
+/// with replacement mostly repeat, this saves most of the tree.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn draw_children(
     tree: &DraftTree,
@@ -570,9 +595,13 @@ pub(crate) fn draw_children(
         construction
             .sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts)
             .map_err(|e| Error::Msg(format!("drafting: {e}")))?;
-        for (&child, &t) in kids.iter().zip(&b.drafts) {
-            b.token[child] = Some(t);
+        for (k, (&child, &t)) in kids.iter().zip(&b.drafts).enumerate() {
+            if !b.drafts[..k].contains(&t) {
+                b.token[child] = Some(t);
+            }
         }
+        b.drawn[i].clear();
+        b.drawn[i].extend_from_slice(&b.drafts);
     }
     Ok(())
 }

@@ -221,6 +221,13 @@ impl TextTokenizer {
     /// Renders the chat template for one user turn (with an optional system prompt) followed
     /// by the generation prompt.
     pub fn apply_chat_template(&self, user: &str, system: Option<&str>) -> Result<String> {
+        self.apply_chat_conversation(&[("user", user)], system)
+    }
+
+    /// Renders the chat template for a conversation of `(role, content)` messages (`user` and
+    /// `assistant` alternating, the last one `user`) after an optional system prompt, followed
+    /// by the generation prompt: how a multi-turn benchmark asks its second turn.
+    pub fn apply_chat_conversation(&self, turns: &[(&str, &str)], system: Option<&str>) -> Result<String> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
             err(&self.source, "the model has no chat template (tokenizer.chat_template / chat_template); drop --chat")
         })?;
@@ -228,7 +235,9 @@ impl TextTokenizer {
         if let Some(s) = system {
             messages.push(json!({"role": "system", "content": s}));
         }
-        messages.push(json!({"role": "user", "content": user}));
+        for (role, content) in turns {
+            messages.push(json!({"role": role, "content": content}));
+        }
         render_chat(
             template,
             &messages,

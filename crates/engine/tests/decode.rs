@@ -96,6 +96,39 @@ fn identical_draft_accepts_whole_chains() {
 }
 
 /// Exact law of the first two tokens after `SMALL_PROMPT` under the warped target.
+/// Drafts with replacement repeat tokens; a repeat gets no tree node. At temperature 0 every
+/// draft at a node is the argmax, so a full tree costs the target no more rows than a chain,
+/// and the output is still the plain greedy output.
+#[test]
+fn repeated_drafts_get_no_tree_nodes() {
+    let target = model(Tiny::llama(21), "dup-target");
+    let draft = model(Tiny { layers: 1, ..Tiny::llama(22) }, "dup-draft");
+    let prompt = [3u32, 14, 15, 9, 2, 6];
+    let mut generator = Generator::new(&target, Some(&draft), 128).unwrap();
+    let plain = GenerationConfig { max_new_tokens: 24, warp: Warp::temperature(0.0), seed: 0, speculative: None };
+    let (want, _) = generator.generate(&prompt, &plain, |_| false, |_| Ok(())).unwrap();
+    for v in [samplers::Verifier::Rrs, samplers::Verifier::KSeq] {
+        let tree = DraftTree::preset("drafts-3-depth-3").unwrap();
+        let spec = SpecConfig {
+            tree: tree.into(),
+            construction: DraftConstruction::WithReplacement,
+            verifier: v,
+            draft_warp: None,
+        };
+        let config = GenerationConfig { speculative: Some(spec), ..plain.clone() };
+        let (got, stats) = generator.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+        assert_eq!(got, want, "{v}");
+        // Root plus at most one node per depth, instead of 1 + 3 + 9 + 27.
+        assert!(
+            stats.target_rows <= 4 * stats.target_forwards,
+            "{v}: {} rows in {} steps",
+            stats.target_rows,
+            stats.target_forwards
+        );
+        assert!(stats.target_rows > stats.target_forwards);
+    }
+}
+
 fn two_token_law(target: &DecoderModel, warp: Warp) -> Vec<f64> {
     common::two_token_law(target, &SMALL_PROMPT, warp)
 }

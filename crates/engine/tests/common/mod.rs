@@ -26,6 +26,8 @@ pub struct Tiny {
     pub seed: u64,
     /// Scale of the random weights (larger: sharper next-token distributions).
     pub scale: f32,
+    /// `tokenizer.chat_template` written into GGUF files.
+    pub chat_template: Option<&'static str>,
 }
 
 impl Tiny {
@@ -42,6 +44,7 @@ impl Tiny {
             tied: false,
             seed,
             scale: 0.3,
+            chat_template: None,
         }
     }
 
@@ -187,7 +190,7 @@ impl Tiny {
         let a = |k: &str| format!("{arch}.{k}");
         let tokens: Vec<Value> = self.tokens().into_iter().map(Value::String).collect();
         let types: Vec<Value> = (0..self.vocab).map(|_| Value::I32(1)).collect();
-        let meta: Vec<(String, Value)> = vec![
+        let mut meta: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(arch.into())),
             (a("block_count"), Value::U32(self.layers as u32)),
             (a("context_length"), Value::U32(self.context as u32)),
@@ -205,6 +208,9 @@ impl Tiny {
             ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
             ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
         ];
+        if let Some(t) = self.chat_template {
+            meta.push(("tokenizer.chat_template".into(), Value::String(t.into())));
+        }
         let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let mut f = std::fs::File::create(path).unwrap();

@@ -1,0 +1,376 @@
+//! `bench mt-bench`: end-to-end speed of the autoregressive baseline and of speculative
+//! methods (draft construction, verifier, tree) at several temperatures, EAGLE's protocol.
+//!
+//! - Every question is asked turn by turn through the chat template; a later turn carries the
+//!   method's own earlier answers in the conversation.
+//! - Methods are interleaved question by question (and the order rotates with the question),
+//!   so slow drift of a noisy machine hits every method alike; ratios to the baseline and to
+//!   RRS with replacement are taken per question, then averaged.
+//! - Every finished turn is appended to `<name>.records.jsonl` at once; the summary
+//!   (`<name>.json`, `<name>.md`) is written at the end, or after the first Ctrl-C with the
+//!   questions finished so far.
+//! - Timings are wall time around whole generations; every step reads its logits back to
+//!   the host, which synchronises the device.
+
+mod methods;
+mod questions;
+mod report;
+
+pub use methods::Method;
+pub use questions::{read_questions, Question};
+
+use crate::pair::PairArgs;
+use crate::run_info::{git_revision, output_paths, utc_stamp, Interrupt, Progress};
+use anyhow::{bail, Context};
+use candle_core::Device;
+use clap::Args;
+use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::load::{parse_device, LoadOptions};
+use engine::model::gguf::WeightFormat;
+use engine::tokenizer::TextTokenizer;
+use engine::DraftTree;
+use samplers::dist::Warp;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct MtBenchArgs {
+    /// Question file: MT-Bench's or Spec-Bench's JSON lines (`question_id`, `category`,
+    /// `turns`).
+    #[arg(long, default_value = "../shared/data/mt_bench_question.jsonl")]
+    questions: PathBuf,
+    /// Number of questions (the first N; 0: all).
+    #[arg(long, default_value_t = 10)]
+    limit: usize,
+    /// Ask only the first N turns of each question (0: all).
+    #[arg(long, default_value_t = 0)]
+    turns: usize,
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Comma-separated methods: `baseline`, `rrs-wr`, `rrs-wor`, `kseq`, `greedy`,
+    /// `spechub`, `topk`, or `construction+verifier` (e.g. `wor+topk`).
+    #[arg(long, default_value = "baseline,rrs-wr,rrs-wor,greedy")]
+    methods: String,
+    /// Comma-separated trees for the speculative methods: presets (`chain-N`,
+    /// `drafts-K-depth-D`, `mc_sim_7b_63`, ...), TOML files, or `auto`.
+    #[arg(long, default_value = "drafts-2-depth-4")]
+    trees: String,
+    /// Comma-separated sampling temperatures (0: argmax).
+    #[arg(long, default_value = "0")]
+    temperatures: String,
+    /// Base seed; question i, turn t uses `seed + 1000 i + t` for every method.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    models: PairArgs,
+    /// Draft logits only for the first N ids (0: all); as `mdsd generate --draft-vocab`.
+    #[arg(long, default_value_t = 32768)]
+    draft_vocab: usize,
+    #[arg(long, value_enum, default_value = "fast-cpu")]
+    draft_weights: WeightFormat,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Ask the questions without a chat template (turns joined by blank lines).
+    #[arg(long)]
+    no_chat: bool,
+    /// Folder of the results (`<name>.records.jsonl`, `<name>.json`, `<name>.md`).
+    #[arg(long, default_value = "benches/results")]
+    out_dir: PathBuf,
+    /// Stem of the result files (default: `mt-bench-<UTC time>`).
+    #[arg(long)]
+    name: Option<String>,
+}
+
+/// One configuration measured on every question.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub method: Method,
+    /// Tree name and topology (`None` for the baseline).
+    pub tree: Option<(String, TreeChoice)>,
+    pub temperature: f64,
+}
+
+impl Cell {
+    pub fn tree_name(&self) -> &str {
+        self.tree.as_ref().map_or("-", |t| t.0.as_str())
+    }
+}
+
+/// One answered turn: the raw record of the JSON output.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TurnRecord {
+    pub question_id: String,
+    pub category: String,
+    /// 1-based turn number.
+    pub turn: usize,
+    pub method: String,
+    pub tree: String,
+    pub temperature: f64,
+    pub seed: u64,
+    /// Position of this generation in the run (interleaving order).
+    pub order: usize,
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    pub target_forwards: usize,
+    /// Tree rows the target ran (see `engine::decode::Stats::target_rows`).
+    pub target_rows: usize,
+    pub tau: f64,
+    /// Fraction of steps that accepted a draft at depth d (index d - 1).
+    pub acceptance_per_depth: Vec<f64>,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub tokens_per_s: f64,
+    pub draft_s: f64,
+    pub target_s: f64,
+    pub verify_s: f64,
+    pub stop_reason: String,
+    /// The generated text (special tokens left out).
+    pub answer: String,
+}
+
+fn parse_list<T>(list: &str, what: &str, f: impl Fn(&str) -> anyhow::Result<T>) -> anyhow::Result<Vec<T>> {
+    let out: Vec<T> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| f(s).with_context(|| format!("bad {what} `{s}`")))
+        .collect::<anyhow::Result<_>>()?;
+    if out.is_empty() {
+        bail!("no {what} given");
+    }
+    Ok(out)
+}
+
+/// The cells of a run: the baseline once per temperature, every speculative method on every
+/// tree at every temperature. A method that cannot run on a tree (SpecHub needs exactly two
+/// drafts per node) is left out with a note.
+pub fn cells(methods: &[Method], trees: &[(String, TreeChoice)], temperatures: &[f64]) -> (Vec<Cell>, Vec<String>) {
+    let (mut out, mut notes) = (Vec::new(), Vec::new());
+    for &temperature in temperatures {
+        for &method in methods {
+            match method {
+                Method::Baseline => out.push(Cell { method, tree: None, temperature }),
+                Method::Speculative { construction, .. } => {
+                    for tree in trees {
+                        if let TreeChoice::Fixed(t) = &tree.1 {
+                            let bad = (0..t.len())
+                                .map(|i| t.children(i).len())
+                                .find(|&n| n > 0 && construction.check_n(n).is_err());
+                            if let Some(n) = bad {
+                                let note = format!("{} left out on {}: a node has {n} drafts", method.name(), tree.0);
+                                if !notes.contains(&note) {
+                                    notes.push(note);
+                                }
+                                continue;
+                            }
+                        }
+                        out.push(Cell { method, tree: Some(tree.clone()), temperature });
+                    }
+                }
+            }
+        }
+    }
+    (out, notes)
+}
+
+/// The prompt of `turn` (0-based) of `question`, with the earlier `answers` in the
+/// conversation.
+fn turn_prompt(
+    tok: &TextTokenizer,
+    q: &Question,
+    turn: usize,
+    answers: &[String],
+    chat: bool,
+) -> anyhow::Result<String> {
+    if !chat {
+        let mut text = String::new();
+        for (question, answer) in q.turns[..turn].iter().zip(answers) {
+            text.push_str(question);
+            text.push_str("\n\n");
+            text.push_str(answer);
+            text.push_str("\n\n");
+        }
+        text.push_str(&q.turns[turn]);
+        return Ok(text);
+    }
+    let mut conv: Vec<(&str, &str)> = Vec::with_capacity(2 * turn + 1);
+    for (question, answer) in q.turns[..turn].iter().zip(answers) {
+        conv.push(("user", question));
+        conv.push(("assistant", answer));
+    }
+    conv.push(("user", &q.turns[turn]));
+    Ok(tok.apply_chat_conversation(&conv, None)?)
+}
+
+pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
+    let methods = methods::parse_methods(&args.methods)?;
+    let trees = parse_list(&args.trees, "tree", |s| {
+        Ok((s.to_string(), if s == "auto" { TreeChoice::Auto } else { DraftTree::load(s)?.into() }))
+    })?;
+    let temperatures = parse_list(&args.temperatures, "temperature", |s| {
+        let t: f64 = s.parse().context("not a number")?;
+        Warp::temperature(t).check()?;
+        Ok(t)
+    })?;
+    let mut questions = read_questions(&args.questions, args.limit)?;
+    if args.turns > 0 {
+        questions.iter_mut().for_each(|q| q.turns.truncate(args.turns));
+    }
+    let (cells, notes) = cells(&methods, &trees, &temperatures);
+    for n in &notes {
+        eprintln!("bench: note: {n}");
+    }
+    if cells.is_empty() {
+        bail!("no method can run on the trees given");
+    }
+    let device: Device = parse_device(&args.device)?;
+    let draft_opts = LoadOptions {
+        weights: args.draft_weights,
+        output_rows: (args.draft_vocab > 0).then_some(args.draft_vocab),
+        ..Default::default()
+    };
+    let (target, draft) = args.models.load(&device, &draft_opts)?;
+    let tok = &target.tokenizer;
+    let chat = !args.no_chat;
+    if chat && !tok.has_chat_template() {
+        bail!(
+            "{}: the target has no chat template; pass --no-chat to join turns with blank lines",
+            target.path.display()
+        );
+    }
+    // Room for every turn of the longest conversation, its answers and one tree.
+    let mut longest = 0;
+    for q in &questions {
+        let answers: Vec<String> = vec![String::new(); q.turns.len()];
+        let text = turn_prompt(tok, q, q.turns.len() - 1, &answers, chat)?;
+        longest = longest.max(tok.encode(&text)?.len());
+    }
+    let most_turns = questions.iter().map(|q| q.turns.len()).max().unwrap_or(1);
+    let capacity = longest + most_turns * (args.max_new_tokens + 16) + 512;
+    let mut generator = Generator::new(&target.model, Some(&draft.model), capacity)?;
+
+    let stem = args.name.clone().unwrap_or_else(|| format!("mt-bench-{}", utc_stamp()));
+    let path = output_paths(&args.out_dir, &stem)?;
+    let records_path = path("records.jsonl");
+    let mut records_file =
+        std::fs::File::create(&records_path).with_context(|| format!("creating {}", records_path.display()))?;
+    let interrupt = Interrupt::install();
+    let total_turns: usize = questions.iter().map(|q| q.turns.len()).sum();
+    let progress = Progress::new((total_turns * cells.len()) as u64, "mt-bench");
+    let mut records: Vec<TurnRecord> = Vec::new();
+    let mut done_questions = 0;
+    let started = std::time::Instant::now();
+    'questions: for (qi, q) in questions.iter().enumerate() {
+        let mut question_records = Vec::new();
+        for k in 0..cells.len() {
+            let cell = &cells[(qi + k) % cells.len()];
+            let speculative = cell.tree.as_ref().map(|(_, tree)| match cell.method {
+                Method::Speculative { construction, verifier } => {
+                    SpecConfig { tree: tree.clone(), construction, verifier, draft_warp: None }
+                }
+                Method::Baseline => unreachable!("the baseline has no tree"),
+            });
+            let mut answers: Vec<String> = Vec::with_capacity(q.turns.len());
+            for turn in 0..q.turns.len() {
+                progress.set_message(format!(
+                    "q{} {} {} T={}",
+                    q.id,
+                    cell.method.name(),
+                    cell.tree_name(),
+                    cell.temperature
+                ));
+                let prompt = tok.encode(&turn_prompt(tok, q, turn, &answers, chat)?)?;
+                let seed = args.seed + 1000 * qi as u64 + turn as u64;
+                let config = GenerationConfig {
+                    max_new_tokens: args.max_new_tokens,
+                    warp: Warp::temperature(cell.temperature),
+                    seed,
+                    speculative: speculative.clone(),
+                };
+                let (ids, stats) = generator
+                    .generate(&prompt, &config, |t| tok.is_stop(t), |_| Ok(()))
+                    .with_context(|| format!("question {} turn {}: {}", q.id, turn + 1, cell.method.name()))?;
+                let answer = tok.decode(&ids)?;
+                let rec = TurnRecord {
+                    question_id: q.id.clone(),
+                    category: q.category.clone(),
+                    turn: turn + 1,
+                    method: cell.method.name(),
+                    tree: cell.tree_name().to_string(),
+                    temperature: cell.temperature,
+                    seed,
+                    order: records.len() + question_records.len(),
+                    prompt_tokens: stats.prompt_tokens,
+                    new_tokens: stats.new_tokens,
+                    target_forwards: stats.target_forwards,
+                    target_rows: stats.target_rows,
+                    tau: stats.tau,
+                    acceptance_per_depth: stats.acceptance_per_depth.clone(),
+                    prefill_s: stats.prefill_s,
+                    decode_s: stats.total_s - stats.prefill_s,
+                    tokens_per_s: stats.tokens_per_s,
+                    draft_s: stats.draft_s,
+                    target_s: stats.target_s,
+                    verify_s: stats.verify_s,
+                    stop_reason: stats.stop_reason.clone(),
+                    answer: answer.clone(),
+                };
+                answers.push(answer);
+                writeln!(records_file, "{}", serde_json::to_string(&rec)?)?;
+                records_file.flush()?;
+                question_records.push(rec);
+                progress.inc();
+            }
+            if interrupt.requested() {
+                progress.println(format!("bench: stopped during question {}; it is left out of the summary", q.id));
+                break 'questions;
+            }
+        }
+        // Only whole questions enter the summary (every cell measured on them).
+        records.extend(question_records);
+        done_questions += 1;
+        progress.println(format!(
+            "bench: question {} done ({}/{}, {:.0} s)",
+            q.id,
+            qi + 1,
+            questions.len(),
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    progress.finish();
+    if done_questions == 0 {
+        bail!("no question finished; the raw records are in {}", records_path.display());
+    }
+    let summary = report::summarize(&cells, &records);
+    let meta = serde_json::json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "revision": git_revision(),
+        "date_utc": utc_stamp(),
+        "pair": args.models.label(),
+        "target": target.path,
+        "draft": draft.path,
+        "device": args.device,
+        "questions_file": args.questions,
+        "questions": done_questions,
+        "questions_asked": questions.len(),
+        "interrupted": done_questions < questions.len(),
+        "max_new_tokens": args.max_new_tokens,
+        "draft_vocab": args.draft_vocab,
+        "chat": chat,
+        "seed": args.seed,
+        "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),
+        "trees": trees.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        "temperatures": temperatures,
+        "notes": notes,
+    });
+    let json_path = path("json");
+    let doc = serde_json::json!({ "config": meta, "summary": summary, "records": records });
+    std::fs::write(&json_path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md = report::markdown(&meta, &summary);
+    let md_path = path("md");
+    std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+    println!("{md}");
+    eprintln!("bench: wrote {}, {} and {}", records_path.display(), json_path.display(), md_path.display());
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! Per-cell statistics of a speed run and its Markdown tables.
+//!
+//! Per question the turns are pooled (tokens/s = new tokens / decode seconds of all turns;
+//! tau = new tokens / target forwards; alpha at depth d = accepted-at-depth-d steps / steps).
+//! Means and standard errors are then taken over questions; speed ratios are per question
+//! (method and reference measured back to back on it), then averaged.
+
+use super::{Cell, Method, TurnRecord};
+use crate::stats::MeanSe;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Statistics of one cell (over questions, or over the questions of one category).
+#[derive(Debug, Clone, Serialize)]
+pub struct CellSummary {
+    pub method: String,
+    pub tree: String,
+    pub temperature: f64,
+    pub category: Option<String>,
+    pub questions: usize,
+    pub new_tokens: usize,
+    pub tau: MeanSe,
+    /// Target rows (tree nodes) per target forward.
+    pub rows_per_forward: MeanSe,
+    /// Acceptance rate at tree depth d (index d - 1): accepted steps / verification steps.
+    pub alpha_per_depth: Vec<MeanSe>,
+    pub tokens_per_s: MeanSe,
+    /// Per-question ratio to the baseline at the same temperature.
+    pub speedup_vs_baseline: Option<MeanSe>,
+    /// Per-question ratio to `rrs-wr` on the same tree and temperature.
+    pub speedup_vs_rrs_wr: Option<MeanSe>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub cells: Vec<CellSummary>,
+    /// The same per category, when the questions have more than one.
+    pub by_category: Vec<CellSummary>,
+}
+
+/// Pooled per-question figures of one cell.
+#[derive(Default, Clone)]
+struct PerQuestion {
+    new_tokens: usize,
+    decode_s: f64,
+    forwards: usize,
+    rows: usize,
+    accepted: Vec<f64>,
+}
+
+impl PerQuestion {
+    fn tps(&self) -> f64 {
+        if self.decode_s > 0.0 {
+            self.new_tokens as f64 / self.decode_s
+        } else {
+            0.0
+        }
+    }
+}
+
+fn key(method: &str, tree: &str, t: f64) -> String {
+    format!("{method}|{tree}|{t}")
+}
+
+/// question id -> pooled figures, for one cell key.
+fn pooled(records: &[TurnRecord]) -> BTreeMap<String, BTreeMap<String, PerQuestion>> {
+    let mut out: BTreeMap<String, BTreeMap<String, PerQuestion>> = BTreeMap::new();
+    for r in records {
+        let e =
+            out.entry(key(&r.method, &r.tree, r.temperature)).or_default().entry(r.question_id.clone()).or_default();
+        e.new_tokens += r.new_tokens;
+        e.decode_s += r.decode_s;
+        e.forwards += r.target_forwards;
+        e.rows += r.target_rows;
+        if e.accepted.len() < r.acceptance_per_depth.len() {
+            e.accepted.resize(r.acceptance_per_depth.len(), 0.0);
+        }
+        for (d, a) in r.acceptance_per_depth.iter().enumerate() {
+            e.accepted[d] += a * r.target_forwards as f64;
+        }
+    }
+    out
+}
+
+fn ratio(a: &BTreeMap<String, PerQuestion>, b: Option<&BTreeMap<String, PerQuestion>>) -> Option<MeanSe> {
+    let b = b?;
+    let v: Vec<f64> =
+        a.iter().filter_map(|(q, x)| b.get(q).filter(|y| y.tps() > 0.0).map(|y| x.tps() / y.tps())).collect();
+    (!v.is_empty()).then(|| MeanSe::of(&v))
+}
+
+fn summarize_group(cells: &[Cell], records: &[TurnRecord], category: Option<&str>) -> Vec<CellSummary> {
+    let by_cell = pooled(records);
+    let mut out = Vec::new();
+    for c in cells {
+        let (m, tree) = (c.method.name(), c.tree_name().to_string());
+        let Some(qs) = by_cell.get(&key(&m, &tree, c.temperature)) else { continue };
+        let depth = qs.values().map(|q| q.accepted.len()).max().unwrap_or(0);
+        let alpha_per_depth = (0..depth)
+            .map(|d| {
+                let v: Vec<f64> = qs
+                    .values()
+                    .filter(|q| q.forwards > 0)
+                    .map(|q| q.accepted.get(d).copied().unwrap_or(0.0) / q.forwards as f64)
+                    .collect();
+                MeanSe::of(&v)
+            })
+            .collect();
+        let taus: Vec<f64> =
+            qs.values().filter(|q| q.forwards > 0).map(|q| q.new_tokens as f64 / q.forwards as f64).collect();
+        let tps: Vec<f64> = qs.values().map(PerQuestion::tps).collect();
+        let rows: Vec<f64> =
+            qs.values().filter(|q| q.forwards > 0).map(|q| q.rows as f64 / q.forwards as f64).collect();
+        let baseline = by_cell.get(&key("baseline", "-", c.temperature));
+        let rrs_wr = by_cell.get(&key("rrs-wr", &tree, c.temperature));
+        out.push(CellSummary {
+            method: m.clone(),
+            tree: tree.clone(),
+            temperature: c.temperature,
+            category: category.map(str::to_string),
+            questions: qs.len(),
+            new_tokens: qs.values().map(|q| q.new_tokens).sum(),
+            tau: MeanSe::of(&taus),
+            rows_per_forward: MeanSe::of(&rows),
+            alpha_per_depth,
+            tokens_per_s: MeanSe::of(&tps),
+            speedup_vs_baseline: if c.method == Method::Baseline { None } else { ratio(qs, baseline) },
+            speedup_vs_rrs_wr: if m == "rrs-wr" { None } else { ratio(qs, rrs_wr) },
+        });
+    }
+    out
+}
+
+/// Statistics of every cell, overall and (with several categories) per category.
+pub fn summarize(cells: &[Cell], records: &[TurnRecord]) -> Summary {
+    let mut categories: Vec<&str> = records.iter().map(|r| r.category.as_str()).collect();
+    categories.sort_unstable();
+    categories.dedup();
+    let mut by_category = Vec::new();
+    if categories.len() > 1 {
+        for cat in categories {
+            let sub: Vec<TurnRecord> = records.iter().filter(|r| r.category == cat).cloned().collect();
+            by_category.extend(summarize_group(cells, &sub, Some(cat)));
+        }
+    }
+    Summary { cells: summarize_group(cells, records, None), by_category }
+}
+
+fn opt(x: &Option<MeanSe>) -> String {
+    x.as_ref().map_or("-".into(), |m| format!("{}×", m.show(1.0, 2)))
+}
+
+/// The report: the run's settings, then per temperature one table shaped like the paper's
+/// MT-Bench tables (tau, alpha and speed ratio per method and tree), then per category.
+pub fn markdown(meta: &Value, summary: &Summary) -> String {
+    let mut s = String::new();
+    let get = |k: &str| meta[k].to_string().trim_matches('"').to_string();
+    s.push_str(&format!("# MT-Bench speed: {}\n\n", get("pair")));
+    s.push_str(&format!("- command: `{}`\n", get("command")));
+    s.push_str(&format!("- revision {}, {} UTC, device {}\n", get("revision"), get("date_utc"), get("device")));
+    s.push_str(&format!(
+        "- {} questions of {} (every turn), at most {} new tokens per turn, chat template: {}\n",
+        get("questions"),
+        get("questions_file"),
+        get("max_new_tokens"),
+        get("chat")
+    ));
+    if meta["interrupted"].as_bool() == Some(true) {
+        s.push_str(&format!(
+            "- **interrupted**: {} of {} questions finished\n",
+            get("questions"),
+            get("questions_asked")
+        ));
+    }
+    for n in meta["notes"].as_array().into_iter().flatten() {
+        s.push_str(&format!("- note: {}\n", n.as_str().unwrap_or_default()));
+    }
+    s.push_str(
+        "\nMean ± standard error over questions. τ: new tokens per target forward; α: fraction of \
+         verification steps that accepted a draft at depth 1 (then per depth); tokens/s: decode \
+         only; ratios per question against the baseline and RRS with replacement measured back \
+         to back.\n",
+    );
+    let mut temps: Vec<f64> = summary.cells.iter().map(|c| c.temperature).collect();
+    temps.dedup();
+    for t in temps {
+        s.push_str(&format!(
+            "\n## T = {t}\n\n| method | tree | τ | α (depth 1) | α per depth | target rows / step | tokens/s | × baseline | × rrs-wr |\n|---|---|---|---|---|---|---|---|---|\n"
+        ));
+        for c in summary.cells.iter().filter(|c| c.temperature == t) {
+            let per_depth: Vec<String> = c.alpha_per_depth.iter().map(|a| format!("{:.2}", a.mean)).collect();
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {:.1} | {} | {} | {} |\n",
+                c.method,
+                c.tree,
+                c.tau.show(1.0, 2),
+                c.alpha_per_depth.first().map_or("-".into(), |a| a.show(1.0, 3)),
+                if per_depth.is_empty() { "-".into() } else { per_depth.join(" / ") },
+                c.rows_per_forward.mean,
+                c.tokens_per_s.show(1.0, 2),
+                opt(&c.speedup_vs_baseline),
+                opt(&c.speedup_vs_rrs_wr),
+            ));
+        }
+    }
+    if !summary.by_category.is_empty() {
+        s.push_str("\n## Per category (τ, × baseline)\n\n| category | method | tree | T | τ | × baseline |\n|---|---|---|---|---|---|\n");
+        for c in &summary.by_category {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                c.category.as_deref().unwrap_or("-"),
+                c.method,
+                c.tree,
+                c.temperature,
+                c.tau.show(1.0, 2),
+                opt(&c.speedup_vs_baseline)
+            ));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mt_bench::TurnRecord;
+
+    fn rec(q: &str, method: &str, tree: &str, new: usize, s: f64, fwd: usize, acc: Vec<f64>) -> TurnRecord {
+        TurnRecord {
+            question_id: q.into(),
+            category: if q == "1" { "a".into() } else { "b".into() },
+            turn: 1,
+            method: method.into(),
+            tree: tree.into(),
+            temperature: 0.0,
+            seed: 0,
+            order: 0,
+            prompt_tokens: 5,
+            new_tokens: new,
+            target_forwards: fwd,
+            target_rows: fwd,
+            tau: new as f64 / fwd as f64,
+            acceptance_per_depth: acc,
+            prefill_s: 0.1,
+            decode_s: s,
+            tokens_per_s: new as f64 / s,
+            draft_s: 0.0,
+            target_s: 0.0,
+            verify_s: 0.0,
+            stop_reason: "max_new_tokens".into(),
+            answer: String::new(),
+        }
+    }
+
+    #[test]
+    fn pools_turns_and_takes_ratios_per_question() {
+        let tree = ("chain-1".to_string(), engine::DraftTree::load("chain-1").unwrap().into());
+        let cells = vec![
+            Cell { method: Method::Baseline, tree: None, temperature: 0.0 },
+            Cell { method: Method::parse("rrs-wr").unwrap(), tree: Some(tree.clone()), temperature: 0.0 },
+            Cell { method: Method::parse("greedy").unwrap(), tree: Some(tree), temperature: 0.0 },
+        ];
+        let mut records = vec![
+            rec("1", "baseline", "-", 10, 1.0, 10, vec![]),
+            rec("2", "baseline", "-", 10, 2.0, 10, vec![]),
+            rec("1", "rrs-wr", "chain-1", 10, 0.5, 5, vec![1.0]),
+            rec("2", "rrs-wr", "chain-1", 10, 1.0, 8, vec![0.25]),
+            rec("1", "greedy", "chain-1", 10, 0.25, 5, vec![1.0]),
+        ];
+        // A second turn of question 2 for greedy: pooled with the first.
+        records.push(rec("2", "greedy", "chain-1", 10, 1.0, 10, vec![0.0]));
+        let mut t2 = rec("2", "greedy", "chain-1", 10, 1.0, 10, vec![0.5]);
+        t2.turn = 2;
+        records.push(t2);
+        let s = summarize(&cells, &records);
+        let g = &s.cells[2];
+        assert_eq!((g.method.as_str(), g.questions, g.new_tokens), ("greedy", 2, 30));
+        // q1: 40 tokens/s vs 10 and 20; q2: 20 tokens / 2 s = 10 vs 5 and 10.
+        let b = g.speedup_vs_baseline.unwrap();
+        assert!((b.mean - 3.0).abs() < 1e-12 && (b.se - 1.0).abs() < 1e-12, "{b:?}");
+        let r = g.speedup_vs_rrs_wr.unwrap();
+        assert!((r.mean - 1.5).abs() < 1e-12, "{r:?}");
+        // tau: q1 10/5 = 2, q2 20/20 = 1; alpha: q1 1, q2 (0 * 10 + 0.5 * 10) / 20 = 0.25.
+        assert!((g.tau.mean - 1.5).abs() < 1e-12);
+        assert!((g.alpha_per_depth[0].mean - 0.625).abs() < 1e-12);
+        assert!(s.cells[0].speedup_vs_baseline.is_none() && s.cells[1].speedup_vs_rrs_wr.is_none());
+        assert_eq!(s.by_category.len(), 6);
+        let md = markdown(&serde_json::json!({"pair": "p", "notes": []}), &s);
+        assert!(md.contains("| greedy | chain-1 | 1.50 ± 0.50 |") && md.contains("3.00 ± 1.00×"), "{md}");
+    }
+}

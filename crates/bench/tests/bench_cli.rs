@@ -1,0 +1,366 @@
+//! End-to-end tests of `bench mt-bench` and `bench acceptance`: the real binary on tiny random
+//! models written as GGUF files (with a chat template), two questions or prompts each.
+
+#[path = "../../engine/tests/common/mod.rs"]
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+use common::{temp_dir, Tiny};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Roles as single vocabulary characters: `<` user, `>` assistant, `=` generation prompt.
+const TEMPLATE: &str = "{% for m in messages %}{% if m.role == 'user' %}<{% else %}>{% endif %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}={% endif %}";
+
+/// A target and a one-layer draft with the same 48-token vocabulary.
+fn pair(dir: &Path) -> (PathBuf, PathBuf) {
+    let t = Tiny { chat_template: Some(TEMPLATE), scale: 0.6, ..Tiny::llama(61) };
+    let d = Tiny { chat_template: Some(TEMPLATE), layers: 1, scale: 0.6, ..Tiny::llama(62) };
+    (
+        t.write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]),
+        d.write_gguf(&dir.join("draft.gguf"), GgmlDType::F32, &[]),
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bench")).args(args).env("MDSD_OFFLINE", "1").output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+}
+
+const QUESTIONS: &str = "{\"question_id\": 1, \"category\": \"math\", \"turns\": [\"ABCD\", \"EFG\"]}\n\
+{\"question_id\": 2, \"category\": \"coding\", \"turns\": [\"HIJ+K\", \"LMNO\"]}\n";
+
+#[test]
+fn mt_bench_runs_every_cell_on_both_turns() {
+    let dir = temp_dir("bench-mt");
+    let (target, draft) = pair(&dir);
+    let questions = dir.join("q.jsonl");
+    std::fs::write(&questions, QUESTIONS).unwrap();
+    let out_dir = dir.join("results");
+    let o = bench(&[
+        "mt-bench",
+        "--target",
+        s(&target),
+        "--draft",
+        s(&draft),
+        "--questions",
+        s(&questions),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--methods",
+        "baseline,rrs-wr,greedy,spechub",
+        "--trees",
+        "drafts-2-depth-2,drafts-3-depth-1",
+        "--temperatures",
+        "0,1",
+        "--draft-vocab",
+        "0",
+        "--out-dir",
+        s(&out_dir),
+        "--name",
+        "run",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Cells: baseline x 2 temperatures, rrs-wr and greedy x 2 trees x 2, spechub x 1 tree x 2.
+    let cells = 2 + 4 + 4 + 2;
+    let records: Vec<Value> = std::fs::read_to_string(out_dir.join("run.records.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2 * 2 * cells);
+    let doc = read_json(&out_dir.join("run.json"));
+    assert_eq!(doc["records"].as_array().unwrap().len(), records.len());
+    assert_eq!(doc["summary"]["cells"].as_array().unwrap().len(), cells);
+    assert_eq!(doc["summary"]["by_category"].as_array().unwrap().len(), 2 * cells);
+    assert!(doc["config"]["revision"].as_str().is_some_and(|r| !r.is_empty()));
+    assert_eq!(doc["config"]["notes"][0], "spechub left out on drafts-3-depth-1: a node has 3 drafts");
+    let find = |q: &str, turn: u64, method: &str, tree: &str, t: f64| {
+        records
+            .iter()
+            .find(|r| {
+                r["question_id"] == q
+                    && r["turn"] == turn
+                    && r["method"] == method
+                    && r["tree"] == tree
+                    && r["temperature"] == t
+            })
+            .unwrap_or_else(|| panic!("no record {q} {turn} {method} {tree} {t}"))
+    };
+    for r in &records {
+        assert!(r["new_tokens"].as_u64().unwrap() <= 6);
+        if r["method"] == "baseline" {
+            assert_eq!(r["tau"], 1.0);
+        }
+        // The second turn carries the first turn's question and this method's answer.
+        if r["turn"] == 2 {
+            let first = find(
+                r["question_id"].as_str().unwrap(),
+                1,
+                r["method"].as_str().unwrap(),
+                r["tree"].as_str().unwrap(),
+                r["temperature"].as_f64().unwrap(),
+            );
+            let own = r["prompt_tokens"].as_u64().unwrap();
+            let earlier = first["prompt_tokens"].as_u64().unwrap() + first["new_tokens"].as_u64().unwrap();
+            assert!(own > earlier, "turn 2 prompt of {own} tokens does not hold turn 1 ({earlier})");
+        }
+    }
+    // At T = 0 every method returns the target's argmax text: the baseline's answers.
+    for q in ["1", "2"] {
+        for turn in [1, 2] {
+            let base = &find(q, turn, "baseline", "-", 0.0)["answer"];
+            for (m, tree) in
+                [("rrs-wr", "drafts-2-depth-2"), ("greedy", "drafts-3-depth-1"), ("spechub", "drafts-2-depth-2")]
+            {
+                assert_eq!(&find(q, turn, m, tree, 0.0)["answer"], base, "{m} on {tree}, question {q} turn {turn}");
+            }
+        }
+    }
+    // Every speculative cell has its ratio to the baseline, and to rrs-wr unless it is rrs-wr.
+    for c in doc["summary"]["cells"].as_array().unwrap() {
+        let spec = c["method"] != "baseline";
+        assert_eq!(c["speedup_vs_baseline"].is_object(), spec, "{c}");
+        assert_eq!(c["speedup_vs_rrs_wr"].is_object(), spec && c["method"] != "rrs-wr", "{c}");
+        assert_eq!(c["questions"], 2);
+    }
+    let md = std::fs::read_to_string(out_dir.join("run.md")).unwrap();
+    assert!(md.contains("## T = 0") && md.contains("## T = 1") && md.contains("| greedy | drafts-3-depth-1 |"), "{md}");
+    assert!(md.contains("## Per category"));
+}
+
+#[test]
+fn mt_bench_rejects_bad_input_clearly() {
+    let dir = temp_dir("bench-mt-bad");
+    let q = dir.join("q.jsonl");
+    std::fs::write(&q, QUESTIONS).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args =
+            vec!["mt-bench", "--target", "/nonexistent/t.gguf", "--draft", "/nonexistent/d.gguf", "--out-dir"];
+        args.push(s(&dir));
+        args.extend_from_slice(extra);
+        let o = bench(&args);
+        assert!(!o.status.success());
+        stderr(&o)
+    };
+    let e = run(&["--questions", s(&q), "--methods", "baseline,fastest"]);
+    assert!(e.contains("unknown method `fastest`") && e.contains("rrs-wor"), "{e}");
+    let e = run(&["--questions", "/nonexistent/questions.jsonl"]);
+    assert!(e.contains("/nonexistent/questions.jsonl"), "{e}");
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, format!("{QUESTIONS}{{\"turns\": \"not a list\"}}\n")).unwrap();
+    let e = run(&["--questions", s(&bad), "--limit", "0"]);
+    assert!(e.contains("bad.jsonl line 3") && e.contains("turns"), "{e}");
+    let e = run(&["--questions", s(&q), "--trees", "drafts-2-depth-x"]);
+    assert!(e.contains("drafts-2-depth-x"), "{e}");
+    let e = run(&["--questions", s(&q), "--temperatures", "0,-1"]);
+    assert!(e.contains("-1"), "{e}");
+    // Valid options: the missing model file is named.
+    let e = run(&["--questions", s(&q)]);
+    assert!(e.contains("/nonexistent/t.gguf"), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn mt_bench_ctrl_c_keeps_finished_questions() {
+    let dir = temp_dir("bench-mt-int");
+    let (target, draft) = pair(&dir);
+    let q = dir.join("q.jsonl");
+    let line = "{\"question_id\": 7, \"turns\": [\"ABCDEFGHIJ\", \"KLMNOP\"]}\n";
+    std::fs::write(&q, line.repeat(400)).unwrap();
+    let out_dir = dir.join("results");
+    let child = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args([
+            "mt-bench",
+            "--target",
+            s(&target),
+            "--draft",
+            s(&draft),
+            "--questions",
+            s(&q),
+            "--limit",
+            "0",
+            "--max-new-tokens",
+            "40",
+            "--methods",
+            "baseline,greedy",
+            "--trees",
+            "chain-2",
+            "--out-dir",
+            s(&out_dir),
+            "--name",
+            "int",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let records = out_dir.join("int.records.jsonl");
+    let start = std::time::Instant::now();
+    // Wait for a few finished questions (4 records each), then interrupt.
+    while std::fs::read_to_string(&records).map_or(0, |t| t.lines().count()) < 9 {
+        assert!(start.elapsed().as_secs() < 120, "no records after 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc = read_json(&out_dir.join("int.json"));
+    assert_eq!(doc["config"]["interrupted"], true);
+    let done = doc["config"]["questions"].as_u64().unwrap();
+    assert!((2..400).contains(&done), "{done} questions");
+    // Only whole questions enter the summary; the raw file may hold the interrupted one too.
+    assert_eq!(doc["records"].as_array().unwrap().len() as u64, done * 4);
+    assert!(std::fs::read_to_string(out_dir.join("int.md")).unwrap().contains("**interrupted**"));
+}
+
+/// Target or draft logits after `text` rendered as one user turn, computed alone.
+fn logits_after(model: &Path, text: &str) -> Vec<f32> {
+    let m = engine::load::load(model, &Device::Cpu, &engine::load::LoadOptions::default()).unwrap();
+    let ids = m.tokenizer.encode(&m.tokenizer.apply_chat_template(text, None).unwrap()).unwrap();
+    let mut cache = m.model.new_cache(ids.len()).unwrap();
+    let pos: Vec<u32> = (0..ids.len() as u32).collect();
+    let bias = engine::model::causal_bias(0, ids.len(), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let h = m.model.forward(&ids, &pos, &bias, &mut cache).unwrap();
+    m.model.logits(&h.narrow(0, ids.len() - 1, 1).unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+}
+
+#[test]
+fn acceptance_study_end_to_end() {
+    let dir = temp_dir("bench-acc");
+    let (target, draft) = pair(&dir);
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("alpaca_sample.jsonl"),
+        "{\"instruction\": \"ABC\", \"input\": \"DE\"}\n{\"instruction\": \"FGHIJKL\", \"input\": \"\"}\n{\"instruction\": \"M\"}\n",
+    )
+    .unwrap();
+    let out_dir = dir.join("results");
+    let dist = dir.join("dist");
+    let args = [
+        "acceptance",
+        "--target",
+        s(&target),
+        "--draft",
+        s(&draft),
+        "--dataset",
+        "alpaca",
+        "--data-dir",
+        s(&data),
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "5",
+        "--temperatures",
+        "0.5,1",
+        "--drafts",
+        "1,2",
+        "--keep",
+        "12",
+        "--batch",
+        "2",
+        "--distributions",
+        s(&dist),
+        "--out-dir",
+        s(&out_dir),
+        "--name",
+        "acc",
+    ];
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc = read_json(&out_dir.join("acc.json"));
+    // The table setting (T 0.7, 3 drafts), two temperatures and two draft counts.
+    let cells = doc["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 5);
+    let positions = doc["data"][0]["positions"].as_u64().unwrap();
+    assert!((2..=10).contains(&positions), "{positions}");
+    assert_eq!(doc["data"][0]["responses"], 2);
+    let metric = |c: &Value, k: &str| -> f64 {
+        c["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == k).unwrap()["alpha"]["mean"].as_f64().unwrap()
+    };
+    for c in cells {
+        for m in c["metrics"].as_array().unwrap() {
+            let a = m["alpha"]["mean"].as_f64().unwrap();
+            assert!((0.0..=1.0 + 1e-9).contains(&a), "{m}");
+        }
+        for (v, star) in [("rrs_wr", "alpha_star_wr"), ("rrs_wor", "alpha_star_wor"), ("greedy", "alpha_star_greedy")] {
+            assert!(metric(c, v) <= metric(c, star) + 1e-9, "{v} above {star}: {c}");
+        }
+        // The Greedy verifier attains alpha* of Greedy drafts.
+        assert!((metric(c, "greedy") - metric(c, "alpha_star_greedy")).abs() < 1e-9);
+    }
+    let md = std::fs::read_to_string(out_dir.join("acc.md")).unwrap();
+    assert!(md.contains("## Table 1: T = 0.7, 3 drafts") && md.contains("| With replacement | RRS |"), "{md}");
+    if doc["notes"].as_array().unwrap().is_empty() {
+        for f in ["acc.temperature.png", "acc.temperature.svg", "acc.drafts.png", "acc.drafts.svg"] {
+            assert!(std::fs::metadata(out_dir.join(f)).unwrap().len() > 1000, "{f}");
+        }
+    }
+
+    // The stored rows are the models' own: the second prompt of the batch (decoded beside the
+    // first in one forest) at its first response position, against a forward of it alone.
+    let file = std::fs::read_dir(&dist).unwrap().next().unwrap().unwrap().path();
+    let t = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+    let v = |k: &str| -> Tensor { t[k].clone() };
+    let prompt: Vec<u32> = v("prompt").to_vec1().unwrap();
+    let offsets: Vec<u32> = v("offsets").to_vec1().unwrap();
+    let ids: Vec<u32> = v("ids").to_vec1().unwrap();
+    let first = prompt.iter().position(|&p| p == 1).unwrap();
+    let (a, b) = (offsets[first] as usize, offsets[first + 1] as usize);
+    assert!(b - a <= 24 && b - a >= 12, "union of two top-12 sets: {}", b - a);
+    for (key, model) in [("target_logits", &target), ("draft_logits", &draft)] {
+        let stored: Vec<f32> = v(key).to_vec1().unwrap();
+        let full = logits_after(model, "FGHIJKL");
+        for k in a..b {
+            let d = (stored[k] - full[ids[k] as usize]).abs();
+            assert!(d < 1e-3, "{key} of token {}: {} vs {}", ids[k], stored[k], full[ids[k] as usize]);
+        }
+    }
+
+    // A second run reads the cached distributions and gives the same figures.
+    let mut again = args.to_vec();
+    let n = again.len();
+    again[n - 1] = "acc2";
+    let o = bench(&again);
+    assert!(o.status.success() && stderr(&o).contains("positions from"), "{}", stderr(&o));
+    let doc2 = read_json(&out_dir.join("acc2.json"));
+    assert_eq!(doc2["cells"], doc["cells"]);
+}
+
+#[test]
+fn acceptance_rejects_bad_input_clearly() {
+    let dir = temp_dir("bench-acc-bad");
+    let run = |extra: &[&str]| {
+        let mut args =
+            vec!["acceptance", "--target", "/nonexistent/t.gguf", "--draft", "/nonexistent/d.gguf", "--data-dir"];
+        args.push(s(&dir));
+        args.extend_from_slice(extra);
+        let o = bench(&args);
+        assert!(!o.status.success());
+        stderr(&o)
+    };
+    let e = run(&["--dataset", "wmt14"]);
+    assert!(e.contains("wmt14_deen_test.jsonl"), "{e}");
+    std::fs::write(dir.join("cnndm_frank_test.jsonl"), "{\"article\": \"A B C\"}\n{\"id\": 3}\n").unwrap();
+    let e = run(&["--dataset", "cnndm"]);
+    assert!(e.contains("cnndm_frank_test.jsonl line 2") && e.contains("article"), "{e}");
+    let e = run(&["--dataset", "imdb"]);
+    assert!(e.contains("imdb"), "{e}");
+    let e = run(&["--dataset", "alpaca", "--drafts", "0"]);
+    assert!(e.contains("0 drafts"), "{e}");
+}
