@@ -36,6 +36,17 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Runs `subcommand` on missing model files with `fixed` and `extra` options; asserts that it
+/// fails and returns its stderr.
+fn failing(subcommand: &str, fixed: &[&str], extra: &[&str]) -> String {
+    let mut args = vec![subcommand, "--target", "/nonexistent/t.gguf", "--draft", "/nonexistent/d.gguf"];
+    args.extend_from_slice(fixed);
+    args.extend_from_slice(extra);
+    let o = bench(&args);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    stderr(&o)
+}
+
 fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
 }
@@ -149,15 +160,7 @@ fn mt_bench_rejects_bad_input_clearly() {
     let dir = temp_dir("bench-mt-bad");
     let q = dir.join("q.jsonl");
     std::fs::write(&q, QUESTIONS).unwrap();
-    let run = |extra: &[&str]| {
-        let mut args =
-            vec!["mt-bench", "--target", "/nonexistent/t.gguf", "--draft", "/nonexistent/d.gguf", "--out-dir"];
-        args.push(s(&dir));
-        args.extend_from_slice(extra);
-        let o = bench(&args);
-        assert!(!o.status.success());
-        stderr(&o)
-    };
+    let run = |extra: &[&str]| failing("mt-bench", &["--out-dir", s(&dir)], extra);
     let e = run(&["--questions", s(&q), "--methods", "baseline,fastest"]);
     assert!(e.contains("unknown method `fastest`") && e.contains("rrs-wor"), "{e}");
     let e = run(&["--questions", "/nonexistent/questions.jsonl"]);
@@ -345,15 +348,7 @@ fn acceptance_study_end_to_end() {
 #[test]
 fn acceptance_rejects_bad_input_clearly() {
     let dir = temp_dir("bench-acc-bad");
-    let run = |extra: &[&str]| {
-        let mut args =
-            vec!["acceptance", "--target", "/nonexistent/t.gguf", "--draft", "/nonexistent/d.gguf", "--data-dir"];
-        args.push(s(&dir));
-        args.extend_from_slice(extra);
-        let o = bench(&args);
-        assert!(!o.status.success());
-        stderr(&o)
-    };
+    let run = |extra: &[&str]| failing("acceptance", &["--data-dir", s(&dir)], extra);
     let e = run(&["--dataset", "wmt14"]);
     assert!(e.contains("wmt14_deen_test.jsonl"), "{e}");
     std::fs::write(dir.join("cnndm_frank_test.jsonl"), "{\"article\": \"A B C\"}\n{\"id\": 3}\n").unwrap();
