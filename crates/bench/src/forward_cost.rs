@@ -40,6 +40,18 @@ pub struct ForwardCostArgs {
     /// Threads for llama.cpp.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Also split our time into the blocks (device synchronised), the output layer, and
+    /// the copy of the logits to the host, per k (best of `--reps` each).
+    #[arg(long)]
+    breakdown: bool,
+}
+
+/// Best-of-reps seconds of one forward split in three parts.
+#[derive(Clone, Copy)]
+struct Split {
+    blocks: f64,
+    output_layer: f64,
+    to_host: f64,
 }
 
 pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
@@ -58,8 +70,14 @@ pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
     println!("|---|---|{}", "---|".repeat(ks.len()));
     for (role, path, weights) in [("target", &target, args.target_weights), ("draft", &draft, args.draft_weights)] {
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let secs = time_ours(path, &device, weights, &ks, args)?;
+        let (secs, splits) = time_ours(path, &device, weights, &ks, args)?;
         println!("| {name} ({role}) | mdsd, {} | {} |", weights_name(weights), cells(&secs));
+        if args.breakdown {
+            let part = |f: fn(&Split) -> f64| splits.iter().map(f).collect::<Vec<_>>();
+            println!("| | blocks | {} |", cells(&part(|s| s.blocks)));
+            println!("| | output layer | {} |", cells(&part(|s| s.output_layer)));
+            println!("| | logits to host | {} |", cells(&part(|s| s.to_host)));
+        }
         if let Some(python) = &args.llama_cpp {
             let secs = time_llama_cpp(python, path, &ks, args)?;
             println!("| | llama.cpp, {} threads | {} |", args.threads, cells(&secs));
@@ -87,7 +105,7 @@ fn time_ours(
     weights: WeightFormat,
     ks: &[usize],
     args: &ForwardCostArgs,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
     let m = load(path, device, &LoadOptions { weights, ..Default::default() })
         .with_context(|| format!("loading {}", path.display()))?
         .model;
@@ -99,6 +117,7 @@ fn time_ours(
         m.forward(&prefix, &pos, &causal_bias(0, prefix.len(), m.dtype(), device)?, &mut cache)?;
     }
     let mut out = Vec::with_capacity(ks.len());
+    let mut splits = Vec::with_capacity(ks.len());
     for &k in ks {
         let toks: Vec<u32> = (0..k as u32).map(|i| 500 + i).collect();
         let pos: Vec<u32> = (args.prefix as u32..(args.prefix + k) as u32).collect();
@@ -113,8 +132,25 @@ fn time_ours(
             std::hint::black_box(logits);
         }
         out.push(best);
+        let mut split = Split { blocks: f64::INFINITY, output_layer: f64::INFINITY, to_host: f64::INFINITY };
+        for _ in 0..if args.breakdown { args.reps } else { 0 } {
+            cache.truncate(args.prefix);
+            let t0 = Instant::now();
+            let hidden = m.forward(&toks, &pos, &bias, &mut cache)?;
+            device.synchronize()?;
+            let t1 = Instant::now();
+            let logits = m.logits(&hidden)?;
+            device.synchronize()?;
+            let t2 = Instant::now();
+            std::hint::black_box(logits.flatten_all()?.to_vec1::<f32>()?);
+            let t3 = Instant::now();
+            split.blocks = split.blocks.min((t1 - t0).as_secs_f64());
+            split.output_layer = split.output_layer.min((t2 - t1).as_secs_f64());
+            split.to_host = split.to_host.min((t3 - t2).as_secs_f64());
+        }
+        splits.push(split);
     }
-    Ok(out)
+    Ok((out, splits))
 }
 
 /// Runs `benches/llama_cpp_forward.py` and reads the seconds from its last table row.

@@ -25,6 +25,9 @@ pub struct LoadOptions {
     pub weights: WeightFormat,
     /// Compute logits only for the first N token ids (GGUF drafts; see [`gguf::load`]).
     pub output_rows: Option<usize>,
+    /// Activation dtype for unquantized (Hugging Face) weights instead of
+    /// [`default_dtype`]: f32 on CUDA gives batch-invariant numerics for exactness checks.
+    pub dtype: Option<DType>,
 }
 
 /// The activation dtype for unquantized weights: f32 on CPU, bf16 on CUDA.
@@ -47,7 +50,7 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedMo
         p.is_file().then_some(p)
     };
     if path.is_dir() {
-        let model = hf::load(path, default_dtype(device), device, opts.max_layers)?;
+        let model = hf::load(path, opts.dtype.unwrap_or_else(|| default_dtype(device)), device, opts.max_layers)?;
         let tok_path = opts.tokenizer.clone().or_else(|| beside("tokenizer.json")).ok_or_else(|| {
             Error::Msg(format!("{}: no tokenizer.json in the model folder (pass --tokenizer)", path.display()))
         })?;

@@ -1,6 +1,7 @@
 //! `mdsd`: multi-draft speculative decoding from the command line.
 
 use anyhow::{bail, Context};
+use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
 use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
@@ -122,6 +123,11 @@ struct GenerateArgs {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Activation dtype of unquantized (Hugging Face) weights: f32, bf16 or f16 (default:
+    /// f32 on CPU, bf16 on CUDA). f32 on CUDA makes the target's numerics the same for one row
+    /// and for a tree, so temperature-0 speculative output equals `--no-spec` output exactly.
+    #[arg(long, value_parser = parse_dtype)]
+    dtype: Option<DType>,
     /// Print one JSON object (text and statistics) on stdout instead of streaming.
     #[arg(long)]
     json: bool,
@@ -219,6 +225,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         tokenizer: args.tokenizer.clone(),
         weights: args.target_weights,
         output_rows: None,
+        dtype: args.dtype,
     };
     let t0 = Instant::now();
     let target = load(&target_path, &device, &opts).context("loading the target model")?;
@@ -248,6 +255,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
                 tokenizer: args.tokenizer.clone(),
                 weights: args.draft_weights,
                 output_rows: (args.draft_vocab > 0).then_some(args.draft_vocab),
+                dtype: args.dtype,
             };
             let d = load(p, &device, &opts).context("loading the draft model")?;
             check_vocabularies(target.tokenizer.vocab(), d.tokenizer.vocab(), &target.path, &d.path)?;
@@ -410,5 +418,14 @@ fn default_models_dir() -> PathBuf {
         local
     } else {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        other => Err(format!("unknown dtype `{other}` (expected f32, bf16 or f16)")),
     }
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{load_cpu, temp_dir, Tiny};
+use common::{load_on_test_device, temp_dir, Tiny};
 use engine::auto_tree::AutoTree;
 use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
 use engine::model::DecoderModel;
@@ -11,7 +11,7 @@ use samplers::dist::Warp;
 use samplers::{DraftConstruction, VALID_PAIRS};
 
 fn model(tiny: Tiny, name: &str) -> DecoderModel {
-    load_cpu(&tiny.write_hf(&temp_dir(name)))
+    load_on_test_device(&tiny.write_hf(&temp_dir(name)))
 }
 
 fn spechub_fits(c: DraftConstruction, tree: &DraftTree) -> bool {

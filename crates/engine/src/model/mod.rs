@@ -114,7 +114,8 @@ impl Linear {
     fn matmul(&self, x: &Tensor) -> Result<Tensor> {
         if let QMatMul::QTensor(w) = &self.weight {
             let k = x.dim(D::Minus1)?;
-            if k > 0 && x.elem_count() / k <= self.few_rows_max && x.dtype() == DType::F32 {
+            // Our kernel is CPU-only: on CUDA candle's own quantized matmul runs.
+            if k > 0 && x.elem_count() / k <= self.few_rows_max && x.dtype() == DType::F32 && x.device().is_cpu() {
                 return x.contiguous()?.apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(w));
             }
         }

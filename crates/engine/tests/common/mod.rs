@@ -224,6 +224,31 @@ pub fn load_cpu(path: &Path) -> engine::model::DecoderModel {
     engine::load::load(path, &Device::Cpu, &engine::load::LoadOptions::default()).unwrap().model
 }
 
+/// The device the decoding tests run on: `MDSD_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`;
+/// default `cpu`), so that a GPU session can run the same exactness checks on CUDA.
+pub fn test_device() -> Device {
+    let name = std::env::var("MDSD_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    engine::load::parse_device(&name).unwrap_or_else(|e| panic!("MDSD_TEST_DEVICE={name}: {e}"))
+}
+
+/// The activation dtype for Hugging Face weights in tests: `MDSD_TEST_DTYPE` (`f32`, `bf16`,
+/// `f16`), default the device's own ([`engine::load::default_dtype`]).
+pub fn test_dtype() -> Option<DType> {
+    match std::env::var("MDSD_TEST_DTYPE").as_deref() {
+        Err(_) => None,
+        Ok("f32") => Some(DType::F32),
+        Ok("bf16") => Some(DType::BF16),
+        Ok("f16") => Some(DType::F16),
+        Ok(other) => panic!("MDSD_TEST_DTYPE={other}: expected f32, bf16 or f16"),
+    }
+}
+
+/// Loads a model file or folder on the test device ([`test_device`], the CPU by default).
+pub fn load_on_test_device(path: &Path) -> engine::model::DecoderModel {
+    let opts = engine::load::LoadOptions { dtype: test_dtype(), ..Default::default() };
+    engine::load::load(path, &test_device(), &opts).unwrap().model
+}
+
 /// A fresh temporary folder under the target directory.
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mdsd-test-{}-{name}", std::process::id()));
@@ -232,18 +257,10 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Maximum absolute difference of two tensors.
+/// Maximum absolute difference of two tensors (on any devices).
 pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
+    let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
+    (host(a) - host(b)).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
 }
 
 /// Writes `tensors` (f32) as PyTorch's `torch.save` zip format (`archive/data.pkl`, a
@@ -387,7 +404,7 @@ pub fn two_token_law(target: &engine::model::DecoderModel, prompt: &[u32], warp:
     let v = target.config().vocab_size;
     let probs = |tokens: &[u32]| -> Vec<f64> {
         let mut cache = target.new_cache(tokens.len() + 1).unwrap();
-        let bias = engine::model::causal_bias(0, tokens.len(), DType::F32, &Device::Cpu).unwrap();
+        let bias = engine::model::causal_bias(0, tokens.len(), target.dtype(), target.device()).unwrap();
         let pos: Vec<u32> = (0..tokens.len() as u32).collect();
         let h = target.forward(tokens, &pos, &bias, &mut cache).unwrap();
         let logits = target.logits(&h.narrow(0, tokens.len() - 1, 1).unwrap()).unwrap();
