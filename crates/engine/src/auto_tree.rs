@@ -14,6 +14,10 @@
 //! `Σ_{i=0}^{d} α^i`). `α` is the ratio of accepted to tried drafts so far, with a prior of
 //! 0.6 worth 4 drafts and a forgetting factor, so that it follows the prompt.
 //!
+//! The draft is a draft model or an EAGLE head: the head's cost per forward is measured the
+//! same way (zero features, its logits through the target's output layer), and what each step
+//! measures follows.
+//!
 //! The tree without drafts (plain decoding, `E = 1`, `C = T_target(1)`) is a candidate too;
 //! while it wins no draft is tried, so every 16th such step drafts anyway to keep `α` honest.
 //! Whatever tree is picked, each step is exact: the choice depends only on past steps, never
@@ -235,45 +239,20 @@ impl AutoTree {
     }
 
     /// Measures the forward costs not measured yet: after a warm-up, the best of two
-    /// forwards per row count, each of `pending` repeated after the cached prompt and then
-    /// truncated away (the caches are left as they were).
+    /// forwards per row count. The target is timed with [`time_forward`] on its cache (left as
+    /// it was); `draft` times one draft forward of the given number of rows (a draft model
+    /// through [`time_forward`], an EAGLE head through its own timer).
     pub fn calibrate(
         &mut self,
         target: &DecoderModel,
         target_cache: &mut KvCache,
-        draft: Option<(&DecoderModel, &mut KvCache)>,
+        draft: Option<&mut dyn FnMut(usize) -> Result<f64>>,
         pending: u32,
     ) -> Result<()> {
         let (target_rows, draft_rows) = self.needed_rows();
-        let time = |model: &DecoderModel, cache: &mut KvCache, rows: usize| -> Result<f64> {
-            let base = cache.len();
-            let token = if (pending as usize) < model.config().vocab_size { pending } else { 0 };
-            let tokens = vec![token; rows];
-            let pos: Vec<u32> = (base..base + rows).map(|p| p as u32).collect();
-            let bias = causal_bias(base, rows, model.dtype(), model.device())?;
-            let t0 = Instant::now();
-            let hidden = model.forward(&tokens, &pos, &bias, cache)?;
-            std::hint::black_box(model.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?);
-            let s = t0.elapsed().as_secs_f64();
-            cache.truncate(base);
-            Ok(s)
-        };
-        let measure =
-            |model: &DecoderModel, cache: &mut KvCache, curve: &mut CostCurve, rows: &[usize]| -> Result<()> {
-                if rows.iter().all(|&r| curve.has(r)) {
-                    return Ok(());
-                }
-                time(model, cache, 1)?;
-                for &r in rows.iter().filter(|&&r| !curve.has(r)).collect::<Vec<_>>() {
-                    let s = time(model, cache, r)?.min(time(model, cache, r)?);
-                    curve.record(r, s);
-                }
-                Ok(())
-            };
-        measure(target, target_cache, &mut self.target, &target_rows)?;
-        if let Some((d, cache)) = draft {
-            // The draft cache is no longer than the target's, so the timed rows fit.
-            measure(d, cache, &mut self.draft, &draft_rows)?;
+        measure(&mut self.target, &target_rows, &mut |rows| time_forward(target, target_cache, rows, pending))?;
+        if let Some(time) = draft {
+            measure(&mut self.draft, &draft_rows, time)?;
         }
         Ok(())
     }
@@ -284,6 +263,39 @@ impl AutoTree {
             self.trees.iter().zip(&self.uses).filter(|(_, &u)| u > 0).map(|((n, _), u)| format!("{n} x{u}")).collect();
         format!("alpha {:.2}; steps: {}", self.alpha(), used.join(", "))
     }
+}
+
+/// Records into `curve` the row counts of `rows` it lacks: one warm-up forward, then the
+/// best of two timings per row count.
+fn measure(curve: &mut CostCurve, rows: &[usize], time: &mut dyn FnMut(usize) -> Result<f64>) -> Result<()> {
+    if rows.iter().all(|&r| curve.has(r)) {
+        return Ok(());
+    }
+    time(1)?;
+    for &r in rows {
+        if !curve.has(r) {
+            let s = time(r)?.min(time(r)?);
+            curve.record(r, s);
+        }
+    }
+    Ok(())
+}
+
+/// Seconds of one forward of `rows` copies of `token` (id 0 when outside the model's
+/// vocabulary) after the cached positions, logits of every row to the host included. The
+/// cache is truncated back to its length: it is left as it was.
+pub fn time_forward(model: &DecoderModel, cache: &mut KvCache, rows: usize, token: u32) -> Result<f64> {
+    let base = cache.len();
+    let token = if (token as usize) < model.config().vocab_size { token } else { 0 };
+    let tokens = vec![token; rows];
+    let pos: Vec<u32> = (base..base + rows).map(|p| p as u32).collect();
+    let bias = causal_bias(base, rows, model.dtype(), model.device())?;
+    let t0 = Instant::now();
+    let hidden = model.forward(&tokens, &pos, &bias, cache)?;
+    std::hint::black_box(model.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?);
+    let s = t0.elapsed().as_secs_f64();
+    cache.truncate(base);
+    Ok(s)
 }
 
 /// Widths of the draft forwards below the root: the nodes with children at each depth >= 1.

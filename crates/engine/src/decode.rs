@@ -222,9 +222,6 @@ impl<'a> Generator<'a> {
         let has_draft = self.draft.is_some() || self.eagle.is_some();
         let spec = match (&config.speculative, has_draft) {
             (Some(s), true) => {
-                if self.eagle.is_some() && matches!(s.tree, TreeChoice::Auto) {
-                    candle_core::bail!("--tree auto is not available with an EAGLE head yet; give a tree");
-                }
                 samplers::validate_pair(s.construction, s.verifier).map_err(|e| Error::Msg(e.to_string()))?;
                 if let Some(w) = &s.draft_warp {
                     w.check().map_err(|e| Error::Msg(format!("draft sampling: {e}")))?;
@@ -270,8 +267,16 @@ impl<'a> Generator<'a> {
                     _ => AutoTree::new(multi),
                 };
                 a.uses.iter_mut().for_each(|u| *u = 0);
-                let draft = self.draft.zip(self.draft_cache.as_mut());
-                a.calibrate(self.target, &mut self.target_cache, draft, pending)?;
+                let target = self.target;
+                if let Some(e) = self.eagle.as_mut() {
+                    let mut time = |rows| e.time_forward(target, rows, pending);
+                    a.calibrate(target, &mut self.target_cache, Some(&mut time), pending)?;
+                } else if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
+                    let mut time = |rows| crate::auto_tree::time_forward(d, cache, rows, pending);
+                    a.calibrate(target, &mut self.target_cache, Some(&mut time), pending)?;
+                } else {
+                    a.calibrate(target, &mut self.target_cache, None, pending)?;
+                }
                 Some(a)
             }
             _ => None,
@@ -392,7 +397,8 @@ impl<'a> Generator<'a> {
         let t0 = Instant::now();
         let mut level_nodes: Vec<usize> = Vec::new();
         if let Some(e) = self.eagle.as_mut() {
-            stats.draft_forwards += e.draft_tree(self.target, tree, spec.construction, qwarp, self.vocab, rng, b)?;
+            stats.draft_forwards +=
+                e.draft_tree(self.target, tree, spec.construction, qwarp, self.vocab, rng, b, auto.as_deref_mut())?;
         } else if !tree.children(0).is_empty() {
             let draft = self.draft.expect("checked by generate");
             let dcache = self.draft_cache.as_mut().expect("a draft has a cache");

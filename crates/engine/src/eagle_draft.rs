@@ -17,6 +17,7 @@
 //! Features move between levels with `index_select` on the device; logits go to the host once
 //! per level, as for a draft model.
 
+use crate::auto_tree::AutoTree;
 use crate::decode::{draw_children, expandable, tree_bias, StepBuffers};
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
@@ -26,6 +27,7 @@ use candle_core::{Result, Tensor};
 use rand::rngs::StdRng;
 use samplers::dist::Warp;
 use samplers::DraftConstruction;
+use std::time::Instant;
 
 /// An EAGLE head with its cache and the entries it owes (see the module docs).
 pub(crate) struct EagleDraft<'a> {
@@ -50,7 +52,8 @@ impl<'a> EagleDraft<'a> {
 
     /// Drafts `tree`'s tokens into `b` (steps 1-3 of the module docs); returns the number of
     /// head forwards (0 when nothing could be drafted: a tree without drafts, or no feature
-    /// yet).
+    /// yet). With `auto` (`--tree auto`), each head forward's time (with its logits and
+    /// draws) goes into its draft cost curve, by rows.
     #[allow(clippy::too_many_arguments)]
     pub fn draft_tree(
         &mut self,
@@ -61,6 +64,7 @@ impl<'a> EagleDraft<'a> {
         vocab: usize,
         rng: &mut StdRng,
         b: &mut StepBuffers,
+        mut auto: Option<&mut AutoTree>,
     ) -> Result<usize> {
         let Some(features) = self.pending.take() else { return Ok(0) };
         if tree.children(0).is_empty() {
@@ -68,6 +72,7 @@ impl<'a> EagleDraft<'a> {
             return Ok(0);
         }
         let head = self.head;
+        let t_root = Instant::now();
         let m = self.pending_tokens.len();
         let base = self.cache.len();
         let pos: Vec<u32> = (base..base + m).map(|p| p as u32).collect();
@@ -80,6 +85,9 @@ impl<'a> EagleDraft<'a> {
         let mut forwards = 1;
         let mut level_nodes = vec![0usize];
         draw_children(tree, construction, qwarp, &target.logits(&prev)?, &level_nodes, vocab, rng, b)?;
+        if let Some(a) = auto.as_deref_mut() {
+            a.draft.record(m, t_root.elapsed().as_secs_f64());
+        }
         // Row of each node's output in `prev` (the previous level's outputs).
         let mut prev_row = vec![usize::MAX; tree.len()];
         prev_row[0] = 0;
@@ -89,6 +97,7 @@ impl<'a> EagleDraft<'a> {
             if level_nodes.is_empty() {
                 break;
             }
+            let t_level = Instant::now();
             let parent_rows: Vec<u32> =
                 level_nodes.iter().map(|&i| prev_row[tree.parent(i).expect("non-root")] as u32).collect();
             let parent_rows = Tensor::from_vec(parent_rows, level_nodes.len(), target.device())?;
@@ -100,6 +109,9 @@ impl<'a> EagleDraft<'a> {
             let out = head.forward(target, &feats, &tokens, &pos, &bias, &mut self.cache)?;
             forwards += 1;
             draw_children(tree, construction, qwarp, &target.logits(&out)?, &level_nodes, vocab, rng, b)?;
+            if let Some(a) = auto.as_deref_mut() {
+                a.draft.record(level_nodes.len(), t_level.elapsed().as_secs_f64());
+            }
             for (r, &i) in level_nodes.iter().enumerate() {
                 prev_row[i] = r;
             }
@@ -107,6 +119,24 @@ impl<'a> EagleDraft<'a> {
         }
         self.cache.truncate(committed);
         Ok(forwards)
+    }
+
+    /// Seconds of one head forward of `rows` entries (zero features, `token` repeated) after
+    /// the cached entries, logits of every row to the host included; the cache is truncated
+    /// back, so it is left as it was (the `--tree auto` calibration).
+    pub fn time_forward(&mut self, target: &DecoderModel, rows: usize, token: u32) -> Result<f64> {
+        let base = self.cache.len();
+        let device = target.device();
+        let features = Tensor::zeros((rows, self.head.config().hidden_size), target.dtype(), device)?;
+        let tokens = vec![token; rows];
+        let pos: Vec<u32> = (base..base + rows).map(|p| p as u32).collect();
+        let bias = causal_bias(base, rows, target.dtype(), device)?;
+        let t0 = Instant::now();
+        let out = self.head.forward(target, &features, &tokens, &pos, &bias, &mut self.cache)?;
+        std::hint::black_box(target.logits(&out)?.flatten_all()?.to_vec1::<f32>()?);
+        let s = t0.elapsed().as_secs_f64();
+        self.cache.truncate(base);
+        Ok(s)
     }
 
     /// After verification: the target's hidden states `hidden` at rows `path_rows` (the root

@@ -197,7 +197,8 @@ fn bad_inputs_give_clear_errors() {
 }
 
 /// `--eagle DIR`: drafts from an EAGLE head (`pytorch_model.bin`) on a tiny Hugging Face
-/// target; at temperature 0 the text equals `--no-spec`'s. A head of the wrong size is refused.
+/// target; at temperature 0 the text equals `--no-spec`'s, with a fixed tree and with
+/// `--tree auto`. A head of the wrong size is refused.
 #[test]
 fn generate_with_an_eagle_head() {
     let dir = temp_dir("cli-eagle");
@@ -227,6 +228,8 @@ fn generate_with_an_eagle_head() {
     .write(&dir.join("wrong"), false);
     let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--eagle", s(&wrong)]);
     assert!(e.contains("hidden size 16") && e.contains("config.json"), "{e}");
-    let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--eagle", s(&head), "--tree", "auto"]);
-    assert!(e.contains("--tree auto") && e.contains("EAGLE"), "{e}");
+    // `--tree auto` with the head: the same text, and the choice is reported.
+    let auto = run(&["--eagle", s(&head), "--tree", "auto", "--draft-sampling", "wor"]);
+    assert_eq!(auto["text"], plain["text"], "{auto}");
+    assert!(auto["auto_tree"].as_str().unwrap().starts_with("alpha "), "{auto}");
 }

@@ -178,7 +178,8 @@ fn bad_heads_give_clear_errors() {
 
 mod decoding {
     use super::*;
-    use engine::decode::{GenerationConfig, Generator, SpecConfig};
+    use engine::auto_tree::AutoTree;
+    use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
     use samplers::dist::Warp;
     use samplers::{DraftConstruction, Verifier, VALID_PAIRS};
 
@@ -223,6 +224,22 @@ mod decoding {
             }
         }
         assert!(accepted > 0, "no EAGLE configuration ever accepted a draft");
+        // `--tree auto` with the head: whatever tree each step picks from the measured costs,
+        // the output is the plain one.
+        let mut drafted = 0;
+        for draft_warp in [None, Some(Warp::temperature(1.0))] {
+            for &(c, v) in VALID_PAIRS.iter().filter(|(c, _)| *c != DraftConstruction::SpecHub) {
+                let config = GenerationConfig {
+                    speculative: Some(SpecConfig { tree: TreeChoice::Auto, construction: c, verifier: v, draft_warp }),
+                    ..base.clone()
+                };
+                let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+                assert_eq!(out, reference, "auto {c}+{v} (draft warp {draft_warp:?}): {}", stats.auto_tree);
+                assert!(stats.auto_tree.starts_with("alpha "), "{}", stats.auto_tree);
+                drafted += (stats.draft_forwards > 0) as usize;
+            }
+        }
+        assert!(drafted > 0, "no EAGLE generation with --tree auto ever drafted");
         // A one-token prompt: the first step has no feature yet and drafts nothing.
         let (one, _) =
             Generator::new(&target, None, 128).unwrap().generate(&[5], &base, |_| false, |_| Ok(())).unwrap();
@@ -287,5 +304,52 @@ mod decoding {
             assert_eq!(cells, 25, "{c}+{v}: a zero-probability cell");
             assert!(stat < 52.62, "{c}+{v}: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
         }
+    }
+
+    /// `--tree auto` with an EAGLE head at temperature 1, costs seeded so that multi-draft
+    /// trees win (cheap head, flat target cost): the first two tokens follow the exact law.
+    /// Chi-square as above: 4,000 generations, 24 degrees of freedom, fails above 52.62.
+    #[test]
+    fn auto_tree_follows_the_target_law() {
+        let tiny = Tiny { vocab: 5, scale: 1.0, ..Tiny::qwen2(75) };
+        let target = load_on_test_device(&tiny.write_hf(&temp_dir("eagle-auto-target")));
+        let spec = TinyEagle { target: tiny, seed: 76, own_embedding: false, scale: 0.1 };
+        let head = EagleHead::load(&spec.write(&temp_dir("eagle-auto-head"), true), &target).unwrap();
+        let prompt = [2u32, 0, 3];
+        let warp = Warp::temperature(1.0);
+        let law = common::two_token_law(&target, &prompt, warp);
+        let mut g = Generator::with_eagle(&target, &head, 32).unwrap();
+        let mut seeded = AutoTree::new(true);
+        let (target_rows, draft_rows) = seeded.needed_rows();
+        for r in 1..=*target_rows.last().unwrap() {
+            seeded.target.record(r, 1.0);
+        }
+        for r in 1..=*draft_rows.last().unwrap().max(&4) {
+            seeded.draft.record(r, 0.01);
+        }
+        *g.auto_tree_mut() = Some(seeded);
+        let draws = 4000u64;
+        let mut counts = vec![0u64; 25];
+        let mut multi_draft = 0;
+        for seed in 0..draws {
+            let config = GenerationConfig {
+                max_new_tokens: 2,
+                warp,
+                seed,
+                speculative: Some(SpecConfig {
+                    tree: TreeChoice::Auto,
+                    construction: DraftConstruction::WithoutReplacement,
+                    verifier: Verifier::Rrs,
+                    draft_warp: None,
+                }),
+            };
+            let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+            counts[out[0] as usize * 5 + out[1] as usize] += 1;
+            multi_draft += stats.auto_tree.contains("drafts-") as usize;
+        }
+        assert!(multi_draft > draws as usize / 2, "multi-draft trees were picked in only {multi_draft} generations");
+        let (stat, cells) = common::pearson(&counts, &law, draws);
+        assert_eq!(cells, 25, "a zero-probability cell");
+        assert!(stat < 52.62, "EAGLE auto: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
     }
 }
