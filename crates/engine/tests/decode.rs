@@ -3,7 +3,6 @@
 mod common;
 
 use common::{load_on_test_device, temp_dir, Tiny};
-use engine::auto_tree::AutoTree;
 use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
 use engine::model::DecoderModel;
 use engine::DraftTree;
@@ -156,26 +155,10 @@ fn first_two_tokens_follow_the_target_law() {
         let law = two_token_law(&target, warp);
         let tree = DraftTree::preset(name).unwrap();
         let draws = 4000;
-        let mut counts = vec![0u64; 25];
-        for seed in 0..draws {
-            let config = GenerationConfig {
-                max_new_tokens: 2,
-                warp,
-                seed,
-                speculative: Some(SpecConfig { tree: tree.clone().into(), construction: c, verifier: v, draft_warp }),
-            };
-            let (out, _) = generator.generate(&SMALL_PROMPT, &config, |_| false, |_| Ok(())).unwrap();
-            counts[out[0] as usize * 5 + out[1] as usize] += 1;
-        }
-        let (stat, df) = common::pearson(&counts, &law, draws);
-        // Chi-square critical values at p = 1e-4: 24 degrees of freedom (25 cells) 52.62;
-        // 15 (top-k 4 leaves 4 x 4 cells) 42.58.
-        let critical = match df - 1 {
-            24 => 52.62,
-            15 => 42.58,
-            other => panic!("{name}: unexpected {other} degrees of freedom"),
-        };
-        assert!(stat < critical, "{name} {c}+{v}: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
+        let config = |seed| common::two_tokens(seed, warp, tree.clone().into(), c, v, draft_warp);
+        let counts = common::two_token_counts(&mut generator, &SMALL_PROMPT, 5, draws, config, |_| {});
+        // 25 cells (24 degrees of freedom), or 16 when top-k 4 leaves 4 x 4.
+        common::assert_follows_law(&counts, &law, draws, None, &format!("{name} {c}+{v}"));
     }
 }
 
@@ -189,19 +172,7 @@ fn auto_tree_at_temperature_zero_equals_plain_decoding() {
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
     let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
-    let mut drafted = 0;
-    for draft_warp in [None, Some(Warp::temperature(1.0))] {
-        for &(c, v) in VALID_PAIRS.iter().filter(|(c, _)| *c != DraftConstruction::SpecHub) {
-            let config = GenerationConfig {
-                speculative: Some(SpecConfig { tree: TreeChoice::Auto, construction: c, verifier: v, draft_warp }),
-                ..base.clone()
-            };
-            let (out, stats) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
-            assert_eq!(out, reference, "auto {c}+{v} (draft warp {draft_warp:?}): {}", stats.auto_tree);
-            assert!(stats.auto_tree.starts_with("alpha "), "{}", stats.auto_tree);
-            drafted += stats.auto_tree.contains("chain-") as usize;
-        }
-    }
+    let drafted = common::assert_auto_equals_plain(&mut generator, &PROMPT, &base, &reference);
     // Even when plain steps win on cost, one step in 16 drafts (40 tokens: at least twice).
     assert!(drafted > 0, "no generation with --tree auto ever drafted");
 }
@@ -218,39 +189,25 @@ fn auto_tree_follows_the_target_law() {
     let warp = Warp::temperature(1.0);
     let law = two_token_law(&target, warp);
     let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
-    let mut seeded = AutoTree::new(true);
-    let (target_rows, draft_rows) = seeded.needed_rows();
-    for r in 1..=*target_rows.last().unwrap() {
-        seeded.target.record(r, 1.0);
-    }
-    for r in 1..=*draft_rows.last().unwrap().max(&4) {
-        seeded.draft.record(r, 0.01);
-    }
-    *generator.auto_tree_mut() = Some(seeded);
+    *generator.auto_tree_mut() = Some(common::auto_favouring_wide_trees());
     let draws = 4000;
-    let mut counts = vec![0u64; 25];
-    let mut multi_draft_steps = 0;
-    for seed in 0..draws {
-        let config = GenerationConfig {
-            max_new_tokens: 2,
-            warp,
+    let config = |seed| {
+        common::two_tokens(
             seed,
-            speculative: Some(SpecConfig {
-                tree: TreeChoice::Auto,
-                construction: DraftConstruction::WithoutReplacement,
-                verifier: samplers::Verifier::Rrs,
-                draft_warp: None,
-            }),
-        };
-        let (out, stats) = generator.generate(&SMALL_PROMPT, &config, |_| false, |_| Ok(())).unwrap();
-        counts[out[0] as usize * 5 + out[1] as usize] += 1;
+            warp,
+            TreeChoice::Auto,
+            DraftConstruction::WithoutReplacement,
+            samplers::Verifier::Rrs,
+            None,
+        )
+    };
+    let mut multi_draft_steps = 0;
+    let counts = common::two_token_counts(&mut generator, &SMALL_PROMPT, 5, draws, config, |stats| {
         multi_draft_steps += stats.auto_tree.contains("drafts-") as usize;
-    }
+    });
     assert!(
         multi_draft_steps > draws as usize / 2,
         "multi-draft trees were picked in only {multi_draft_steps} generations"
     );
-    let (stat, cells) = common::pearson(&counts, &law, draws);
-    assert_eq!(cells, 25, "a zero-probability cell");
-    assert!(stat < 52.62, "auto: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
+    common::assert_follows_law(&counts, &law, draws, Some(25), "auto wor+rrs");
 }

@@ -178,7 +178,6 @@ fn bad_heads_give_clear_errors() {
 
 mod decoding {
     use super::*;
-    use engine::auto_tree::AutoTree;
     use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
     use samplers::dist::Warp;
     use samplers::{DraftConstruction, Verifier, VALID_PAIRS};
@@ -226,19 +225,7 @@ mod decoding {
         assert!(accepted > 0, "no EAGLE configuration ever accepted a draft");
         // `--tree auto` with the head: whatever tree each step picks from the measured costs,
         // the output is the plain one.
-        let mut drafted = 0;
-        for draft_warp in [None, Some(Warp::temperature(1.0))] {
-            for &(c, v) in VALID_PAIRS.iter().filter(|(c, _)| *c != DraftConstruction::SpecHub) {
-                let config = GenerationConfig {
-                    speculative: Some(SpecConfig { tree: TreeChoice::Auto, construction: c, verifier: v, draft_warp }),
-                    ..base.clone()
-                };
-                let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
-                assert_eq!(out, reference, "auto {c}+{v} (draft warp {draft_warp:?}): {}", stats.auto_tree);
-                assert!(stats.auto_tree.starts_with("alpha "), "{}", stats.auto_tree);
-                drafted += (stats.draft_forwards > 0) as usize;
-            }
-        }
+        let drafted = common::assert_auto_equals_plain(&mut g, &prompt, &base, &reference);
         assert!(drafted > 0, "no EAGLE generation with --tree auto ever drafted");
         // A one-token prompt: the first step has no feature yet and drafts nothing.
         let (one, _) =
@@ -271,6 +258,7 @@ mod decoding {
         let warp = Warp::temperature(1.0);
         let law = common::two_token_law(&target, &prompt, warp);
         let mut g = Generator::with_eagle(&target, &head, 32).unwrap();
+        let tree = DraftTree::preset("drafts-2-depth-2").unwrap();
         for (c, v) in [
             (DraftConstruction::WithReplacement, Verifier::Rrs),
             (DraftConstruction::WithoutReplacement, Verifier::Rrs),
@@ -281,28 +269,13 @@ mod decoding {
             (DraftConstruction::ConditionalPoisson, Verifier::TopK),
         ] {
             let draws = 4000u64;
-            let mut counts = vec![0u64; 25];
+            let config = |seed| common::two_tokens(seed, warp, tree.clone().into(), c, v, None);
             let mut accepted = 0;
-            for seed in 0..draws {
-                let config = GenerationConfig {
-                    max_new_tokens: 2,
-                    warp,
-                    seed,
-                    speculative: Some(SpecConfig {
-                        tree: DraftTree::preset("drafts-2-depth-2").unwrap().into(),
-                        construction: c,
-                        verifier: v,
-                        draft_warp: None,
-                    }),
-                };
-                let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
-                counts[out[0] as usize * 5 + out[1] as usize] += 1;
+            let counts = common::two_token_counts(&mut g, &prompt, 5, draws, config, |stats| {
                 accepted += (stats.target_forwards == 1) as usize;
-            }
+            });
             assert!(accepted > 100, "{c}+{v}: both tokens from one target forward only {accepted} times");
-            let (stat, cells) = common::pearson(&counts, &law, draws);
-            assert_eq!(cells, 25, "{c}+{v}: a zero-probability cell");
-            assert!(stat < 52.62, "{c}+{v}: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
+            common::assert_follows_law(&counts, &law, draws, Some(25), &format!("{c}+{v}"));
         }
     }
 
@@ -319,37 +292,16 @@ mod decoding {
         let warp = Warp::temperature(1.0);
         let law = common::two_token_law(&target, &prompt, warp);
         let mut g = Generator::with_eagle(&target, &head, 32).unwrap();
-        let mut seeded = AutoTree::new(true);
-        let (target_rows, draft_rows) = seeded.needed_rows();
-        for r in 1..=*target_rows.last().unwrap() {
-            seeded.target.record(r, 1.0);
-        }
-        for r in 1..=*draft_rows.last().unwrap().max(&4) {
-            seeded.draft.record(r, 0.01);
-        }
-        *g.auto_tree_mut() = Some(seeded);
+        *g.auto_tree_mut() = Some(common::auto_favouring_wide_trees());
         let draws = 4000u64;
-        let mut counts = vec![0u64; 25];
+        let config = |seed| {
+            common::two_tokens(seed, warp, TreeChoice::Auto, DraftConstruction::WithoutReplacement, Verifier::Rrs, None)
+        };
         let mut multi_draft = 0;
-        for seed in 0..draws {
-            let config = GenerationConfig {
-                max_new_tokens: 2,
-                warp,
-                seed,
-                speculative: Some(SpecConfig {
-                    tree: TreeChoice::Auto,
-                    construction: DraftConstruction::WithoutReplacement,
-                    verifier: Verifier::Rrs,
-                    draft_warp: None,
-                }),
-            };
-            let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
-            counts[out[0] as usize * 5 + out[1] as usize] += 1;
+        let counts = common::two_token_counts(&mut g, &prompt, 5, draws, config, |stats| {
             multi_draft += stats.auto_tree.contains("drafts-") as usize;
-        }
+        });
         assert!(multi_draft > draws as usize / 2, "multi-draft trees were picked in only {multi_draft} generations");
-        let (stat, cells) = common::pearson(&counts, &law, draws);
-        assert_eq!(cells, 25, "a zero-probability cell");
-        assert!(stat < 52.62, "EAGLE auto: chi2 = {stat:.1} (counts {counts:?}, law {law:?})");
+        common::assert_follows_law(&counts, &law, draws, Some(25), "EAGLE auto wor+rrs");
     }
 }

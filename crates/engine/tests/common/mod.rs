@@ -1,6 +1,6 @@
 //! Tiny random models written in the real on-disk layouts (Hugging Face folder with
 //! `config.json` + `model.safetensors`, and GGUF), for the engine's tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -9,6 +9,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+mod law;
+pub use law::*;
 
 /// Shape of a tiny test model.
 #[derive(Debug, Clone, Copy)]
@@ -396,47 +399,4 @@ impl TinyEagle {
         }
         dir.to_path_buf()
     }
-}
-
-/// Exact law of the first two tokens after `prompt` under the warped target, by enumeration:
-/// `law[a * V + b] = p(a | prompt) p(b | prompt, a)`.
-pub fn two_token_law(target: &engine::model::DecoderModel, prompt: &[u32], warp: samplers::dist::Warp) -> Vec<f64> {
-    let v = target.config().vocab_size;
-    let probs = |tokens: &[u32]| -> Vec<f64> {
-        let mut cache = target.new_cache(tokens.len() + 1).unwrap();
-        let bias = engine::model::causal_bias(0, tokens.len(), target.dtype(), target.device()).unwrap();
-        let pos: Vec<u32> = (0..tokens.len() as u32).collect();
-        let h = target.forward(tokens, &pos, &bias, &mut cache).unwrap();
-        let logits = target.logits(&h.narrow(0, tokens.len() - 1, 1).unwrap()).unwrap();
-        let mut p = Vec::new();
-        warp.apply(&logits.flatten_all().unwrap().to_vec1::<f32>().unwrap(), &mut p).unwrap();
-        p
-    };
-    let p1 = probs(prompt);
-    let mut law = vec![0.0; v * v];
-    for a in 0..v {
-        let p2 = probs(&[prompt, &[a as u32]].concat());
-        for b in 0..v {
-            law[a * v + b] = p1[a] * p2[b];
-        }
-    }
-    law
-}
-
-/// Pearson's chi-square statistic of `counts` (out of `draws`) against the probabilities
-/// `law`, over the cells of positive probability; a cell of zero probability must have no
-/// count. Returns the statistic and the number of cells used.
-pub fn pearson(counts: &[u64], law: &[f64], draws: u64) -> (f64, usize) {
-    let mut stat = 0.0;
-    let mut cells = 0;
-    for (i, (&o, &p)) in counts.iter().zip(law).enumerate() {
-        let e = p * draws as f64;
-        if e == 0.0 {
-            assert_eq!(o, 0, "cell {i}: a zero-probability outcome was generated");
-            continue;
-        }
-        stat += (o as f64 - e).powi(2) / e;
-        cells += 1;
-    }
-    (stat, cells)
 }

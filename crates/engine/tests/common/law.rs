@@ -1,0 +1,149 @@
+//! Statistical checks of the decoding loop: the exact law of the first two generated tokens,
+//! Pearson's chi-square against it, and the temperature-0 equality of `--tree auto`.
+
+use engine::auto_tree::AutoTree;
+use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
+use samplers::dist::Warp;
+use samplers::{DraftConstruction, VALID_PAIRS};
+
+/// Exact law of the first two tokens after `prompt` under the warped target, by enumeration:
+/// `law[a * V + b] = p(a | prompt) p(b | prompt, a)`.
+pub fn two_token_law(target: &engine::model::DecoderModel, prompt: &[u32], warp: samplers::dist::Warp) -> Vec<f64> {
+    let v = target.config().vocab_size;
+    let probs = |tokens: &[u32]| -> Vec<f64> {
+        let mut cache = target.new_cache(tokens.len() + 1).unwrap();
+        let bias = engine::model::causal_bias(0, tokens.len(), target.dtype(), target.device()).unwrap();
+        let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+        let h = target.forward(tokens, &pos, &bias, &mut cache).unwrap();
+        let logits = target.logits(&h.narrow(0, tokens.len() - 1, 1).unwrap()).unwrap();
+        let mut p = Vec::new();
+        warp.apply(&logits.flatten_all().unwrap().to_vec1::<f32>().unwrap(), &mut p).unwrap();
+        p
+    };
+    let p1 = probs(prompt);
+    let mut law = vec![0.0; v * v];
+    for a in 0..v {
+        let p2 = probs(&[prompt, &[a as u32]].concat());
+        for b in 0..v {
+            law[a * v + b] = p1[a] * p2[b];
+        }
+    }
+    law
+}
+
+/// Pearson's chi-square statistic of `counts` (out of `draws`) against the probabilities
+/// `law`, over the cells of positive probability; a cell of zero probability must have no
+/// count. Returns the statistic and the number of cells used.
+pub fn pearson(counts: &[u64], law: &[f64], draws: u64) -> (f64, usize) {
+    let mut stat = 0.0;
+    let mut cells = 0;
+    for (i, (&o, &p)) in counts.iter().zip(law).enumerate() {
+        let e = p * draws as f64;
+        if e == 0.0 {
+            assert_eq!(o, 0, "cell {i}: a zero-probability outcome was generated");
+            continue;
+        }
+        stat += (o as f64 - e).powi(2) / e;
+        cells += 1;
+    }
+    (stat, cells)
+}
+
+/// Chi-square critical value at p = 1e-4 for `df` degrees of freedom (the ones the tests meet:
+/// 25 cells of a 5-token vocabulary, or 16 when top-k 4 leaves 4 x 4).
+pub fn chi2_critical_p1e4(df: usize) -> f64 {
+    match df {
+        24 => 52.62,
+        15 => 42.58,
+        other => panic!("no critical value tabulated for {other} degrees of freedom"),
+    }
+}
+
+/// Generates two tokens after `prompt` with seeds `0..draws` (`config(seed)`), counts each
+/// pair at `out[0] * vocab + out[1]`, and hands each run's statistics to `each`.
+pub fn two_token_counts(
+    generator: &mut Generator,
+    prompt: &[u32],
+    vocab: usize,
+    draws: u64,
+    config: impl Fn(u64) -> GenerationConfig,
+    mut each: impl FnMut(&Stats),
+) -> Vec<u64> {
+    let mut counts = vec![0u64; vocab * vocab];
+    for seed in 0..draws {
+        let (out, stats) = generator.generate(prompt, &config(seed), |_| false, |_| Ok(())).unwrap();
+        assert_eq!(out.len(), 2, "generated {out:?}");
+        counts[out[0] as usize * vocab + out[1] as usize] += 1;
+        each(&stats);
+    }
+    counts
+}
+
+/// Asserts that `counts` (out of `draws`) follow `law`: Pearson's chi-square over the cells
+/// of positive probability stays below its critical value at p = 1e-4; with `cells`, that
+/// many cells must have positive probability. `what` names the configuration.
+pub fn assert_follows_law(counts: &[u64], law: &[f64], draws: u64, cells: Option<usize>, what: &str) {
+    let (stat, used) = pearson(counts, law, draws);
+    if let Some(c) = cells {
+        assert_eq!(used, c, "{what}: {used} cells of positive probability, expected {c}");
+    }
+    let critical = chi2_critical_p1e4(used - 1);
+    assert!(stat < critical, "{what}: chi2 = {stat:.1} >= {critical} (counts {counts:?}, law {law:?})");
+}
+
+/// `--tree auto` at temperature 0 (`base` must be greedy) for every valid pair but
+/// SpecHub's (auto picks chains, which SpecHub cannot draw), with q one-hot and at
+/// temperature 1: every output equals `reference`. Returns how many generations drafted.
+pub fn assert_auto_equals_plain(
+    generator: &mut Generator,
+    prompt: &[u32],
+    base: &GenerationConfig,
+    reference: &[u32],
+) -> usize {
+    let mut drafted = 0;
+    for draft_warp in [None, Some(Warp::temperature(1.0))] {
+        for &(c, v) in VALID_PAIRS.iter().filter(|(c, _)| *c != DraftConstruction::SpecHub) {
+            let config = GenerationConfig {
+                speculative: Some(SpecConfig { tree: TreeChoice::Auto, construction: c, verifier: v, draft_warp }),
+                ..base.clone()
+            };
+            let (out, stats) = generator.generate(prompt, &config, |_| false, |_| Ok(())).unwrap();
+            assert_eq!(out, reference, "auto {c}+{v} (draft warp {draft_warp:?}): {}", stats.auto_tree);
+            assert!(stats.auto_tree.starts_with("alpha "), "{}", stats.auto_tree);
+            drafted += (stats.draft_forwards > 0) as usize;
+        }
+    }
+    drafted
+}
+
+/// A `--tree auto` state whose costs are seeded so that multi-draft trees win: a flat target
+/// cost (1 s for any number of rows) and a cheap draft (10 ms per forward).
+pub fn auto_favouring_wide_trees() -> AutoTree {
+    let mut auto = AutoTree::new(true);
+    let (target_rows, draft_rows) = auto.needed_rows();
+    for r in 1..=*target_rows.last().expect("rows") {
+        auto.target.record(r, 1.0);
+    }
+    for r in 1..=*draft_rows.last().expect("rows").max(&4) {
+        auto.draft.record(r, 0.01);
+    }
+    auto
+}
+
+/// The configuration of the chi-square tests: two new tokens at `warp` with seed `seed`, drafted
+/// on `tree` with construction `c` and verifier `v` (`draft_warp`: q's own warp, if any).
+pub fn two_tokens(
+    seed: u64,
+    warp: Warp,
+    tree: TreeChoice,
+    c: DraftConstruction,
+    v: samplers::Verifier,
+    draft_warp: Option<Warp>,
+) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens: 2,
+        warp,
+        seed,
+        speculative: Some(SpecConfig { tree, construction: c, verifier: v, draft_warp }),
+    }
+}
