@@ -102,10 +102,11 @@ struct GenerateArgs {
     tokenizer: Option<PathBuf>,
     /// Tree topology: a preset (chain-K, drafts-N-depth-D, mc_sim_7b_63), a TOML file, or
     /// `auto` (before each step, the tree with the most expected tokens per second from
-    /// measured forward costs and the acceptance so far). The default is the fastest measured
-    /// on a 2-core CPU (benches/RESULTS.md).
-    #[arg(long, default_value = "chain-2")]
-    tree: String,
+    /// measured forward costs and the acceptance so far). Default: `auto`, which adapts to the
+    /// device and the pair (on a 2-core CPU it matched the best fixed tree, benches/RESULTS.md);
+    /// with `--draft-sampling spechub`, which needs 2 drafts per node, `drafts-2-depth-2`.
+    #[arg(long)]
+    tree: Option<String>,
     /// Draft construction: wr, wor, greedy, spechub, topk, cps.
     #[arg(long, default_value = "greedy")]
     draft_sampling: DraftConstruction,
@@ -181,22 +182,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Everything that can be checked without loading a model comes first.
     let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.draft_sampling));
+    let tree_name = args.tree_name();
     let spec = if args.no_spec {
         None
     } else {
         samplers::validate_pair(args.draft_sampling, verifier)?;
-        let tree = if args.tree == "auto" {
+        let tree = if tree_name == "auto" {
             if args.draft_sampling == DraftConstruction::SpecHub {
                 bail!("--tree auto picks among chains and trees that --draft-sampling spechub (2 drafts per node) cannot draw; give a tree");
             }
             TreeChoice::Auto
         } else {
-            let tree = DraftTree::load(&args.tree).with_context(|| format!("tree `{}`", args.tree))?;
+            let tree = DraftTree::load(&tree_name).with_context(|| format!("tree `{tree_name}`"))?;
             if args.draft_sampling == DraftConstruction::SpecHub {
                 if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
                     bail!(
                         "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} children",
-                        args.tree,
+                        tree_name,
                         tree.children(i).len()
                     );
                 }
@@ -325,7 +327,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             (None, Some(h)) => h.path().display().to_string().into(),
             (None, None) => serde_json::Value::Null,
         };
-        obj["tree"] = args.tree.clone().into();
+        obj["tree"] = tree_name.clone().into();
         obj["draft_sampling"] =
             if args.no_spec { serde_json::Value::Null } else { args.draft_sampling.to_string().into() };
         obj["verifier"] = if args.no_spec { serde_json::Value::Null } else { verifier.to_string().into() };
@@ -380,6 +382,17 @@ fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf
     Ok((target, draft))
 }
 
+impl GenerateArgs {
+    /// `--tree`, or its default: `auto`, or `drafts-2-depth-2` for SpecHub drafts.
+    fn tree_name(&self) -> String {
+        match &self.tree {
+            Some(t) => t.clone(),
+            None if self.draft_sampling == DraftConstruction::SpecHub => "drafts-2-depth-2".into(),
+            None => "auto".into(),
+        }
+    }
+}
+
 fn note(args: &GenerateArgs, msg: &str) {
     if !args.json {
         eprintln!("mdsd: {msg}");
@@ -390,7 +403,7 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
     let mode = if args.no_spec {
         "no-spec".to_string()
     } else {
-        format!("tree {} · {} + {}", args.tree, args.draft_sampling, verifier)
+        format!("tree {} · {} + {}", args.tree_name(), args.draft_sampling, verifier)
     };
     eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
     eprintln!(
