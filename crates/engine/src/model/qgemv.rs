@@ -258,6 +258,21 @@ mod avx2 {
         (sc_lo as u64 | (sc_hi as u64) << 32, mn_lo as u64 | (mn_hi as u64) << 32)
     }
 
+    /// `_mm256_shuffle_epi8` masks: mask k copies i16 lane k to every i16 lane.
+    const SCALE_SPREAD: [__m256i; 8] = {
+        let mut masks = [[0u8; 32]; 8];
+        let mut k = 0;
+        while k < 8 {
+            let mut b = 0;
+            while b < 32 {
+                masks[k][b] = (2 * k + b % 2) as u8;
+                b += 1;
+            }
+            k += 1;
+        }
+        unsafe { std::mem::transmute::<[[u8; 32]; 8], [__m256i; 8]>(masks) }
+    };
+
     impl SuperBlock for BlockQ4K {
         #[inline]
         #[target_feature(enable = "avx2,fma")]
@@ -270,10 +285,12 @@ mod avx2 {
                 let dmin = f16::from_bits(b.dmin).to_f32();
                 let (sc, mn) = scales_mins_q4k(&b.scales);
                 let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+                // The 8 sub-block scales as i16 in both lanes; each is spread with one shuffle.
+                let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
                 let mut sumi = [_mm256_setzero_si256(); R];
                 for j in 0..4 {
-                    let s_lo = _mm256_set1_epi16(((sc >> (16 * j)) & 0xff) as i16);
-                    let s_hi = _mm256_set1_epi16(((sc >> (16 * j + 8)) & 0xff) as i16);
+                    let s_lo = _mm256_shuffle_epi8(scales, SCALE_SPREAD[2 * j]);
+                    let s_hi = _mm256_shuffle_epi8(scales, SCALE_SPREAD[2 * j + 1]);
                     let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * j) as *const __m256i);
                     let lo = _mm256_and_si256(q4, m4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
