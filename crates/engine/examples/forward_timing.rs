@@ -27,7 +27,8 @@ fn main() {
         let toks: Vec<u32> = (0..t as u32).map(|i| 500 + i).collect();
         let pos: Vec<u32> = (64..64 + t as u32).collect();
         let bias = causal_bias(64, t, DType::F32, &Device::Cpu).unwrap();
-        let reps = if only.is_some() { 150 } else { 5 };
+        let reps =
+            if only.is_some() { std::env::var("REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(150) } else { 5 };
         let mut best = f64::MAX;
         let mut best_lm = f64::MAX;
         for _ in 0..reps {

@@ -13,6 +13,7 @@
 //! files they come from; both load from Hugging Face safetensors ([`hf`]) and from GGUF
 //! ([`gguf`]), dense or quantized (candle's quantized matmul).
 
+pub mod cpu_attention;
 pub mod eagle;
 pub mod gguf;
 pub mod hf;
@@ -121,6 +122,92 @@ impl Linear {
         }
         self.weight.forward(x)
     }
+}
+
+impl Linear {
+    /// The quantized matrix when a product with `x` takes the few-rows kernel ([`qgemv`]).
+    fn few_rows_weight(&self, x: &Tensor) -> Option<&candle_core::quantized::QTensor> {
+        let QMatMul::QTensor(w) = &self.weight else { return None };
+        let k = x.dims().last().copied().unwrap_or(0);
+        let fits = k > 0 && x.elem_count() / k <= self.few_rows_max;
+        (fits && x.dtype() == DType::F32 && x.device().is_cpu()).then_some(w.as_ref())
+    }
+}
+
+/// Runs `f` on the elements of a CPU f32 tensor in row-major order (copying only when it is
+/// not contiguous).
+pub(crate) fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)), Some((a, b))) => Ok(f(&data[a..b])),
+        _ => candle_core::bail!("expected contiguous f32 CPU data, got {:?} on {:?}", t.dtype(), t.device()),
+    }
+}
+
+/// `x @ w_i^T + b_i` for several products of the same input (q/k/v). When every one takes
+/// the few-rows kernel, the input is quantized once and one dispatch computes them all;
+/// otherwise each runs alone. Same results either way.
+pub fn forward_many(lins: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+    let ws: Option<Vec<_>> = lins.iter().map(|l| l.few_rows_weight(x)).collect();
+    let Some(ws) = ws.filter(|ws| ws.len() > 1) else {
+        return lins.iter().map(|l| l.forward(x)).collect();
+    };
+    let (outs, dims) = many_rows(&ws, x)?;
+    lins.iter()
+        .zip(outs)
+        .zip(&ws)
+        .map(|((l, out), w)| {
+            let mut d = dims.clone();
+            *d.last_mut().expect("non-empty dims") = w.shape().dims()[0];
+            let y = Tensor::from_vec(out, d, x.device())?;
+            match &l.bias {
+                Some(b) => y.broadcast_add(b),
+                None => Ok(y),
+            }
+        })
+        .collect()
+}
+
+/// The products of [`forward_many`] as host vectors, with the output dims of the first.
+fn many_rows(ws: &[&candle_core::quantized::QTensor], x: &Tensor) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
+    let dims = x.dims().to_vec();
+    let k = *dims.last().expect("non-empty dims");
+    let m = x.elem_count() / k;
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.shape().dims()[0]]).collect();
+    // Matrices re-quantized with zero-padded rows ([`Linear::padded`]) take as many zeros.
+    let kw = ws[0].shape().dims2()?.1;
+    if kw < k {
+        candle_core::bail!("quantized-rows-matmul: {k} inputs against matrices of width {kw}");
+    }
+    with_host_f32(x, |xs| {
+        let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        if kw == k {
+            return qgemv::matmul_many(ws, xs, m, &mut slices);
+        }
+        let mut padded = vec![0f32; m * kw];
+        for (dst, src) in padded.chunks_exact_mut(kw).zip(xs.chunks_exact(k)) {
+            dst[..k].copy_from_slice(src);
+        }
+        qgemv::matmul_many(ws, &padded, m, &mut slices)
+    })??;
+    Ok((outs, dims))
+}
+
+/// The gated MLP's inner activation `silu(x @ gate^T) * (x @ up^T)`; on the few-rows path both
+/// products run in one dispatch and the gating is applied on the host without temporaries.
+pub fn gated(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
+    if let (Some(g), Some(u), None, None) = (gate.few_rows_weight(x), up.few_rows_weight(x), &gate.bias, &up.bias) {
+        let (mut outs, mut dims) = many_rows(&[g, u], x)?;
+        let u = outs.pop().expect("two outputs");
+        let mut g = outs.pop().expect("two outputs");
+        for (a, b) in g.iter_mut().zip(&u) {
+            *a = *a / (1.0 + (-*a).exp()) * b;
+        }
+        *dims.last_mut().expect("non-empty dims") = gate.few_rows_weight(x).expect("checked").shape().dims()[0];
+        return Tensor::from_vec(g, dims, x.device());
+    }
+    candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?
 }
 
 impl Module for Linear {
@@ -282,24 +369,28 @@ pub(crate) fn block(
     };
     let attn = {
         let _span = tracing::trace_span!("attention").entered();
-        let heads = |lin: &Linear, n: usize| -> Result<Tensor> {
-            lin.forward(&h)?.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()
+        let heads = |y: &Tensor, n: usize| -> Result<Tensor> {
+            y.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()
         };
-        let q = heads(&layer.q, c.num_heads)?;
-        let k = heads(&layer.k, c.num_kv_heads)?;
-        let v = heads(&layer.v, c.num_kv_heads)?;
+        let qkv = forward_many(&[&layer.q, &layer.k, &layer.v], &h)?;
+        let q = heads(&qkv[0], c.num_heads)?;
+        let k = heads(&qkv[1], c.num_kv_heads)?;
+        let v = heads(&qkv[2], c.num_kv_heads)?;
         let (q, k) = if c.rope_interleaved {
             (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?)
         } else {
             (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?)
         };
         let (k_all, v_all) = cache.append(index, &k, &v)?;
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        if let Some(y) = cpu_attention::attend(&q, &k_all, &v_all, bias, scale as f32)? {
+            return finish_block(c, layer, x, &layer.o.forward(&y)?);
+        }
         let total = k_all.dim(2)?;
         // Grouped-query attention without repeating K/V: the query heads sharing one KV
         // head are stacked along the sequence axis.
         let groups = c.num_heads / c.num_kv_heads;
         let q = q.reshape((1, c.num_kv_heads, groups * t, c.head_dim))?;
-        let scale = 1.0 / (c.head_dim as f64).sqrt();
         let k_t = k_all.contiguous()?.t()?;
         let scores = (q.matmul(&k_t)? * scale)?.reshape((1, c.num_heads, t, total))?;
         let scores = scores.broadcast_add(bias)?;
@@ -310,12 +401,16 @@ pub(crate) fn block(
             y.reshape((1, c.num_heads, t, c.head_dim))?.transpose(1, 2)?.reshape((1, t, c.num_heads * c.head_dim))?;
         layer.o.forward(&y)?
     };
+    finish_block(c, layer, x, &attn)
+}
+
+/// The rest of a block after attention: residual, MLP, residual.
+fn finish_block(c: &ModelConfig, layer: &Layer, x: &Tensor, attn: &Tensor) -> Result<Tensor> {
     let x = (x + attn)?;
-    let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
+    let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, c.rms_norm_eps as f32)?;
     let mlp = {
         let _span = tracing::trace_span!("mlp").entered();
-        let g = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
-        layer.down.forward(&(g * layer.up.forward(&h)?)?)?
+        layer.down.forward(&gated(&layer.gate, &layer.up, &h)?)?
     };
     x + mlp
 }

@@ -150,13 +150,48 @@ thread_local! {
 
 /// `out[r * n + c] = sum_j x[r * k + j] * w[c, j]` for `m` rows of `x`.
 pub fn matmul(w: &QTensor, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
-    let (n, k) = w.shape().dims2()?;
-    if !supports(w) || x.len() != m * k || out.len() != m * n {
-        candle_core::bail!("quantized-rows-matmul: unsupported {:?} [{n}, {k}] with {m} rows", w.dtype());
+    matmul_many(&[w], x, m, &mut [out])
+}
+
+/// [`matmul`] of the same activation rows with several matrices sharing the input width `k`
+/// (q/k/v, or gate/up): `outs[i]` gets `x @ ws[i]^T` (`[m, n_i]`). The activations are
+/// quantized once and all output columns are split over the thread pool in one dispatch, so a
+/// block pays one synchronisation where separate products pay one each.
+pub fn matmul_many(ws: &[&QTensor], x: &[f32], m: usize, outs: &mut [&mut [f32]]) -> Result<()> {
+    let Some(first) = ws.first() else { return Ok(()) };
+    let k = first.shape().dims2()?.1;
+    if ws.len() != outs.len() || x.len() != m * k {
+        candle_core::bail!(
+            "quantized-rows-matmul: {} matrices, {} outputs, {} inputs for {m} rows",
+            ws.len(),
+            outs.len(),
+            x.len()
+        );
+    }
+    struct Part<'a> {
+        bytes: &'a [u8],
+        dtype: GgmlDType,
+        n: usize,
+        /// First column of this matrix among all matrices' columns.
+        offset: usize,
+        out: usize,
+    }
+    let mut datas = Vec::with_capacity(ws.len());
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        let (n, kw) = w.shape().dims2()?;
+        if !supports(w) || kw != k || out.len() != m * n {
+            candle_core::bail!("quantized-rows-matmul: unsupported {:?} [{n}, {kw}] with {m} rows of {k}", w.dtype());
+        }
+        datas.push(w.data()?);
+    }
+    let mut parts = Vec::with_capacity(ws.len());
+    let mut total = 0;
+    for ((w, data), out) in ws.iter().zip(&datas).zip(outs.iter_mut()) {
+        let n = w.shape().dims()[0];
+        parts.push(Part { bytes: data, dtype: w.dtype(), n, offset: total, out: out.as_mut_ptr() as usize });
+        total += n;
     }
     let kb = k / QK_K;
-    let data = w.data()?;
-    let bytes: &[u8] = &data;
     ACTIVATIONS.with(|cell| {
         let mut acts = cell.borrow_mut();
         acts.clear();
@@ -165,20 +200,28 @@ pub fn matmul(w: &QTensor, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
             quantize_row_q8k(row, blocks);
         }
         let acts: &[BlockQ8K] = &acts;
-        let out_addr = out.as_mut_ptr() as usize;
-        let dtype = w.dtype();
-        candle_core::utils::barrier_pool().execute_chunked(n, |cols| {
-            // SAFETY: every (row, column) of `out` is written by exactly one work range.
-            let out = unsafe { std::slice::from_raw_parts_mut(out_addr as *mut f32, m * n) };
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                match dtype {
-                    GgmlDType::Q4K => columns::<BlockQ4K>(bytes, acts, m, n, kb, cols, out),
-                    _ => columns::<BlockQ6K>(bytes, acts, m, n, kb, cols, out),
+        let parts: &[Part] = &parts;
+        candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
+            for p in parts {
+                let lo = cols.start.max(p.offset);
+                let hi = cols.end.min(p.offset + p.n);
+                if lo >= hi {
+                    continue;
                 }
+                // SAFETY: every (row, column) of every output is written by exactly one work
+                // range, and the outputs outlive the dispatch.
+                let out = unsafe { std::slice::from_raw_parts_mut(p.out as *mut f32, m * p.n) };
+                let cols = lo - p.offset..hi - p.offset;
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    match p.dtype {
+                        GgmlDType::Q4K => columns::<BlockQ4K>(p.bytes, acts, m, p.n, kb, cols, out),
+                        _ => columns::<BlockQ6K>(p.bytes, acts, m, p.n, kb, cols, out),
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (acts, kb, cols, out);
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (bytes, acts, kb, cols, out);
         });
     });
     Ok(())
