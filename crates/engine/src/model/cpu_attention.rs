@@ -1,0 +1,214 @@
+//! Attention of a few new rows against the KV cache on the CPU, read in place.
+//!
+//! The generic path (candle's f32 GEMM for `q k^T` and `w v`) copies every layer's cached keys
+//! and values into contiguous tensors, allocates the score matrix, and asks the OS for the
+//! core count on each GEMM; at one to a few new rows (decoding, draft trees) that overhead is
+//! larger than the arithmetic. Here each (head, row) pair is one task on candle's thread pool:
+//! scores against the cache rows as stored, the additive bias, a softmax, and the weighted sum
+//! of values, written straight into the `[1, t, heads * head_dim]` layout the output
+//! projection reads. Each row is computed alone, so a row's result does not depend on how
+//! many rows share the forward.
+
+use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
+
+/// Forwards of up to this many new rows take this path; longer ones (prefill) use GEMM.
+pub const MAX_ROWS: usize = 32;
+
+/// `softmax(q k^T * scale + bias) v` for `q` `[1, heads, t, head_dim]`, `k`/`v`
+/// `[1, kv_heads, total, head_dim]` (views of the cache with unit stride along `head_dim`),
+/// `bias` `[t, total]`; query head `h` reads KV head `h / (heads / kv_heads)`. Returns the
+/// output as `[1, t, heads * head_dim]`, or `None` when this path does not apply (not f32 on
+/// the CPU, or more than [`MAX_ROWS`] rows) and the caller should use the generic one.
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> Result<Option<Tensor>> {
+    let (_, heads, t, hd) = q.dims4()?;
+    let (_, kv_heads, total, _) = k.dims4()?;
+    let all_f32 = [q, k, v, bias].iter().all(|x| x.dtype() == DType::F32 && x.device().is_cpu());
+    if !all_f32 || t > MAX_ROWS || kv_heads == 0 || heads % kv_heads != 0 || bias.dims() != [t, total] {
+        return Ok(None);
+    }
+    let q = q.contiguous()?;
+    let bias = bias.contiguous()?;
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k.storage_and_layout();
+    let (vs, vl) = v.storage_and_layout();
+    let (bs, bl) = bias.storage_and_layout();
+    let (Some(q), Some(kc), Some(vc), Some(b)) = (f32s(&qs), f32s(&ks), f32s(&vs), f32s(&bs)) else {
+        return Ok(None);
+    };
+    let (Some(kv_k), Some(kv_v)) = (CacheView::new(kl, hd), CacheView::new(vl, hd)) else {
+        return Ok(None);
+    };
+    let q = &q[ql.start_offset()..];
+    let b = &b[bl.start_offset()..];
+    let groups = heads / kv_heads;
+    let mut out = vec![0f32; t * heads * hd];
+    let out_addr = out.as_mut_ptr() as usize;
+    let out_len = out.len();
+    candle_core::utils::barrier_pool().execute_chunked(heads * t, |items| {
+        // SAFETY: item (h, r) writes only `out[r, h * hd..(h + 1) * hd]`, and every item is
+        // run exactly once; `out` outlives the dispatch.
+        let out = unsafe { std::slice::from_raw_parts_mut(out_addr as *mut f32, out_len) };
+        let mut scores = vec![0f32; total];
+        for item in items {
+            let (h, r) = (item / t, item % t);
+            let g = h / groups;
+            let qv = &q[(h * t + r) * hd..][..hd];
+            let brow = &b[r * total..][..total];
+            let mut max = f32::NEG_INFINITY;
+            for (j, s) in scores.iter_mut().enumerate() {
+                *s = if brow[j] == f32::NEG_INFINITY {
+                    f32::NEG_INFINITY
+                } else {
+                    dot(qv, kv_k.row(kc, g, j)) * scale + brow[j]
+                };
+                max = max.max(*s);
+            }
+            let o = &mut out[(r * heads + h) * hd..][..hd];
+            o.fill(0.0);
+            if max == f32::NEG_INFINITY {
+                continue;
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            for (j, &w) in scores.iter().enumerate() {
+                if w != 0.0 {
+                    axpy(w, kv_v.row(vc, g, j), o);
+                }
+            }
+            let inv = 1.0 / sum;
+            o.iter_mut().for_each(|x| *x *= inv);
+        }
+    });
+    Ok(Some(Tensor::from_vec(out, (1, t, heads * hd), &candle_core::Device::Cpu)?))
+}
+
+/// The f32 elements of a CPU storage.
+fn f32s(s: &Storage) -> Option<&[f32]> {
+    match s {
+        Storage::Cpu(CpuStorage::F32(v)) => Some(v),
+        _ => None,
+    }
+}
+
+/// Where row `j` of KV head `g` starts in a `[1, kv_heads, len, head_dim]` view.
+#[derive(Clone, Copy)]
+struct CacheView {
+    offset: usize,
+    head_stride: usize,
+    row_stride: usize,
+    hd: usize,
+}
+
+impl CacheView {
+    fn new(l: &Layout, hd: usize) -> Option<Self> {
+        let s = l.stride();
+        (s.len() == 4 && s[3] == 1 && s[2] >= hd).then(|| Self {
+            offset: l.start_offset(),
+            head_stride: s[1],
+            row_stride: s[2],
+            hd,
+        })
+    }
+
+    #[inline]
+    fn row<'a>(&self, data: &'a [f32], g: usize, j: usize) -> &'a [f32] {
+        &data[self.offset + g * self.head_stride + j * self.row_stride..][..self.hd]
+    }
+}
+
+/// Dot product with eight independent partial sums (vectorizes).
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] = x[i].mul_add(y[i], acc[i]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `o += w * x`.
+#[inline]
+fn axpy(w: f32, x: &[f32], o: &mut [f32]) {
+    for (o, &x) in o.iter_mut().zip(x) {
+        *o = w.mul_add(x, *o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, D};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0).collect()
+    }
+
+    /// Against the same attention written with candle ops (repeat KV heads, matmul, softmax).
+    #[test]
+    fn matches_the_generic_attention_on_cache_views() {
+        let dev = Device::Cpu;
+        let (heads, kv_heads, hd, cap, past) = (4, 2, 16, 40, 9);
+        for t in [1usize, 3, 6] {
+            let total = past + t;
+            let kbuf = Tensor::from_vec(values(kv_heads * cap * hd, 1), (1, kv_heads, cap, hd), &dev).unwrap();
+            let vbuf = Tensor::from_vec(values(kv_heads * cap * hd, 2), (1, kv_heads, cap, hd), &dev).unwrap();
+            let (k, v) = (kbuf.narrow(2, 0, total).unwrap(), vbuf.narrow(2, 0, total).unwrap());
+            let q = Tensor::from_vec(values(heads * t * hd, 3), (1, heads, t, hd), &dev).unwrap();
+            // A tree-shaped bias: row r sees the past, itself and row 0.
+            let bias: Vec<f32> = (0..t * total)
+                .map(|i| {
+                    let (r, c) = (i / total, i % total);
+                    if c < past || c == past + r || c == past {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let bias = Tensor::from_vec(bias, (t, total), &dev).unwrap();
+            let scale = 0.25f32;
+            let got = attend(&q, &k, &v, &bias, scale).unwrap().expect("cpu f32 path");
+            let rep = |x: &Tensor| {
+                Tensor::cat(
+                    &[
+                        x.narrow(1, 0, 1).unwrap(),
+                        x.narrow(1, 0, 1).unwrap(),
+                        x.narrow(1, 1, 1).unwrap(),
+                        x.narrow(1, 1, 1).unwrap(),
+                    ],
+                    1,
+                )
+                .unwrap()
+                .contiguous()
+                .unwrap()
+            };
+            let scores =
+                (q.matmul(&rep(&k).t().unwrap()).unwrap() * scale as f64).unwrap().broadcast_add(&bias).unwrap();
+            let w = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+            let want = w.matmul(&rep(&v)).unwrap().transpose(1, 2).unwrap().reshape((1, t, heads * hd)).unwrap();
+            let diff = (got - want).unwrap().abs().unwrap().max(D::Minus1).unwrap().flatten_all().unwrap();
+            let diff = diff.max(0).unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff < 1e-5, "t = {t}: largest difference {diff}");
+        }
+    }
+
+    #[test]
+    fn declines_what_it_does_not_handle() {
+        let dev = Device::Cpu;
+        let q = Tensor::zeros((1, 2, MAX_ROWS + 1, 8), DType::F32, &dev).unwrap();
+        let kv = Tensor::zeros((1, 1, MAX_ROWS + 1, 8), DType::F32, &dev).unwrap();
+        let bias = Tensor::zeros((MAX_ROWS + 1, MAX_ROWS + 1), DType::F32, &dev).unwrap();
+        assert!(attend(&q, &kv, &kv, &bias, 1.0).unwrap().is_none());
+        let q = q.narrow(2, 0, 2).unwrap().to_dtype(DType::F16).unwrap();
+        let kv = kv.narrow(2, 0, 2).unwrap().to_dtype(DType::F16).unwrap();
+        let bias = bias.narrow(0, 0, 2).unwrap().narrow(1, 0, 2).unwrap().to_dtype(DType::F16).unwrap();
+        assert!(attend(&q, &kv, &kv, &bias, 1.0).unwrap().is_none());
+    }
+}
