@@ -17,6 +17,7 @@ fn main() {
             construction: samplers::DraftConstruction::Greedy,
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,
+            confidence_cutoff: 0.0,
         }),
         ..base.clone()
     };

@@ -62,6 +62,13 @@ pub struct SpecConfig {
     /// output exact (the verifier sees the q the drafts were drawn from); at temperature 0 a
     /// warped q is one-hot, so trees collapse to chains unless the draft keeps a temperature.
     pub draft_warp: Option<Warp>,
+    /// Confidence pruning (0: off). A node's children are drafted only when the product,
+    /// over the node and its ancestors, of the draft's top probability at temperature 1 is
+    /// at least this; otherwise the node stays a leaf and the target samples there. Like
+    /// EAGLE-2's dynamic trees this spends target rows where the draft is likely right; the
+    /// choice depends only on the draft's distributions (never on the drawn tokens or the
+    /// target), so the output stays exact.
+    pub confidence_cutoff: f64,
 }
 
 impl SpecConfig {
@@ -152,6 +159,10 @@ pub(crate) struct StepBuffers {
     /// Tree nodes the draft ran this step after the root, in cache order.
     draft_fed: Vec<usize>,
     drafts: Vec<u32>,
+    /// Product of the draft's top probabilities (temperature 1) from the root to each node.
+    confidence: Vec<f64>,
+    /// [`SpecConfig::confidence_cutoff`] of the running step.
+    pub(crate) confidence_cutoff: f64,
     path: Vec<usize>,
     emitted: Vec<u32>,
     draft_scratch: DraftScratch,
@@ -388,6 +399,9 @@ impl<'a> Generator<'a> {
         b.draft_slot.clear();
         b.draft_slot.resize(nodes, None);
         b.draft_fed.clear();
+        b.confidence.clear();
+        b.confidence.resize(nodes, 1.0);
+        b.confidence_cutoff = spec.confidence_cutoff;
         if b.q_at.len() < nodes {
             b.q_at.resize_with(nodes, Vec::new);
         }
@@ -594,8 +608,17 @@ pub(crate) fn draw_children(
     let (rows, dv) = logits.dims2()?;
     let host = logits.flatten_all()?.to_vec1::<f32>()?;
     for (r, &i) in level_nodes.iter().enumerate().take(rows) {
+        let row = &host[r * dv..(r + 1) * dv];
+        b.drawn[i].clear();
+        if b.confidence_cutoff > 0.0 {
+            let parent = tree.parent(i).map_or(1.0, |p| b.confidence[p]);
+            b.confidence[i] = parent * top_probability(row);
+            if b.confidence[i] < b.confidence_cutoff {
+                continue;
+            }
+        }
         let q = &mut b.q_at[i];
-        warp.apply(&host[r * dv..(r + 1) * dv], q).map_err(|e| nan_error(e, "draft"))?;
+        warp.apply(row, q).map_err(|e| nan_error(e, "draft"))?;
         q.resize(vocab, 0.0);
         let kids = tree.children(i);
         construction
@@ -606,10 +629,21 @@ pub(crate) fn draw_children(
                 b.token[child] = Some(t);
             }
         }
-        b.drawn[i].clear();
         b.drawn[i].extend_from_slice(&b.drafts);
     }
     Ok(())
+}
+
+/// The largest probability of `softmax(logits)` (temperature 1): `1 / sum_j exp(l_j - max)`.
+/// Logits that are not finite give 1 (no pruning; the warp then reports them).
+fn top_probability(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    if max.is_finite() && sum.is_finite() && sum >= 1.0 {
+        1.0 / sum as f64
+    } else {
+        1.0
+    }
 }
 
 /// Tokens for a draft whose vocabulary is a prefix of the target's: ids beyond it (which the

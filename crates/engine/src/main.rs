@@ -115,6 +115,11 @@ struct GenerateArgs {
     /// temperature (e.g. `--draft-temperature 1 --draft-sampling topk`: the top tokens).
     #[arg(long)]
     draft_temperature: Option<f64>,
+    /// Confidence pruning of the tree, in [0, 1] (0: off): a node's children are drafted only
+    /// while the product of the draft's top probabilities (temperature 1) along the path stays
+    /// at least this. Exact for every construction and verifier (it looks at the draft only).
+    #[arg(long, default_value_t = 0.0)]
+    draft_confidence: f64,
     /// Verifier: rrs, kseq, greedy, spechub, topk (default: the construction's own).
     #[arg(long)]
     verifier: Option<Verifier>,
@@ -206,7 +211,16 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             TreeChoice::Fixed(tree)
         };
         let draft_warp = args.draft_temperature.map(|t| Warp { temperature: t, top_k: args.top_k, top_p: args.top_p });
-        Some(SpecConfig { tree, construction: args.draft_sampling, verifier, draft_warp })
+        if !(0.0..=1.0).contains(&args.draft_confidence) {
+            anyhow::bail!("--draft-confidence must be in [0, 1], got {}", args.draft_confidence);
+        }
+        Some(SpecConfig {
+            tree,
+            construction: args.draft_sampling,
+            verifier,
+            draft_warp,
+            confidence_cutoff: args.draft_confidence,
+        })
     };
     let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     warp.check()?;

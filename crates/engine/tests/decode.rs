@@ -45,7 +45,13 @@ fn temperature_zero_speculative_equals_plain_decoding() {
                 continue;
             }
             let config = GenerationConfig {
-                speculative: Some(SpecConfig { tree: tree.clone().into(), construction: c, verifier: v, draft_warp }),
+                speculative: Some(SpecConfig {
+                    tree: tree.clone().into(),
+                    construction: c,
+                    verifier: v,
+                    draft_warp,
+                    confidence_cutoff: 0.0,
+                }),
                 ..base.clone()
             };
             let mut streamed = Vec::new();
@@ -86,6 +92,7 @@ fn identical_draft_accepts_whole_chains() {
             construction: DraftConstruction::Greedy,
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,
+            confidence_cutoff: 0.0,
         }),
     };
     let (out, stats) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
@@ -113,6 +120,7 @@ fn repeated_drafts_get_no_tree_nodes() {
             construction: DraftConstruction::WithReplacement,
             verifier: v,
             draft_warp: None,
+            confidence_cutoff: 0.0,
         };
         let config = GenerationConfig { speculative: Some(spec), ..plain.clone() };
         let (got, stats) = generator.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
@@ -211,3 +219,88 @@ fn auto_tree_follows_the_target_law() {
     );
     common::assert_follows_law(&counts, &law, draws, Some(25), "auto wor+rrs");
 }
+
+/// Confidence pruning (`--draft-confidence`): the tree shape then depends on the draft's
+/// distributions along each path. At temperature 0 the output is still the plain greedy
+/// output; at temperature 1 the first two tokens follow the exact law (chi-square as in
+/// `first_two_tokens_follow_the_target_law`: 4,000 generations per configuration, fails above
+/// the p = 1e-4 critical value). The cutoff is set so that some steps are pruned and some are
+/// not, which the test checks from the target rows of each generation.
+#[test]
+fn confidence_pruned_trees_are_exact() {
+    // Temperature 0, every preset that branches or chains.
+    let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, "prune-t0-target");
+    let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "prune-t0-draft");
+    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let (reference, _) =
+        Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
+    let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
+    for (name, cutoff) in [("chain-4", 0.05), ("drafts-2-depth-4", 0.05), ("mc_sim_7b_63", 0.1)] {
+        for (c, v) in [
+            (DraftConstruction::Greedy, samplers::Verifier::Greedy),
+            (DraftConstruction::TopK, samplers::Verifier::TopK),
+        ] {
+            let config = GenerationConfig {
+                speculative: Some(SpecConfig {
+                    tree: DraftTree::preset(name).unwrap().into(),
+                    construction: c,
+                    verifier: v,
+                    draft_warp: Some(Warp::temperature(1.0)),
+                    confidence_cutoff: cutoff,
+                }),
+                ..base.clone()
+            };
+            let (out, _) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
+            assert_eq!(out, reference, "{name}@{cutoff} {c}+{v}");
+        }
+    }
+
+    // Temperature 1 on the 5-token models.
+    let small = |seed, layers| Tiny { vocab: 5, scale: 1.0, layers, ..Tiny::qwen2(seed) };
+    let target = model(small(31, 2), "prune-chi-target");
+    let draft = model(small(32, 1), "prune-chi-draft");
+    let warp = Warp::temperature(1.0);
+    let law = two_token_law(&target, warp);
+    let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
+    let cutoff = PRUNE_CUTOFF;
+    for (c, v) in [
+        (DraftConstruction::WithoutReplacement, samplers::Verifier::Rrs),
+        (DraftConstruction::WithReplacement, samplers::Verifier::KSeq),
+        (DraftConstruction::Greedy, samplers::Verifier::Greedy),
+    ] {
+        let tree = DraftTree::preset("drafts-2-depth-2").unwrap();
+        let draws = 4000;
+        let config = |seed| GenerationConfig {
+            speculative: Some(SpecConfig {
+                tree: tree.clone().into(),
+                construction: c,
+                verifier: v,
+                draft_warp: None,
+                confidence_cutoff: cutoff,
+            }),
+            ..common::two_tokens(seed, warp, TreeChoice::Fixed(tree.clone()), c, v, None)
+        };
+        let (mut pruned, mut full) = (0, 0);
+        let counts = common::two_token_counts(&mut generator, &SMALL_PROMPT, 5, draws, config, |s| {
+            // A step of this tree runs 7 rows unpruned (fewer with repeated drafts).
+            if s.target_rows < 7 * s.target_forwards {
+                pruned += 1;
+            } else {
+                full += 1;
+            }
+        });
+        eprintln!("{c}+{v}@{cutoff}: {pruned} generations pruned, {full} not");
+        if c == DraftConstruction::WithoutReplacement {
+            assert!(
+                pruned > draws / 20 && full > draws / 20,
+                "{pruned} pruned, {full} full: the cutoff does not prune"
+            );
+        }
+        common::assert_follows_law(&counts, &law, draws, None, &format!("pruned at {cutoff}: {c}+{v}"));
+    }
+}
+
+/// A confidence cutoff below the tiny draft's top probability at the root (fixed prompt) and
+/// above the product along some depth-1 nodes: which nodes expand then depends on the drawn
+/// path (measured: about 1 generation in 10 pruned with wor+rrs; 0.8 prunes every root).
+const PRUNE_CUTOFF: f64 = 0.7;

@@ -212,6 +212,7 @@ mod decoding {
                             construction: c,
                             verifier: v,
                             draft_warp,
+                            confidence_cutoff: 0.0,
                         }),
                         ..base.clone()
                     };
@@ -236,6 +237,7 @@ mod decoding {
                 construction: DraftConstruction::Greedy,
                 verifier: Verifier::Greedy,
                 draft_warp: None,
+                confidence_cutoff: 0.0,
             }),
             ..base.clone()
         };

@@ -36,7 +36,13 @@ fn chat_ids(m: &LoadedModel, prompt: &str) -> Vec<u32> {
 }
 
 fn spec(tree: &str, c: DraftConstruction, v: Verifier) -> Option<SpecConfig> {
-    Some(SpecConfig { tree: DraftTree::preset(tree).unwrap().into(), construction: c, verifier: v, draft_warp: None })
+    Some(SpecConfig {
+        tree: DraftTree::preset(tree).unwrap().into(),
+        construction: c,
+        verifier: v,
+        draft_warp: None,
+        confidence_cutoff: 0.0,
+    })
 }
 
 /// The GGUF tokenizer: chat template, special tokens and a lossless round trip.

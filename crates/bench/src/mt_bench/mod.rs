@@ -52,7 +52,8 @@ pub struct MtBenchArgs {
     #[arg(long, default_value = "baseline,rrs-wr,rrs-wor,greedy")]
     methods: String,
     /// Comma-separated trees for the speculative methods: presets (`chain-N`,
-    /// `drafts-K-depth-D`, `mc_sim_7b_63`, ...), TOML files, or `auto`.
+    /// `drafts-K-depth-D`, `mc_sim_7b_63`, ...), TOML files, or `auto`; `TREE@C` prunes the
+    /// tree by draft confidence C (`mdsd generate --draft-confidence`), e.g. `chain-4@0.5`.
     #[arg(long, default_value = "drafts-2-depth-4")]
     trees: String,
     /// Comma-separated sampling temperatures (0: argmax).
@@ -202,10 +203,25 @@ fn turn_prompt(
     Ok(tok.apply_chat_conversation(&conv, None)?)
 }
 
+/// `TREE@C` into the tree and the confidence cutoff C (0 without `@`).
+fn split_cutoff(s: &str) -> anyhow::Result<(&str, f64)> {
+    match s.rsplit_once('@') {
+        None => Ok((s, 0.0)),
+        Some((name, c)) => {
+            let c: f64 = c.parse().with_context(|| format!("confidence cutoff of `{s}` is not a number"))?;
+            if !(0.0..=1.0).contains(&c) {
+                anyhow::bail!("confidence cutoff of `{s}` must be in [0, 1]");
+            }
+            Ok((name, c))
+        }
+    }
+}
+
 pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     let methods = methods::parse_methods(&args.methods)?;
     let trees = parse_list(&args.trees, "tree", |s| {
-        Ok((s.to_string(), if s == "auto" { TreeChoice::Auto } else { DraftTree::load(s)?.into() }))
+        let (name, _) = split_cutoff(s)?;
+        Ok((s.to_string(), if name == "auto" { TreeChoice::Auto } else { DraftTree::load(name)?.into() }))
     })?;
     let temperatures = parse_list(&args.temperatures, "temperature", |s| {
         let t: f64 = s.parse().context("not a number")?;
@@ -264,10 +280,14 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         let mut question_records = Vec::new();
         for k in 0..cells.len() {
             let cell = &cells[(qi + k) % cells.len()];
-            let speculative = cell.tree.as_ref().map(|(_, tree)| match cell.method {
-                Method::Speculative { construction, verifier } => {
-                    SpecConfig { tree: tree.clone(), construction, verifier, draft_warp: None }
-                }
+            let speculative = cell.tree.as_ref().map(|(name, tree)| match cell.method {
+                Method::Speculative { construction, verifier } => SpecConfig {
+                    tree: tree.clone(),
+                    construction,
+                    verifier,
+                    draft_warp: None,
+                    confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
+                },
                 Method::Baseline => unreachable!("the baseline has no tree"),
             });
             let mut answers: Vec<String> = Vec::with_capacity(q.turns.len());

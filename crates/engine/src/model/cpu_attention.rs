@@ -3,8 +3,8 @@
 //! The generic path (candle's f32 GEMM for `q k^T` and `w v`) copies every layer's cached keys
 //! and values into contiguous tensors, allocates the score matrix, and asks the OS for the
 //! core count on each GEMM; at one to a few new rows (decoding, draft trees) that overhead is
-//! larger than the arithmetic. Here each (head, row) pair is one task on candle's thread pool:
-//! scores against the cache rows as stored, the additive bias, a softmax, and the weighted sum
+//! larger than the arithmetic. Here each (KV head, new row) pair is one task on candle's thread
+//! pool, for all the query heads that share the KV head: scores against the cache rows as stored, the additive bias, a softmax, and the weighted sum
 //! of values, written straight into the `[1, t, heads * head_dim]` layout the output
 //! projection reads. Each row is computed alone, so a row's result does not depend on how
 //! many rows share the forward.
@@ -44,42 +44,57 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
     let mut out = vec![0f32; t * heads * hd];
     let out_addr = out.as_mut_ptr() as usize;
     let out_len = out.len();
-    candle_core::utils::barrier_pool().execute_chunked(heads * t, |items| {
-        // SAFETY: item (h, r) writes only `out[r, h * hd..(h + 1) * hd]`, and every item is
-        // run exactly once; `out` outlives the dispatch.
+    // One task per (KV head, row): the `groups` query heads sharing that KV head are done
+    // together, so each cached key and value row is read once per new row, not once per head.
+    candle_core::utils::barrier_pool().execute_chunked(kv_heads * t, |items| {
+        // SAFETY: item (g, r) writes only `out[r, h * hd..(h + 1) * hd]` for the query heads
+        // `h` of KV head `g`, and every item is run exactly once; `out` outlives the dispatch.
         let out = unsafe { std::slice::from_raw_parts_mut(out_addr as *mut f32, out_len) };
-        let mut scores = vec![0f32; total];
+        let mut scores = vec![0f32; groups * total];
         for item in items {
-            let (h, r) = (item / t, item % t);
-            let g = h / groups;
-            let qv = &q[(h * t + r) * hd..][..hd];
+            let (g, r) = (item / t, item % t);
             let brow = &b[r * total..][..total];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s = if brow[j] == f32::NEG_INFINITY {
-                    f32::NEG_INFINITY
-                } else {
-                    dot(qv, kv_k.row(kc, g, j)) * scale + brow[j]
-                };
-                max = max.max(*s);
-            }
-            let o = &mut out[(r * heads + h) * hd..][..hd];
-            o.fill(0.0);
-            if max == f32::NEG_INFINITY {
-                continue;
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            for (j, &w) in scores.iter().enumerate() {
-                if w != 0.0 {
-                    axpy(w, kv_v.row(vc, g, j), o);
+            let query = |i: usize| &q[((g * groups + i) * t + r) * hd..][..hd];
+            for (j, &bias) in brow.iter().enumerate() {
+                if bias == f32::NEG_INFINITY {
+                    for i in 0..groups {
+                        scores[i * total + j] = f32::NEG_INFINITY;
+                    }
+                    continue;
+                }
+                let krow = kv_k.row(kc, g, j);
+                for i in 0..groups {
+                    scores[i * total + j] = dot(query(i), krow) * scale + bias;
                 }
             }
-            let inv = 1.0 / sum;
-            o.iter_mut().for_each(|x| *x *= inv);
+            for i in 0..groups {
+                let s = &mut scores[i * total..][..total];
+                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                if max == f32::NEG_INFINITY {
+                    s.fill(0.0);
+                    continue;
+                }
+                let mut sum = 0f32;
+                for x in s.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                let inv = 1.0 / sum;
+                s.iter_mut().for_each(|x| *x *= inv);
+            }
+            for i in 0..groups {
+                out[(r * heads + g * groups + i) * hd..][..hd].fill(0.0);
+            }
+            for j in 0..total {
+                if brow[j] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let vrow = kv_v.row(vc, g, j);
+                for i in 0..groups {
+                    let w = scores[i * total + j];
+                    axpy(w, vrow, &mut out[(r * heads + g * groups + i) * hd..][..hd]);
+                }
+            }
         }
     });
     Ok(Some(Tensor::from_vec(out, (1, t, heads * hd), &candle_core::Device::Cpu)?))

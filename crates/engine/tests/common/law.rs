@@ -104,7 +104,13 @@ pub fn assert_auto_equals_plain(
     for draft_warp in [None, Some(Warp::temperature(1.0))] {
         for &(c, v) in VALID_PAIRS.iter().filter(|(c, _)| *c != DraftConstruction::SpecHub) {
             let config = GenerationConfig {
-                speculative: Some(SpecConfig { tree: TreeChoice::Auto, construction: c, verifier: v, draft_warp }),
+                speculative: Some(SpecConfig {
+                    tree: TreeChoice::Auto,
+                    construction: c,
+                    verifier: v,
+                    draft_warp,
+                    confidence_cutoff: 0.0,
+                }),
                 ..base.clone()
             };
             let (out, stats) = generator.generate(prompt, &config, |_| false, |_| Ok(())).unwrap();
@@ -144,6 +150,6 @@ pub fn two_tokens(
         max_new_tokens: 2,
         warp,
         seed,
-        speculative: Some(SpecConfig { tree, construction: c, verifier: v, draft_warp }),
+        speculative: Some(SpecConfig { tree, construction: c, verifier: v, draft_warp, confidence_cutoff: 0.0 }),
     }
 }
