@@ -18,12 +18,30 @@ pub fn validate(v: &[f64], which: &'static str, tolerance: f64) -> Result<()> {
     if v.is_empty() {
         return Err(SamplerError::Empty { which });
     }
-    let mut sum = 0.0;
-    for (index, &value) in v.iter().enumerate() {
-        if !value.is_finite() || value < 0.0 {
+    // One vectorisable pass (four lanes): the sum and the minimum. A NaN or infinite entry
+    // makes the sum non-finite and a negative one the minimum negative; only then is the first
+    // bad entry looked up.
+    let mut acc = [0.0f64; 4];
+    let mut min = [0.0f64; 4];
+    let chunks = v.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..4 {
+            acc[l] += c[l];
+            if c[l] < min[l] {
+                min[l] = c[l];
+            }
+        }
+    }
+    let sum = (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest.iter().sum::<f64>();
+    let negative = min.iter().chain(rest).any(|&x| x < 0.0);
+    if negative || !sum.is_finite() {
+        let bad = v.iter().enumerate().find(|(_, x)| !(0.0..f64::INFINITY).contains(*x));
+        if let Some((index, &value)) = bad {
             return Err(SamplerError::InvalidEntry { which, index, value });
         }
-        sum += value;
+        // Finite non-negative entries whose sum overflows.
+        return Err(SamplerError::NotNormalized { which, sum, tolerance });
     }
     if (sum - 1.0).abs() > tolerance {
         return Err(SamplerError::NotNormalized { which, sum, tolerance });
@@ -297,5 +315,27 @@ mod tests {
         assert!(matches!(validate(&[0.5, f64::NAN], "p", 1e-6), Err(SamplerError::InvalidEntry { index: 1, .. })));
         assert!(matches!(validate(&[0.5, 0.2], "q", 1e-6), Err(SamplerError::NotNormalized { .. })));
         assert!(validate(&[0.5, 0.5], "q", 1e-6).is_ok());
+        // Every position of the four-lane pass and of the remainder, every kind of bad entry:
+        // the first bad index is named.
+        for len in [4usize, 7, 9, 13] {
+            for at in 0..len {
+                for bad in [f64::NAN, -1e-300, -0.5, f64::INFINITY, f64::NEG_INFINITY] {
+                    let mut v = vec![1.0 / len as f64; len];
+                    v[at] = bad;
+                    match validate(&v, "p", 1e-6) {
+                        Err(SamplerError::InvalidEntry { index, .. }) => {
+                            assert_eq!(index, at, "{bad} at {at} of {len}")
+                        }
+                        other => panic!("{bad} at {at} of {len}: {other:?}"),
+                    }
+                }
+            }
+            let mut v = vec![1.0 / len as f64; len];
+            v[len - 1] = -0.0;
+            v[0] += 1.0 / len as f64;
+            assert!(validate(&v, "p", 1e-6).is_ok(), "-0.0 is a zero");
+        }
+        // Finite entries whose sum overflows: not normalised, not a bad entry.
+        assert!(matches!(validate(&[f64::MAX, f64::MAX], "q", 1e-6), Err(SamplerError::NotNormalized { .. })));
     }
 }

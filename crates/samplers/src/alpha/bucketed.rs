@@ -21,7 +21,8 @@ pub(crate) trait PrefixQ {
     fn width(&self) -> usize;
     /// The state of the empty set.
     fn empty(&self, state: &mut [f64]);
-    /// Adds one token of probability `q` (normalised).
+    /// Adds one token of probability `q` (normalised); adding `q = 0` must leave the state
+    /// unchanged (pass 1 adds zeros for excluded tokens).
     fn add(&self, state: &mut [f64], q: f64);
     /// `state ← state ⊕ acc` where `acc` was built from the empty state by `add`.
     fn merge(&self, state: &mut [f64], acc: &[f64]);
@@ -54,14 +55,13 @@ fn scan(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, model: &impl Pref
     let w = model.width();
     let (ip, iq) = (1.0 / crate::dist::fast_sum(p), 1.0 / crate::dist::fast_sum(q));
     b.token_bucket.clear();
-    // One extra bucket, `DUMP`, receives the excluded tokens so that pass 1 has no
-    // unpredictable branch (about half the tokens are excluded on real distributions).
-    const DUMP: usize = BUCKETS;
+    // Excluded tokens (about half on real distributions) add zeros to their key's bucket, so
+    // that pass 1 has no unpredictable branch and no chain of updates to one shared slot.
     b.bucket_p.clear();
-    b.bucket_p.resize(BUCKETS + 1, 0.0);
+    b.bucket_p.resize(BUCKETS, 0.0);
     b.bucket_count.clear();
-    b.bucket_count.resize(BUCKETS + 1, 0);
-    b.acc.resize((BUCKETS + 1) * w, 0.0);
+    b.bucket_count.resize(BUCKETS, 0);
+    b.acc.resize((BUCKETS) * w, 0.0);
     for bucket in b.acc.chunks_mut(w) {
         model.empty(bucket);
     }
@@ -70,11 +70,11 @@ fn scan(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, model: &impl Pref
     for (&pi, &qi) in p.iter().zip(q) {
         let (pn, qn) = (pi * ip, qi * iq);
         let kept = (qi > 0.0) & keep(pn, qn);
-        let key_bucket = (Candidate::key_of(pn, qn) >> (32 - BUCKET_BITS)) as usize;
-        let bucket = if kept { key_bucket } else { DUMP };
-        model.add(&mut b.acc[bucket * w..(bucket + 1) * w], qn);
-        b.bucket_p[bucket] += pn;
-        b.bucket_count[bucket] += 1;
+        let bucket = (Candidate::key_of(pn, qn) >> (32 - BUCKET_BITS)) as usize;
+        let mask = kept as u64 as f64;
+        model.add(&mut b.acc[bucket * w..(bucket + 1) * w], qn * mask);
+        b.bucket_p[bucket] += pn * mask;
+        b.bucket_count[bucket] += kept as u32;
         b.token_bucket.push(if kept { bucket as u16 } else { NONE });
     }
     // Pass 2: exact f at bucket ends, the start state of each bucket, and the bound inside.
