@@ -172,3 +172,63 @@ fn quadrature_matches_exact_pair_formula_for_three_drafts() {
         }
     }
 }
+
+/// The bucketed scan (linear passes, a few small sorts) equals the plain definition of
+/// section 4.2 (every token with `q > 0` sorted by `q/p`, the minimum of `P - Q` over all
+/// prefixes) at vocabulary 20,000, for with-replacement and conditional-Poisson drafts and
+/// several n: targets and drafts that agree, that differ, and that share a plateau of equal
+/// ratios.
+#[test]
+fn bucketed_scan_equals_the_full_sorted_scan() {
+    let v = 20_000;
+    let p = llm_like(v, &[0.3, 0.1, 0.05], 1);
+    let q_close: Vec<f64> = {
+        let noise = llm_like(v, &[0.25, 0.12, 0.04], 2);
+        let mix: Vec<f64> = p.iter().zip(&noise).map(|(a, b)| 0.8 * a + 0.2 * b).collect();
+        let s: f64 = mix.iter().sum();
+        mix.iter().map(|x| x / s).collect()
+    };
+    let q_far = llm_like(v, &[0.05, 0.4], 3);
+    let mut q_plateau = p.clone();
+    // Half the tokens keep exactly p's ratio: long runs of equal q/p.
+    for (i, x) in q_plateau.iter_mut().enumerate() {
+        if i % 2 == 1 {
+            *x *= 3.0;
+        }
+    }
+    let s: f64 = q_plateau.iter().sum();
+    q_plateau.iter_mut().for_each(|x| *x /= s);
+    for (name, q) in [("close", &q_close), ("far", &q_far), ("plateau", &q_plateau)] {
+        for n in [1usize, 2, 3, 4, 8] {
+            for c in [DraftConstruction::WithReplacement, DraftConstruction::ConditionalPoisson] {
+                let got = alpha::alpha_star(c, &p, q, n).unwrap();
+                let want = full_sorted_scan(&p, q, n, c);
+                assert!((got - want).abs() < 1e-9, "{name} {c} n={n}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+/// `1 + min(0, min over prefixes of P - Q)` with every token sorted (the reference).
+fn full_sorted_scan(p: &[f64], q: &[f64], n: usize, c: DraftConstruction) -> f64 {
+    let mut idx: Vec<usize> = (0..p.len()).filter(|&i| q[i] > 0.0).collect();
+    let ratio = |i: usize| if p[i] > 0.0 { q[i] / p[i] } else { f64::INFINITY };
+    idx.sort_by(|&a, &b| ratio(b).total_cmp(&ratio(a)));
+    let m = n.min(idx.len());
+    let total = samplers::construction::elementary_symmetric(q.iter().copied(), m)[m];
+    let (mut pp, mut qh) = (0.0, 0.0);
+    let mut e = vec![0.0; m + 1];
+    e[0] = 1.0;
+    let mut best = 0.0f64;
+    for &i in &idx {
+        pp += p[i];
+        qh += q[i];
+        samplers::construction::add_to_elementary_symmetric(&mut e, q[i]);
+        let big_q = match c {
+            DraftConstruction::WithReplacement => qh.min(1.0).powi(n as i32),
+            _ => (e[m] / total).min(1.0),
+        };
+        best = best.min(pp - big_q);
+    }
+    (1.0 + best).clamp(0.0, 1.0)
+}
