@@ -394,3 +394,19 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     eprintln!("bench: wrote {}, {} and {}", records_path.display(), json_path.display(), md_path.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split_cutoff;
+
+    #[test]
+    fn tree_names_take_an_optional_confidence_cutoff() {
+        assert_eq!(split_cutoff("chain-4").unwrap(), ("chain-4", 0.0));
+        assert_eq!(split_cutoff("chain-4@0.6").unwrap(), ("chain-4", 0.6));
+        assert_eq!(split_cutoff("configs/trees/x.toml@1").unwrap(), ("configs/trees/x.toml", 1.0));
+        for bad in ["chain-2@x", "chain-2@1.5", "chain-2@-0.1", "chain-2@NaN"] {
+            let e = split_cutoff(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("confidence cutoff"), "{bad}: {e}");
+        }
+    }
+}
