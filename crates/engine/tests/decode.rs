@@ -26,12 +26,7 @@ const SMALL_PROMPT: [u32; 3] = [1, 4, 0];
 /// random models, so drafts are often rejected).
 #[test]
 fn temperature_zero_speculative_equals_plain_decoding() {
-    let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, "t0-target");
-    let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "t0-draft");
-    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
-    let mut plain = Generator::new(&target, None, 200).unwrap();
-    let (reference, _) = plain.generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
-    assert_eq!(reference.len(), 40);
+    let (target, draft, base, reference) = greedy_setup("t0");
     let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
     let mut accepted_somewhere = 0;
     // The draft's q warped like the target's (one-hot: one draft per node) or kept at
@@ -45,13 +40,7 @@ fn temperature_zero_speculative_equals_plain_decoding() {
                 continue;
             }
             let config = GenerationConfig {
-                speculative: Some(SpecConfig {
-                    tree: tree.clone().into(),
-                    construction: c,
-                    verifier: v,
-                    draft_warp,
-                    confidence_cutoff: 0.0,
-                }),
+                speculative: Some(common::spec(tree.clone(), c, v, draft_warp, 0.0)),
                 ..base.clone()
             };
             let mut streamed = Vec::new();
@@ -174,11 +163,7 @@ fn first_two_tokens_follow_the_target_law() {
 /// tiny models), the output is the plain greedy output, for every pair that can draw chains.
 #[test]
 fn auto_tree_at_temperature_zero_equals_plain_decoding() {
-    let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, "auto-t0-target");
-    let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "auto-t0-draft");
-    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
-    let (reference, _) =
-        Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
+    let (target, draft, base, reference) = greedy_setup("auto-t0");
     let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
     let drafted = common::assert_auto_equals_plain(&mut generator, &PROMPT, &base, &reference);
     // Even when plain steps win on cost, one step in 16 drafts (40 tokens: at least twice).
@@ -229,27 +214,16 @@ fn auto_tree_follows_the_target_law() {
 #[test]
 fn confidence_pruned_trees_are_exact() {
     // Temperature 0, every preset that branches or chains.
-    let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, "prune-t0-target");
-    let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "prune-t0-draft");
-    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
-    let (reference, _) =
-        Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
+    let (target, draft, base, reference) = greedy_setup("prune-t0");
     let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
     for (name, cutoff) in [("chain-4", 0.05), ("drafts-2-depth-4", 0.05), ("mc_sim_7b_63", 0.1)] {
         for (c, v) in [
             (DraftConstruction::Greedy, samplers::Verifier::Greedy),
             (DraftConstruction::TopK, samplers::Verifier::TopK),
         ] {
-            let config = GenerationConfig {
-                speculative: Some(SpecConfig {
-                    tree: DraftTree::preset(name).unwrap().into(),
-                    construction: c,
-                    verifier: v,
-                    draft_warp: Some(Warp::temperature(1.0)),
-                    confidence_cutoff: cutoff,
-                }),
-                ..base.clone()
-            };
+            let tree = DraftTree::preset(name).unwrap();
+            let spec = common::spec(tree, c, v, Some(Warp::temperature(1.0)), cutoff);
+            let config = GenerationConfig { speculative: Some(spec), ..base.clone() };
             let (out, _) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
             assert_eq!(out, reference, "{name}@{cutoff} {c}+{v}");
         }
@@ -271,13 +245,7 @@ fn confidence_pruned_trees_are_exact() {
         let tree = DraftTree::preset("drafts-2-depth-2").unwrap();
         let draws = 4000;
         let config = |seed| GenerationConfig {
-            speculative: Some(SpecConfig {
-                tree: tree.clone().into(),
-                construction: c,
-                verifier: v,
-                draft_warp: None,
-                confidence_cutoff: cutoff,
-            }),
+            speculative: Some(common::spec(tree.clone(), c, v, None, cutoff)),
             ..common::two_tokens(seed, warp, TreeChoice::Fixed(tree.clone()), c, v, None)
         };
         let (mut pruned, mut full) = (0, 0);
@@ -304,3 +272,15 @@ fn confidence_pruned_trees_are_exact() {
 /// above the product along some depth-1 nodes: which nodes expand then depends on the drawn
 /// path (measured: about 1 generation in 10 pruned with wor+rrs; 0.8 prunes every root).
 const PRUNE_CUTOFF: f64 = 0.7;
+
+/// The temperature-0 setup of the equality tests: a tiny LLaMA target and a one-block draft
+/// (different random models), 40 greedy tokens, and the plain output to compare with.
+fn greedy_setup(tag: &str) -> (DecoderModel, DecoderModel, GenerationConfig, Vec<u32>) {
+    let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, &format!("{tag}-target"));
+    let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, &format!("{tag}-draft"));
+    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let (reference, _) =
+        Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(reference.len(), 40);
+    (target, draft, base, reference)
+}

@@ -206,16 +206,8 @@ mod decoding {
                     {
                         continue;
                     }
-                    let config = GenerationConfig {
-                        speculative: Some(SpecConfig {
-                            tree: tree.clone().into(),
-                            construction: c,
-                            verifier: v,
-                            draft_warp,
-                            confidence_cutoff: 0.0,
-                        }),
-                        ..base.clone()
-                    };
+                    let spec = common::spec(tree.clone(), c, v, draft_warp, 0.0);
+                    let config = GenerationConfig { speculative: Some(spec), ..base.clone() };
                     let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
                     assert_eq!(out, reference, "{name} {c}+{v} (draft warp {draft_warp:?})");
                     assert!(stats.draft_forwards > 0);

@@ -103,16 +103,8 @@ pub fn assert_auto_equals_plain(
     let mut drafted = 0;
     for draft_warp in [None, Some(Warp::temperature(1.0))] {
         for &(c, v) in VALID_PAIRS.iter().filter(|(c, _)| *c != DraftConstruction::SpecHub) {
-            let config = GenerationConfig {
-                speculative: Some(SpecConfig {
-                    tree: TreeChoice::Auto,
-                    construction: c,
-                    verifier: v,
-                    draft_warp,
-                    confidence_cutoff: 0.0,
-                }),
-                ..base.clone()
-            };
+            let config =
+                GenerationConfig { speculative: Some(spec(TreeChoice::Auto, c, v, draft_warp, 0.0)), ..base.clone() };
             let (out, stats) = generator.generate(prompt, &config, |_| false, |_| Ok(())).unwrap();
             assert_eq!(out, reference, "auto {c}+{v} (draft warp {draft_warp:?}): {}", stats.auto_tree);
             assert!(stats.auto_tree.starts_with("alpha "), "{}", stats.auto_tree);
@@ -136,6 +128,18 @@ pub fn auto_favouring_wide_trees() -> AutoTree {
     auto
 }
 
+/// A speculative configuration: `tree`, construction `c`, verifier `v`, the draft's own warp
+/// (`None`: the target's) and a confidence cutoff (0: no pruning).
+pub fn spec(
+    tree: impl Into<TreeChoice>,
+    c: DraftConstruction,
+    v: samplers::Verifier,
+    draft_warp: Option<Warp>,
+    confidence_cutoff: f64,
+) -> SpecConfig {
+    SpecConfig { tree: tree.into(), construction: c, verifier: v, draft_warp, confidence_cutoff }
+}
+
 /// The configuration of the chi-square tests: two new tokens at `warp` with seed `seed`, drafted
 /// on `tree` with construction `c` and verifier `v` (`draft_warp`: q's own warp, if any).
 pub fn two_tokens(
@@ -146,10 +150,5 @@ pub fn two_tokens(
     v: samplers::Verifier,
     draft_warp: Option<Warp>,
 ) -> GenerationConfig {
-    GenerationConfig {
-        max_new_tokens: 2,
-        warp,
-        seed,
-        speculative: Some(SpecConfig { tree, construction: c, verifier: v, draft_warp, confidence_cutoff: 0.0 }),
-    }
+    GenerationConfig { max_new_tokens: 2, warp, seed, speculative: Some(spec(tree, c, v, draft_warp, 0.0)) }
 }
