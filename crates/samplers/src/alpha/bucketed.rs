@@ -37,7 +37,8 @@ struct Buffers {
     bucket_count: Vec<u32>,
     acc: Vec<f64>,
     starts: Vec<f64>,
-    refine: Vec<u64>,
+    /// One byte per bucket plus one for `NONE`: 1 where the bucket is refined.
+    refine: Vec<u8>,
     items: Vec<Candidate>,
     spare: Vec<Candidate>,
 }
@@ -98,11 +99,11 @@ fn scan(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, model: &impl Pref
     }
     // Pass 3: refine the buckets that can hold a smaller value.
     b.refine.clear();
-    b.refine.resize(BUCKETS / 64, 0);
+    b.refine.resize(NONE as usize + 1, 0);
     let mut any = false;
     for &(bucket, _, lower) in &bounds {
         if lower < best - 1e-15 {
-            b.refine[bucket / 64] |= 1 << (bucket % 64);
+            b.refine[bucket] = 1;
             any = true;
         }
     }
@@ -111,7 +112,8 @@ fn scan(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, model: &impl Pref
     }
     b.items.clear();
     for (i, &bucket) in b.token_bucket.iter().enumerate() {
-        if bucket != NONE && b.refine[bucket as usize / 64] >> (bucket % 64) & 1 == 1 {
+        // `NONE` (excluded tokens) indexes a byte that stays 0: one table look-up per token.
+        if b.refine[bucket as usize] != 0 {
             let (pn, qn) = (p[i] * ip, q[i] * iq);
             b.items.push(Candidate::new(pn, qn));
         }
