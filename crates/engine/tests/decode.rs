@@ -268,6 +268,43 @@ fn confidence_pruned_trees_are_exact() {
     }
 }
 
+/// Temperature 0 with Q4_K GGUF models on the CPU, where every product runs our repacked
+/// kernel (`model::q4k_interleaved`, on AVX2 CPUs) with 1 to 26 rows: speculative output equals
+/// plain decoding token for token, so a row's result does not depend on the rows beside it.
+#[test]
+fn quantized_models_at_temperature_zero_equal_plain_decoding() {
+    use candle_core::quantized::GgmlDType;
+    let dir = temp_dir("q4k-t0");
+    let file = Tiny { hidden: 256, intermediate: 512, scale: 0.8, ..Tiny::llama(31) }.write_gguf(
+        &dir.join("target.gguf"),
+        GgmlDType::Q4K,
+        &[],
+    );
+    // The target drafts for itself: every draft is accepted, so every tree node's row decides
+    // the output, with up to 26 rows in one product.
+    let (target, draft) = (common::load_cpu(&file), common::load_cpu(&file));
+    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let (reference, _) =
+        Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(reference.len(), 40);
+    let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
+    for name in ["chain-1", "chain-4", "drafts-2-depth-4", "mc_sim_7b_63"] {
+        let tree = DraftTree::preset(name).unwrap();
+        for (c, v) in [
+            (DraftConstruction::Greedy, samplers::Verifier::Greedy),
+            (DraftConstruction::WithReplacement, samplers::Verifier::Rrs),
+        ] {
+            let config =
+                GenerationConfig { speculative: Some(common::spec(tree.clone(), c, v, None, 0.0)), ..base.clone() };
+            let (out, stats) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
+            assert_eq!(out, reference, "{name} {c}+{v}");
+            // Every draft accepted: max_depth + 1 tokens per step, less at the 40-token limit.
+            let depth = tree.max_depth() as f64;
+            assert!(stats.tau >= depth, "{name} {c}+{v}: tau {} with the target as its own draft", stats.tau);
+        }
+    }
+}
+
 /// A confidence cutoff below the tiny draft's top probability at the root (fixed prompt) and
 /// above the product along some depth-1 nodes: which nodes expand then depends on the drawn
 /// path (measured: about 1 generation in 10 pruned with wor+rrs; 0.8 prunes every root).

@@ -322,7 +322,7 @@ pub fn load(
             } else {
                 None
             };
-            Ok(Linear::padded(w, b, pad))
+            Linear::padded(w, b, pad)
         };
         let qkv_bias = config.architecture == Architecture::Qwen2;
         layers.push(Layer {
@@ -346,6 +346,6 @@ pub fn load(
         _ => file.tensor(head_name, device)?,
     };
     let (lm_head, pad) = format.matmul(head, device)?;
-    let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad), dtype, device)?;
+    let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad)?, dtype, device)?;
     Ok((model, file))
 }

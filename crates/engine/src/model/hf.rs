@@ -202,7 +202,7 @@ pub fn check_safetensors(path: &Path) -> Result<()> {
 pub(crate) fn dense_linear(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
     let w = vb.get((out, inp), "weight")?;
     let b = if bias { Some(vb.get(out, "bias")?) } else { None };
-    Ok(Linear::new(QMatMul::Tensor(w), b))
+    Linear::new(QMatMul::Tensor(w), b)
 }
 
 /// One decoder layer under transformers' names (`self_attn.*`, `mlp.*`, the norms) from `l`;
@@ -238,5 +238,5 @@ fn build(hf: &HfConfig, config: ModelConfig, vb: VarBuilder, dtype: DType, devic
     } else {
         vb.get((c.vocab_size, h), "lm_head.weight")?
     };
-    DecoderModel::new(config, embed, layers, norm, Linear::new(QMatMul::Tensor(lm_head), None), dtype, device)
+    DecoderModel::new(config, embed, layers, norm, Linear::new(QMatMul::Tensor(lm_head), None)?, dtype, device)
 }

@@ -17,6 +17,7 @@ pub mod cpu_attention;
 pub mod eagle;
 pub mod gguf;
 pub mod hf;
+pub mod q4k_interleaved;
 pub mod qgemv;
 
 use crate::kv_cache::KvCache;
@@ -78,29 +79,41 @@ impl ModelConfig {
 /// the input then gets as many zeros, which leaves the product unchanged.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: QMatMul,
+    /// The matrix in candle's form; `None` when it lives in `repacked` only.
+    weight: Option<QMatMul>,
+    /// A Q4_K matrix on an AVX2 CPU, repacked at load for our kernel ([`q4k_interleaved`]),
+    /// which then runs every product with it (one copy of the weights is kept, not two).
+    repacked: Option<std::sync::Arc<q4k_interleaved::Q4KMatrix>>,
     bias: Option<Tensor>,
     pad_input: usize,
     /// Up to this many input rows go through [`qgemv`] (0: never).
     few_rows_max: usize,
 }
 
-/// Input rows up to which Q4_K/Q6_K products on an AVX2 CPU use [`qgemv`] rather than
-/// candle's repacked kernels (measured in `benches/RESULTS.md`, "Engine on CPU").
+/// Input rows up to which ggml-layout Q4_K/Q6_K products on an AVX2 CPU use [`qgemv`] rather
+/// than candle's repacked kernels (measured in `benches/RESULTS.md`, "Engine on CPU"). Q4_K
+/// matrices repacked at load ([`q4k_interleaved`]) take our kernel at every row count.
 pub const FEW_ROWS_MAX: usize = 4;
 
 impl Linear {
-    pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Self {
+    pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
         Self::padded(weight, bias, 0)
     }
 
     /// A matrix whose rows were padded with `pad_input` zero columns.
-    pub fn padded(weight: QMatMul, bias: Option<Tensor>, pad_input: usize) -> Self {
+    pub fn padded(weight: QMatMul, bias: Option<Tensor>, pad_input: usize) -> Result<Self> {
         let few_rows_max = match &weight {
             QMatMul::QTensor(w) if qgemv::supports(w) => few_rows_max_from_env(),
             _ => 0,
         };
-        Self { weight, bias, pad_input, few_rows_max }
+        let repacked = match &weight {
+            QMatMul::QTensor(w) if few_rows_max > 0 && repack_q4k_from_env() => {
+                q4k_interleaved::Q4KMatrix::from_qtensor(w)?.map(std::sync::Arc::new)
+            }
+            _ => None,
+        };
+        let weight = if repacked.is_some() { None } else { Some(weight) };
+        Ok(Self { weight, repacked, bias, pad_input, few_rows_max })
     }
 }
 
@@ -111,26 +124,46 @@ fn few_rows_max_from_env() -> usize {
     *VALUE.get_or_init(|| std::env::var("MDSD_FEW_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(FEW_ROWS_MAX))
 }
 
+/// False when `MDSD_REPACK_Q4K=0`: Q4_K matrices then run in ggml's layout (for measuring
+/// one kernel against the other).
+fn repack_q4k_from_env() -> bool {
+    static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VALUE.get_or_init(|| std::env::var("MDSD_REPACK_Q4K").map_or(true, |v| v != "0"))
+}
+
 impl Linear {
     fn matmul(&self, x: &Tensor) -> Result<Tensor> {
-        if let QMatMul::QTensor(w) = &self.weight {
-            let k = x.dim(D::Minus1)?;
-            // Our kernel is CPU-only: on CUDA candle's own quantized matmul runs.
-            if k > 0 && x.elem_count() / k <= self.few_rows_max && x.dtype() == DType::F32 && x.device().is_cpu() {
-                return x.contiguous()?.apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(w));
-            }
+        // Our kernels are CPU-only: on CUDA candle's own quantized matmul runs.
+        if let Some(w) = self.few_rows_weight(x) {
+            return x.contiguous()?.apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(w));
         }
-        self.weight.forward(x)
+        match (&self.weight, &self.repacked) {
+            (Some(w), _) => w.forward(x),
+            // Repacked matrices are CPU-only and take f32 activations.
+            (None, Some(r)) => x
+                .to_dtype(DType::F32)?
+                .to_device(&candle_core::Device::Cpu)?
+                .contiguous()?
+                .apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(qgemv::RowsWeight::Q4KInterleaved(r))),
+            (None, None) => unreachable!("a Linear holds its matrix in one of the two forms"),
+        }
     }
 }
 
 impl Linear {
-    /// The quantized matrix when a product with `x` takes the few-rows kernel ([`qgemv`]).
-    fn few_rows_weight(&self, x: &Tensor) -> Option<&candle_core::quantized::QTensor> {
-        let QMatMul::QTensor(w) = &self.weight else { return None };
+    /// The matrix when a product with `x` takes a few-rows kernel ([`qgemv`]).
+    /// A repacked matrix takes every row count; a ggml one up to `few_rows_max` rows.
+    fn few_rows_weight(&self, x: &Tensor) -> Option<qgemv::RowsWeight<'_>> {
+        if !(x.dtype() == DType::F32 && x.device().is_cpu()) {
+            return None;
+        }
+        if let Some(r) = &self.repacked {
+            return Some(qgemv::RowsWeight::Q4KInterleaved(r));
+        }
+        let Some(QMatMul::QTensor(w)) = &self.weight else { return None };
         let k = x.dims().last().copied().unwrap_or(0);
         let fits = k > 0 && x.elem_count() / k <= self.few_rows_max;
-        (fits && x.dtype() == DType::F32 && x.device().is_cpu()).then_some(w.as_ref())
+        fits.then_some(qgemv::RowsWeight::Ggml(w))
     }
 }
 
@@ -159,7 +192,7 @@ pub fn forward_many(lins: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
         .zip(&ws)
         .map(|((l, out), w)| {
             let mut d = dims.clone();
-            *d.last_mut().expect("non-empty dims") = w.shape().dims()[0];
+            *d.last_mut().expect("non-empty dims") = w.dims()?.0;
             let y = Tensor::from_vec(out, d, x.device())?;
             match &l.bias {
                 Some(b) => y.broadcast_add(b),
@@ -170,13 +203,16 @@ pub fn forward_many(lins: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
 }
 
 /// The products of [`forward_many`] as host vectors, with the output dims of the first.
-fn many_rows(ws: &[&candle_core::quantized::QTensor], x: &Tensor) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
+fn many_rows(ws: &[qgemv::RowsWeight], x: &Tensor) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
     let dims = x.dims().to_vec();
     let k = *dims.last().expect("non-empty dims");
     let m = x.elem_count() / k;
-    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.shape().dims()[0]]).collect();
+    let mut outs = Vec::with_capacity(ws.len());
+    for w in ws {
+        outs.push(vec![0f32; m * w.dims()?.0]);
+    }
     // Matrices re-quantized with zero-padded rows ([`Linear::padded`]) take as many zeros.
-    let kw = ws[0].shape().dims2()?.1;
+    let kw = ws[0].dims()?.1;
     if kw < k {
         candle_core::bail!("quantized-rows-matmul: {k} inputs against matrices of width {kw}");
     }
@@ -197,14 +233,14 @@ fn many_rows(ws: &[&candle_core::quantized::QTensor], x: &Tensor) -> Result<(Vec
 /// The gated MLP's inner activation `silu(x @ gate^T) * (x @ up^T)`; on the few-rows path both
 /// products run in one dispatch and the gating is applied on the host without temporaries.
 pub fn gated(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
-    if let (Some(g), Some(u), None, None) = (gate.few_rows_weight(x), up.few_rows_weight(x), &gate.bias, &up.bias) {
-        let (mut outs, mut dims) = many_rows(&[g, u], x)?;
+    if let (Some(gw), Some(uw), None, None) = (gate.few_rows_weight(x), up.few_rows_weight(x), &gate.bias, &up.bias) {
+        let (mut outs, mut dims) = many_rows(&[gw, uw], x)?;
         let u = outs.pop().expect("two outputs");
         let mut g = outs.pop().expect("two outputs");
         for (a, b) in g.iter_mut().zip(&u) {
             *a = *a / (1.0 + (-*a).exp()) * b;
         }
-        *dims.last_mut().expect("non-empty dims") = gate.few_rows_weight(x).expect("checked").shape().dims()[0];
+        *dims.last_mut().expect("non-empty dims") = gw.dims()?.0;
         return Tensor::from_vec(g, dims, x.device());
     }
     candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?

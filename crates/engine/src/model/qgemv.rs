@@ -15,14 +15,20 @@
 //! (measured: each row beyond the second cost twice as much with tiles of four). A weight
 //! row is decoded once per tile and stays in L1 between tiles.
 //!
-//! The caller ([`super::Linear`]) routes here only when [`supports`] says so and the number of
-//! rows is small; otherwise candle's kernels run. Work is split over output columns on
+//! Q4_K matrices on such CPUs are normally repacked at load ([`super::q4k_interleaved`]: the
+//! same weights in a layout that needs about half the instructions); [`matmul_many`] takes
+//! either form ([`RowsWeight`]) and quantizes the activations once for all of them.
+//!
+//! The caller ([`super::Linear`]) routes ggml-layout matrices here only when [`supports`] says
+//! so and the number of rows is small; otherwise candle's kernels run. Work is split over output columns on
 //! candle's own thread pool, so the two never compete for cores.
 
 use candle_core::backend::BackendStorage;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape};
 use half::f16;
+
+use super::q4k_interleaved::{self as q4ki, BlockQ8KI, Q4KMatrix};
 
 /// Values per super-block (ggml's `QK_K`).
 pub const QK_K: usize = 256;
@@ -31,11 +37,11 @@ pub const ROW_TILE: usize = 2;
 
 /// ggml's `block_q4_K`: `w = d * scale[s] * q - dmin * min[s]`, 8 sub-blocks of 32 values.
 #[repr(C)]
-struct BlockQ4K {
-    d: u16,
-    dmin: u16,
-    scales: [u8; 12],
-    qs: [u8; 128],
+pub(crate) struct BlockQ4K {
+    pub(crate) d: u16,
+    pub(crate) dmin: u16,
+    pub(crate) scales: [u8; 12],
+    pub(crate) qs: [u8; 128],
 }
 
 /// ggml's `block_q6_K`: `w = d * scale[s] * (q - 32)`, 16 sub-blocks of 16 values, 6-bit q.
@@ -51,16 +57,16 @@ struct BlockQ6K {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct BlockQ8K {
-    d: f32,
-    qs: [i8; QK_K],
-    bsums: [i16; 16],
+    pub(crate) d: f32,
+    pub(crate) qs: [i8; QK_K],
+    pub(crate) bsums: [i16; 16],
 }
 
 const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
 impl BlockQ8K {
-    const ZERO: Self = Self { d: 0.0, qs: [0; QK_K], bsums: [0; 16] };
+    pub(crate) const ZERO: Self = Self { d: 0.0, qs: [0; QK_K], bsums: [0; 16] };
 }
 
 /// True when this CPU and this matrix can take the fast path: x86-64 with AVX2 and FMA, a
@@ -74,7 +80,25 @@ pub fn supports(w: &QTensor) -> bool {
         && dims[1] % QK_K == 0
 }
 
-fn cpu_has_avx2() -> bool {
+/// A matrix for the few-rows products: a ggml Q4_K/Q6_K tensor as stored (see [`supports`]),
+/// or a Q4_K matrix repacked at load ([`super::q4k_interleaved`]).
+#[derive(Clone, Copy)]
+pub enum RowsWeight<'a> {
+    Ggml(&'a QTensor),
+    Q4KInterleaved(&'a Q4KMatrix),
+}
+
+impl RowsWeight<'_> {
+    /// `(rows, columns)` of the matrix.
+    pub fn dims(&self) -> Result<(usize, usize)> {
+        match self {
+            Self::Ggml(w) => w.shape().dims2(),
+            Self::Q4KInterleaved(w) => Ok((w.rows, w.cols)),
+        }
+    }
+}
+
+pub(crate) fn cpu_has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
@@ -114,7 +138,7 @@ pub fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
 
 /// `x @ w^T` as a candle op: `x` is `[.., k]` f32 on the CPU, `w` is `[n, k]` Q4_K or Q6_K
 /// (check [`supports`] first); the result is `[.., n]`.
-pub struct QuantizedRowsMatmul<'a>(pub &'a QTensor);
+pub struct QuantizedRowsMatmul<'a>(pub RowsWeight<'a>);
 
 impl CustomOp1 for QuantizedRowsMatmul<'_> {
     fn name(&self) -> &'static str {
@@ -129,7 +153,7 @@ impl CustomOp1 for QuantizedRowsMatmul<'_> {
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle_core::bail!("quantized-rows-matmul: contiguous activations expected");
         };
-        let (n, k) = self.0.shape().dims2()?;
+        let (n, k) = self.0.dims()?;
         let dims = layout.shape().dims();
         if dims.last() != Some(&k) {
             candle_core::bail!("quantized-rows-matmul: activations {:?} against a [{n}, {k}] matrix", dims);
@@ -137,7 +161,7 @@ impl CustomOp1 for QuantizedRowsMatmul<'_> {
         let x = &x[start..end];
         let m = x.len() / k;
         let mut out = vec![0f32; m * n];
-        matmul(self.0, x, m, &mut out)?;
+        matmul_many(&[self.0], x, m, &mut [&mut out])?;
         let mut out_dims = dims.to_vec();
         *out_dims.last_mut().expect("non-empty dims") = n;
         Ok((CpuStorage::F32(out), Shape::from(out_dims)))
@@ -146,20 +170,21 @@ impl CustomOp1 for QuantizedRowsMatmul<'_> {
 
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<Vec<BlockQ8K>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ACTIVATIONS_INTERLEAVED: std::cell::RefCell<Vec<BlockQ8KI>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `out[r * n + c] = sum_j x[r * k + j] * w[c, j]` for `m` rows of `x`.
 pub fn matmul(w: &QTensor, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
-    matmul_many(&[w], x, m, &mut [out])
+    matmul_many(&[RowsWeight::Ggml(w)], x, m, &mut [out])
 }
 
 /// [`matmul`] of the same activation rows with several matrices sharing the input width `k`
 /// (q/k/v, or gate/up): `outs[i]` gets `x @ ws[i]^T` (`[m, n_i]`). The activations are
 /// quantized once and all output columns are split over the thread pool in one dispatch, so a
 /// block pays one synchronisation where separate products pay one each.
-pub fn matmul_many(ws: &[&QTensor], x: &[f32], m: usize, outs: &mut [&mut [f32]]) -> Result<()> {
+pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) -> Result<()> {
     let Some(first) = ws.first() else { return Ok(()) };
-    let k = first.shape().dims2()?.1;
+    let k = first.dims()?.1;
     if ws.len() != outs.len() || x.len() != m * k {
         candle_core::bail!(
             "quantized-rows-matmul: {} matrices, {} outputs, {} inputs for {m} rows",
@@ -168,9 +193,12 @@ pub fn matmul_many(ws: &[&QTensor], x: &[f32], m: usize, outs: &mut [&mut [f32]]
             x.len()
         );
     }
+    enum Kind<'a> {
+        Ggml(&'a [u8], GgmlDType),
+        Q4KInterleaved(&'a [q4ki::BlockQ4KI]),
+    }
     struct Part<'a> {
-        bytes: &'a [u8],
-        dtype: GgmlDType,
+        kind: Kind<'a>,
         n: usize,
         /// First column of this matrix among all matrices' columns.
         offset: usize,
@@ -178,51 +206,81 @@ pub fn matmul_many(ws: &[&QTensor], x: &[f32], m: usize, outs: &mut [&mut [f32]]
     }
     let mut datas = Vec::with_capacity(ws.len());
     for (w, out) in ws.iter().zip(outs.iter()) {
-        let (n, kw) = w.shape().dims2()?;
-        if !supports(w) || kw != k || out.len() != m * n {
-            candle_core::bail!("quantized-rows-matmul: unsupported {:?} [{n}, {kw}] with {m} rows of {k}", w.dtype());
+        let (n, kw) = w.dims()?;
+        let ok = match w {
+            RowsWeight::Ggml(w) => supports(w),
+            RowsWeight::Q4KInterleaved(_) => q4ki::cpu_supported(),
+        };
+        if !ok || kw != k || out.len() != m * n {
+            candle_core::bail!("quantized-rows-matmul: unsupported matrix [{n}, {kw}] with {m} rows of {k}");
         }
-        datas.push(w.data()?);
+        datas.push(match w {
+            RowsWeight::Ggml(w) => Some(w.data()?),
+            RowsWeight::Q4KInterleaved(_) => None,
+        });
     }
     let mut parts = Vec::with_capacity(ws.len());
     let mut total = 0;
+    let mut interleaved = false;
     for ((w, data), out) in ws.iter().zip(&datas).zip(outs.iter_mut()) {
-        let n = w.shape().dims()[0];
-        parts.push(Part { bytes: data, dtype: w.dtype(), n, offset: total, out: out.as_mut_ptr() as usize });
+        let (n, _) = w.dims()?;
+        let kind = match (w, data) {
+            (RowsWeight::Ggml(w), Some(data)) => Kind::Ggml(data, w.dtype()),
+            (RowsWeight::Q4KInterleaved(w), _) => {
+                interleaved = true;
+                Kind::Q4KInterleaved(&w.blocks)
+            }
+            (RowsWeight::Ggml(_), None) => unreachable!("data read above"),
+        };
+        parts.push(Part { kind, n, offset: total, out: out.as_mut_ptr() as usize });
         total += n;
     }
     let kb = k / QK_K;
     ACTIVATIONS.with(|cell| {
-        let mut acts = cell.borrow_mut();
-        acts.clear();
-        acts.resize(m * kb, BlockQ8K::ZERO);
-        for (row, blocks) in x.chunks_exact(k).zip(acts.chunks_exact_mut(kb)) {
-            quantize_row_q8k(row, blocks);
-        }
-        let acts: &[BlockQ8K] = &acts;
-        let parts: &[Part] = &parts;
-        candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
-            for p in parts {
-                let lo = cols.start.max(p.offset);
-                let hi = cols.end.min(p.offset + p.n);
-                if lo >= hi {
-                    continue;
-                }
-                // SAFETY: every (row, column) of every output is written by exactly one work
-                // range, and the outputs outlive the dispatch.
-                let out = unsafe { std::slice::from_raw_parts_mut(p.out as *mut f32, m * p.n) };
-                let cols = lo - p.offset..hi - p.offset;
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    match p.dtype {
-                        GgmlDType::Q4K => columns::<BlockQ4K>(p.bytes, acts, m, p.n, kb, cols, out),
-                        _ => columns::<BlockQ6K>(p.bytes, acts, m, p.n, kb, cols, out),
-                    }
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = (acts, kb, cols, out);
+        ACTIVATIONS_INTERLEAVED.with(|cell_i| {
+            let mut acts = cell.borrow_mut();
+            acts.clear();
+            acts.resize(m * kb, BlockQ8K::ZERO);
+            for (row, blocks) in x.chunks_exact(k).zip(acts.chunks_exact_mut(kb)) {
+                quantize_row_q8k(row, blocks);
             }
-        });
+            let mut acts_i = cell_i.borrow_mut();
+            acts_i.clear();
+            if interleaved {
+                acts_i.resize(m * kb, BlockQ8KI::ZERO);
+                for (a, b) in acts.iter().zip(acts_i.iter_mut()) {
+                    q4ki::permute_activations(a, b);
+                }
+            }
+            let acts: &[BlockQ8K] = &acts;
+            let acts_i: &[BlockQ8KI] = &acts_i;
+            let parts: &[Part] = &parts;
+            candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
+                for p in parts {
+                    let lo = cols.start.max(p.offset);
+                    let hi = cols.end.min(p.offset + p.n);
+                    if lo >= hi {
+                        continue;
+                    }
+                    // SAFETY: every (row, column) of every output is written by exactly one work
+                    // range, and the outputs outlive the dispatch.
+                    let out = unsafe { std::slice::from_raw_parts_mut(p.out as *mut f32, m * p.n) };
+                    let cols = lo - p.offset..hi - p.offset;
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        match p.kind {
+                            Kind::Ggml(bytes, GgmlDType::Q4K) => {
+                                columns::<BlockQ4K>(bytes, acts, m, p.n, kb, cols, out)
+                            }
+                            Kind::Ggml(bytes, _) => columns::<BlockQ6K>(bytes, acts, m, p.n, kb, cols, out),
+                            Kind::Q4KInterleaved(blocks) => q4ki::columns(blocks, acts_i, m, p.n, kb, cols, out),
+                        }
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let _ = (acts, acts_i, kb, cols, out);
+                }
+            });
+        })
     });
     Ok(())
 }
@@ -317,10 +375,13 @@ mod avx2 {
     };
 
     impl SuperBlock for BlockQ4K {
-        #[inline]
+        #[inline(never)]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn dots<const R: usize>(w: &[Self], acts: [&[BlockQ8K]; R]) -> [f32; R] {
             let m4 = _mm256_set1_epi8(0x0f);
+            // Through `black_box` so that the shuffles stay one `vpshufb` each (LLVM otherwise
+            // rewrites each constant mask into a shift plus a broadcast: two shuffle-port ops).
+            let spread: &[__m256i; 8] = std::hint::black_box(&SCALE_SPREAD);
             let mut acc = [_mm256_setzero_ps(); R];
             let mut acc_min = [_mm_setzero_ps(); R];
             for (i, b) in w.iter().enumerate() {
@@ -332,8 +393,8 @@ mod avx2 {
                 let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
                 let mut sumi = [_mm256_setzero_si256(); R];
                 for j in 0..4 {
-                    let s_lo = _mm256_shuffle_epi8(scales, SCALE_SPREAD[2 * j]);
-                    let s_hi = _mm256_shuffle_epi8(scales, SCALE_SPREAD[2 * j + 1]);
+                    let s_lo = _mm256_shuffle_epi8(scales, spread[2 * j]);
+                    let s_hi = _mm256_shuffle_epi8(scales, spread[2 * j + 1]);
                     let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * j) as *const __m256i);
                     let lo = _mm256_and_si256(q4, m4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
@@ -497,9 +558,17 @@ mod tests {
                 x[k..2 * k].fill(0.0); // an all-zero row quantizes to d = 0
             }
             let xt = Tensor::from_vec(x.clone(), (m, k), &dev).unwrap();
-            let ours = xt.apply_op1_no_bwd(&QuantizedRowsMatmul(&q)).unwrap();
+            let ours = xt.apply_op1_no_bwd(&QuantizedRowsMatmul(RowsWeight::Ggml(&q))).unwrap();
             assert_eq!(ours.dims(), &[m, n]);
             let ours: Vec<f32> = ours.flatten_all().unwrap().to_vec1().unwrap();
+            // Q4_K also in the repacked layout: the same integer sums, another f32 order.
+            let repacked = Q4KMatrix::from_qtensor(&q).unwrap();
+            assert_eq!(repacked.is_some(), dtype == GgmlDType::Q4K && q4ki::cpu_supported());
+            let ours_repacked: Option<Vec<f32>> = repacked.map(|r| {
+                let y = xt.apply_op1_no_bwd(&QuantizedRowsMatmul(RowsWeight::Q4KInterleaved(&r))).unwrap();
+                assert_eq!(y.dims(), &[m, n]);
+                y.flatten_all().unwrap().to_vec1().unwrap()
+            });
             let candle: Vec<f32> = reference.forward(&xt).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let exact: Vec<f32> = xt.matmul(&deq.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let scale = exact.iter().fold(0f32, |a, v| a.max(v.abs())).max(1.0);
@@ -519,6 +588,13 @@ mod tests {
                         (got - want).abs() <= 1e-5 * scale as f64,
                         "{dtype:?} m={m} ({r},{c}): ours {got} f64 {want}"
                     );
+                    if let Some(rep) = &ours_repacked {
+                        let got = rep[r * n + c] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-5 * scale as f64,
+                            "{dtype:?} repacked m={m} ({r},{c}): ours {got} f64 {want}"
+                        );
+                    }
                 }
             }
             for i in 0..m * n {
