@@ -18,6 +18,7 @@ pub mod eagle;
 pub mod gguf;
 pub mod hf;
 pub mod q4k_interleaved;
+pub mod q6k_interleaved;
 pub mod qgemv;
 
 use crate::kv_cache::KvCache;
@@ -81,9 +82,10 @@ impl ModelConfig {
 pub struct Linear {
     /// The matrix in candle's form; `None` when it lives in `repacked` only.
     weight: Option<QMatMul>,
-    /// A Q4_K matrix on an AVX2 CPU, repacked at load for our kernel ([`q4k_interleaved`]),
-    /// which then runs every product with it (one copy of the weights is kept, not two).
-    repacked: Option<std::sync::Arc<q4k_interleaved::Q4KMatrix>>,
+    /// A Q4_K or Q6_K matrix on an AVX2 CPU, repacked at load for our kernels
+    /// ([`q4k_interleaved`], [`q6k_interleaved`]), which then run every product with it (one
+    /// copy of the weights is kept, not two).
+    repacked: Option<Repacked>,
     bias: Option<Tensor>,
     pad_input: usize,
     /// Up to this many input rows go through [`qgemv`] (0: never).
@@ -107,8 +109,11 @@ impl Linear {
             _ => 0,
         };
         let repacked = match &weight {
-            QMatMul::QTensor(w) if few_rows_max > 0 && repack_q4k_from_env() => {
-                q4k_interleaved::Q4KMatrix::from_qtensor(w)?.map(std::sync::Arc::new)
+            QMatMul::QTensor(w) if few_rows_max > 0 && repack_from_env() => {
+                match q4k_interleaved::Q4KMatrix::from_qtensor(w)? {
+                    Some(m) => Some(Repacked::Q4K(std::sync::Arc::new(m))),
+                    None => q6k_interleaved::Q6KMatrix::from_qtensor(w)?.map(|m| Repacked::Q6K(std::sync::Arc::new(m))),
+                }
             }
             _ => None,
         };
@@ -124,11 +129,27 @@ fn few_rows_max_from_env() -> usize {
     *VALUE.get_or_init(|| std::env::var("MDSD_FEW_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(FEW_ROWS_MAX))
 }
 
-/// False when `MDSD_REPACK_Q4K=0`: Q4_K matrices then run in ggml's layout (for measuring
-/// one kernel against the other).
-fn repack_q4k_from_env() -> bool {
+/// False when `MDSD_REPACK=0`: Q4_K and Q6_K matrices then run in ggml's layout (for
+/// measuring one kernel against the other).
+fn repack_from_env() -> bool {
     static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VALUE.get_or_init(|| std::env::var("MDSD_REPACK_Q4K").map_or(true, |v| v != "0"))
+    *VALUE.get_or_init(|| std::env::var("MDSD_REPACK").map_or(true, |v| v != "0"))
+}
+
+/// A matrix repacked at load for our CPU kernels.
+#[derive(Debug, Clone)]
+enum Repacked {
+    Q4K(std::sync::Arc<q4k_interleaved::Q4KMatrix>),
+    Q6K(std::sync::Arc<q6k_interleaved::Q6KMatrix>),
+}
+
+impl Repacked {
+    fn rows_weight(&self) -> qgemv::RowsWeight<'_> {
+        match self {
+            Self::Q4K(m) => qgemv::RowsWeight::Q4KInterleaved(m),
+            Self::Q6K(m) => qgemv::RowsWeight::Q6KInterleaved(m),
+        }
+    }
 }
 
 impl Linear {
@@ -144,7 +165,7 @@ impl Linear {
                 .to_dtype(DType::F32)?
                 .to_device(&candle_core::Device::Cpu)?
                 .contiguous()?
-                .apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(qgemv::RowsWeight::Q4KInterleaved(r))),
+                .apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(r.rows_weight())),
             (None, None) => unreachable!("a Linear holds its matrix in one of the two forms"),
         }
     }
@@ -158,7 +179,7 @@ impl Linear {
             return None;
         }
         if let Some(r) = &self.repacked {
-            return Some(qgemv::RowsWeight::Q4KInterleaved(r));
+            return Some(r.rows_weight());
         }
         let Some(QMatMul::QTensor(w)) = &self.weight else { return None };
         let k = x.dims().last().copied().unwrap_or(0);

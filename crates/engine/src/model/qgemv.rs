@@ -29,6 +29,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape};
 use half::f16;
 
 use super::q4k_interleaved::{self as q4ki, BlockQ8KI, Q4KMatrix};
+use super::q6k_interleaved::{self as q6ki, BlockQ8K6I, Q6KMatrix};
 
 /// Values per super-block (ggml's `QK_K`).
 pub const QK_K: usize = 256;
@@ -46,11 +47,11 @@ pub(crate) struct BlockQ4K {
 
 /// ggml's `block_q6_K`: `w = d * scale[s] * (q - 32)`, 16 sub-blocks of 16 values, 6-bit q.
 #[repr(C)]
-struct BlockQ6K {
-    ql: [u8; 128],
-    qh: [u8; 64],
-    scales: [i8; 16],
-    d: u16,
+pub(crate) struct BlockQ6K {
+    pub(crate) ql: [u8; 128],
+    pub(crate) qh: [u8; 64],
+    pub(crate) scales: [i8; 16],
+    pub(crate) d: u16,
 }
 
 /// ggml's `block_q8_K`: `x ≈ d * q`, with the sum of each 16 values of q.
@@ -86,6 +87,7 @@ pub fn supports(w: &QTensor) -> bool {
 pub enum RowsWeight<'a> {
     Ggml(&'a QTensor),
     Q4KInterleaved(&'a Q4KMatrix),
+    Q6KInterleaved(&'a Q6KMatrix),
 }
 
 impl RowsWeight<'_> {
@@ -94,6 +96,7 @@ impl RowsWeight<'_> {
         match self {
             Self::Ggml(w) => w.shape().dims2(),
             Self::Q4KInterleaved(w) => Ok((w.rows, w.cols)),
+            Self::Q6KInterleaved(w) => Ok((w.rows, w.cols)),
         }
     }
 }
@@ -170,7 +173,8 @@ impl CustomOp1 for QuantizedRowsMatmul<'_> {
 
 thread_local! {
     static ACTIVATIONS: std::cell::RefCell<Vec<BlockQ8K>> = const { std::cell::RefCell::new(Vec::new()) };
-    static ACTIVATIONS_INTERLEAVED: std::cell::RefCell<Vec<BlockQ8KI>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ACTIVATIONS_INTERLEAVED: std::cell::RefCell<(Vec<BlockQ8KI>, Vec<BlockQ8K6I>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// `out[r * n + c] = sum_j x[r * k + j] * w[c, j]` for `m` rows of `x`.
@@ -196,6 +200,7 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
     enum Kind<'a> {
         Ggml(&'a [u8], GgmlDType),
         Q4KInterleaved(&'a [q4ki::BlockQ4KI]),
+        Q6KInterleaved(&'a [q6ki::BlockQ6KI]),
     }
     struct Part<'a> {
         kind: Kind<'a>,
@@ -209,26 +214,30 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
         let (n, kw) = w.dims()?;
         let ok = match w {
             RowsWeight::Ggml(w) => supports(w),
-            RowsWeight::Q4KInterleaved(_) => q4ki::cpu_supported(),
+            RowsWeight::Q4KInterleaved(_) | RowsWeight::Q6KInterleaved(_) => q4ki::cpu_supported(),
         };
         if !ok || kw != k || out.len() != m * n {
             candle_core::bail!("quantized-rows-matmul: unsupported matrix [{n}, {kw}] with {m} rows of {k}");
         }
         datas.push(match w {
             RowsWeight::Ggml(w) => Some(w.data()?),
-            RowsWeight::Q4KInterleaved(_) => None,
+            RowsWeight::Q4KInterleaved(_) | RowsWeight::Q6KInterleaved(_) => None,
         });
     }
     let mut parts = Vec::with_capacity(ws.len());
     let mut total = 0;
-    let mut interleaved = false;
+    let (mut interleaved4, mut interleaved6) = (false, false);
     for ((w, data), out) in ws.iter().zip(&datas).zip(outs.iter_mut()) {
         let (n, _) = w.dims()?;
         let kind = match (w, data) {
             (RowsWeight::Ggml(w), Some(data)) => Kind::Ggml(data, w.dtype()),
             (RowsWeight::Q4KInterleaved(w), _) => {
-                interleaved = true;
+                interleaved4 = true;
                 Kind::Q4KInterleaved(&w.blocks)
+            }
+            (RowsWeight::Q6KInterleaved(w), _) => {
+                interleaved6 = true;
+                Kind::Q6KInterleaved(&w.blocks)
             }
             (RowsWeight::Ggml(_), None) => unreachable!("data read above"),
         };
@@ -244,16 +253,25 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
             for (row, blocks) in x.chunks_exact(k).zip(acts.chunks_exact_mut(kb)) {
                 quantize_row_q8k(row, blocks);
             }
-            let mut acts_i = cell_i.borrow_mut();
+            let mut bufs = cell_i.borrow_mut();
+            let (acts_i, acts_6) = &mut *bufs;
             acts_i.clear();
-            if interleaved {
+            acts_6.clear();
+            if interleaved4 {
                 acts_i.resize(m * kb, BlockQ8KI::ZERO);
                 for (a, b) in acts.iter().zip(acts_i.iter_mut()) {
                     q4ki::permute_activations(a, b);
                 }
             }
+            if interleaved6 {
+                acts_6.resize(m * kb, BlockQ8K6I::ZERO);
+                for (a, b) in acts.iter().zip(acts_6.iter_mut()) {
+                    q6ki::permute_activations(a, b);
+                }
+            }
             let acts: &[BlockQ8K] = &acts;
-            let acts_i: &[BlockQ8KI] = &acts_i;
+            let acts_i: &[BlockQ8KI] = acts_i;
+            let acts_6: &[BlockQ8K6I] = acts_6;
             let parts: &[Part] = &parts;
             candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
                 for p in parts {
@@ -274,10 +292,11 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
                             }
                             Kind::Ggml(bytes, _) => columns::<BlockQ6K>(bytes, acts, m, p.n, kb, cols, out),
                             Kind::Q4KInterleaved(blocks) => q4ki::columns(blocks, acts_i, m, p.n, kb, cols, out),
+                            Kind::Q6KInterleaved(blocks) => q4ki::columns(blocks, acts_6, m, p.n, kb, cols, out),
                         }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
-                    let _ = (acts, acts_i, kb, cols, out);
+                    let _ = (acts, acts_i, acts_6, kb, cols, out);
                 }
             });
         })
