@@ -115,43 +115,65 @@ fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
     }
 }
 
-/// The 4-bit value `v` (0..256) of a ggml Q4_K block: sub-block `2 j` is the low nibbles of
+/// The 256 4-bit values of a ggml Q4_K block in order: sub-block `2 j` is the low nibbles of
 /// bytes `32 j .. 32 j + 32`, sub-block `2 j + 1` their high nibbles.
-fn nibble(b: &BlockQ4K, v: usize) -> u8 {
-    let (j, w) = (v / 64, v % 64);
-    let byte = b.qs[32 * j + w % 32];
-    if w < 32 {
-        byte & 0xf
-    } else {
-        byte >> 4
+fn nibbles(b: &BlockQ4K) -> [u8; QK_K] {
+    let mut v = [0u8; QK_K];
+    for j in 0..4 {
+        for i in 0..32 {
+            let byte = b.qs[32 * j + i];
+            v[64 * j + i] = byte & 0xf;
+            v[64 * j + 32 + i] = byte >> 4;
+        }
     }
+    v
 }
 
-/// Repacks ggml Q4_K blocks (the raw bytes of a GGUF tensor) into [`BlockQ4KI`].
+fn repack_block(raw: &[u8]) -> BlockQ4KI {
+    // SAFETY: `BlockQ4K` is `repr(C)` of byte-sized arrays and two u16s, 144 bytes, any bit
+    // pattern valid; `read_unaligned` tolerates the alignment of `raw` (checked 144 long).
+    assert_eq!(raw.len(), std::mem::size_of::<BlockQ4K>());
+    let b: BlockQ4K = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const BlockQ4K) };
+    let mut r = BlockQ4KI { d: b.d, dmin: b.dmin, scales: [0; 8], mins: [0; 8], qs: [0; 128] };
+    for s in 0..8 {
+        (r.scales[s], r.mins[s]) = scale_min(s, &b.scales);
+    }
+    let v = nibbles(&b);
+    for j in 0..4 {
+        for i in 0..32 {
+            r.qs[32 * j + i] = v[source_index(2 * j, i)] | (v[source_index(2 * j + 1, i)] << 4);
+        }
+    }
+    r
+}
+
+/// Repacks ggml Q4_K blocks (the raw bytes of a GGUF tensor) into [`BlockQ4KI`], on all cores.
 pub fn repack(bytes: &[u8]) -> Result<Vec<BlockQ4KI>> {
     const SIZE: usize = std::mem::size_of::<BlockQ4K>();
     if bytes.len() % SIZE != 0 {
         candle_core::bail!("q4k-repack: {} bytes is not a whole number of Q4_K blocks", bytes.len());
     }
-    let mut out = Vec::with_capacity(bytes.len() / SIZE);
-    for raw in bytes.chunks_exact(SIZE) {
-        // SAFETY: `BlockQ4K` is `repr(C)` of byte-sized arrays and two u16s, 144 bytes, any bit
-        // pattern valid; `read_unaligned` tolerates the alignment of `raw`.
-        let b: BlockQ4K = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const BlockQ4K) };
-        let mut r = BlockQ4KI { d: b.d, dmin: b.dmin, scales: [0; 8], mins: [0; 8], qs: [0; 128] };
-        for s in 0..8 {
-            (r.scales[s], r.mins[s]) = scale_min(s, &b.scales);
+    let zero = BlockQ4KI { d: 0, dmin: 0, scales: [0; 8], mins: [0; 8], qs: [0; 128] };
+    Ok(repack_parallel(bytes, SIZE, zero, repack_block))
+}
+
+/// `out[i] = f(bytes[i * size..(i + 1) * size])`, split over the machine's cores (a 1.5B
+/// model's matrices are several million blocks: ~1 s on one core).
+pub(crate) fn repack_parallel<T: Copy + Send>(bytes: &[u8], size: usize, zero: T, f: fn(&[u8]) -> T) -> Vec<T> {
+    let n = bytes.len() / size;
+    let mut out = vec![zero; n];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, 16);
+    let per = n.div_ceil(threads).max(4096);
+    std::thread::scope(|scope| {
+        for (dst, src) in out.chunks_mut(per).zip(bytes.chunks(per * size)) {
+            scope.spawn(move || {
+                for (d, raw) in dst.iter_mut().zip(src.chunks_exact(size)) {
+                    *d = f(raw);
+                }
+            });
         }
-        for j in 0..4 {
-            for i in 0..32 {
-                let lo = nibble(&b, source_index(2 * j, i));
-                let hi = nibble(&b, source_index(2 * j + 1, i));
-                r.qs[32 * j + i] = lo | (hi << 4);
-            }
-        }
-        out.push(r);
-    }
-    Ok(out)
+    });
+    out
 }
 
 /// The weights of a repacked block as `f32` (for tests).
@@ -404,6 +426,15 @@ mod tests {
                 assert_eq!(&out[r * n..(r + 1) * n], &a[..], "row {r} alone and among {m}");
             }
         }
+    }
+
+    /// The parallel repacking keeps the block order across its chunks.
+    #[test]
+    fn parallel_repacking_keeps_the_order() {
+        let n = 3 * 4096 + 17; // several chunks on any machine with more than one core
+        let bytes: Vec<u8> = (0..n * 2).map(|i| (i / 2 % 251) as u8).collect();
+        let out = repack_parallel(&bytes, 2, 0u8, |raw| raw[0]);
+        assert_eq!(out, (0..n).map(|i| (i % 251) as u8).collect::<Vec<_>>());
     }
 
     /// The 16-bit sums at their extreme: every 4-bit value 15, every activation -128, largest

@@ -59,47 +59,56 @@ pub const fn source_index(g: usize, b: usize) -> usize {
     16 * (b / 2) + 2 * g + b % 2
 }
 
-/// The 6-bit value `v` (0..256) of a ggml Q6_K block (ggml's `dequantize_row_q6_K`: in each
+/// The 256 6-bit values of a ggml Q6_K block in order (ggml's `dequantize_row_q6_K`: in each
 /// half of 128 values, part `k` of 32 takes the low or high nibbles of `ql` and bits `2k` of
 /// `qh`).
-fn value(b: &BlockQ6K, v: usize) -> u8 {
-    let (half, w) = (v / 128, v % 128);
-    let (part, l) = (w / 32, w % 32);
-    let ql = b.ql[64 * half + l + 32 * (part % 2)];
-    let low = if part < 2 { ql & 0xf } else { ql >> 4 };
-    let high = (b.qh[32 * half + l] >> (2 * part)) & 3;
-    low | (high << 4)
+fn six_bit_values(b: &BlockQ6K) -> [u8; QK_K] {
+    let mut v = [0u8; QK_K];
+    for half in 0..2 {
+        for l in 0..32 {
+            let (ql0, ql1, qh) = (b.ql[64 * half + l], b.ql[64 * half + l + 32], b.qh[32 * half + l]);
+            let base = 128 * half + l;
+            v[base] = (ql0 & 0xf) | ((qh & 3) << 4);
+            v[base + 32] = (ql1 & 0xf) | (((qh >> 2) & 3) << 4);
+            v[base + 64] = (ql0 >> 4) | (((qh >> 4) & 3) << 4);
+            v[base + 96] = (ql1 >> 4) | (((qh >> 6) & 3) << 4);
+        }
+    }
+    v
 }
 
-/// Repacks ggml Q6_K blocks (the raw bytes of a GGUF tensor) into [`BlockQ6KI`].
+fn repack_block(raw: &[u8]) -> BlockQ6KI {
+    // SAFETY: `BlockQ6K` is `repr(C)` of byte arrays and a u16, 210 bytes, any bit pattern
+    // valid; `read_unaligned` tolerates the alignment of `raw` (checked 210 long).
+    assert_eq!(raw.len(), std::mem::size_of::<BlockQ6K>());
+    let b: BlockQ6K = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const BlockQ6K) };
+    let v = six_bit_values(&b);
+    let mut r = BlockQ6KI { d: b.d, scales: b.scales, ql: [0; 128], qh: [0; 64] };
+    for i in 0..32 {
+        for j in 0..4 {
+            let lo = v[source_index(2 * j, i)] & 0xf;
+            let hi = v[source_index(2 * j + 1, i)] & 0xf;
+            r.ql[32 * j + i] = lo | (hi << 4);
+        }
+        for h in 0..2 {
+            let mut byte = 0u8;
+            for (k, shift) in [4, 6, 0, 2].into_iter().enumerate() {
+                byte |= (v[source_index(4 * h + k, i)] >> 4) << shift;
+            }
+            r.qh[32 * h + i] = byte;
+        }
+    }
+    r
+}
+
+/// Repacks ggml Q6_K blocks (the raw bytes of a GGUF tensor) into [`BlockQ6KI`], on all cores.
 pub fn repack(bytes: &[u8]) -> Result<Vec<BlockQ6KI>> {
     const SIZE: usize = std::mem::size_of::<BlockQ6K>();
     if bytes.len() % SIZE != 0 {
         candle_core::bail!("q6k-repack: {} bytes is not a whole number of Q6_K blocks", bytes.len());
     }
-    let mut out = Vec::with_capacity(bytes.len() / SIZE);
-    for raw in bytes.chunks_exact(SIZE) {
-        // SAFETY: `BlockQ6K` is `repr(C)` of byte arrays and a u16, 210 bytes, any bit pattern
-        // valid; `read_unaligned` tolerates the alignment of `raw`.
-        let b: BlockQ6K = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const BlockQ6K) };
-        let mut r = BlockQ6KI { d: b.d, scales: b.scales, ql: [0; 128], qh: [0; 64] };
-        for i in 0..32 {
-            for j in 0..4 {
-                let lo = value(&b, source_index(2 * j, i)) & 0xf;
-                let hi = value(&b, source_index(2 * j + 1, i)) & 0xf;
-                r.ql[32 * j + i] = lo | (hi << 4);
-            }
-            for h in 0..2 {
-                let mut byte = 0u8;
-                for (k, shift) in [4, 6, 0, 2].into_iter().enumerate() {
-                    byte |= (value(&b, source_index(4 * h + k, i)) >> 4) << shift;
-                }
-                r.qh[32 * h + i] = byte;
-            }
-        }
-        out.push(r);
-    }
-    Ok(out)
+    let zero = BlockQ6KI { d: 0, scales: [0; 16], ql: [0; 128], qh: [0; 64] };
+    Ok(super::q4k_interleaved::repack_parallel(bytes, SIZE, zero, repack_block))
 }
 
 /// The weights of a repacked block as `f32` (for tests): `d * scale * (q - 32)`.
