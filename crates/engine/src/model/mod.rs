@@ -20,6 +20,8 @@ pub mod hf;
 pub mod q4k_interleaved;
 pub mod q6k_interleaved;
 pub mod qgemv;
+#[cfg(test)]
+mod repack_test_support;
 
 use crate::kv_cache::KvCache;
 use candle_core::quantized::QMatMul;

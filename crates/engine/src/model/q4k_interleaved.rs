@@ -58,37 +58,50 @@ pub const fn source_index(g: usize, b: usize) -> usize {
     32 * (b / 4) + 4 * g + b % 4
 }
 
-/// A `[rows, cols]` Q4_K matrix in the layout of [`BlockQ4KI`], row after row.
+/// A block layout repacked from a ggml type, bit for bit the same weights.
+pub trait Repacks: Sized {
+    /// The ggml type it is made from.
+    const DTYPE: GgmlDType;
+    /// The blocks of the raw bytes of a ggml tensor of that type.
+    fn repack(bytes: &[u8]) -> Result<Vec<Self>>;
+}
+
+impl Repacks for BlockQ4KI {
+    const DTYPE: GgmlDType = GgmlDType::Q4K;
+    fn repack(bytes: &[u8]) -> Result<Vec<Self>> {
+        repack(bytes)
+    }
+}
+
+/// A `[rows, cols]` matrix of repacked blocks, row after row.
 #[derive(Clone)]
-pub struct Q4KMatrix {
-    pub(crate) blocks: Vec<BlockQ4KI>,
+pub struct RepackedMatrix<B> {
+    pub(crate) blocks: Vec<B>,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
 }
 
-impl std::fmt::Debug for Q4KMatrix {
+/// A Q4_K matrix in the layout of [`BlockQ4KI`].
+pub type Q4KMatrix = RepackedMatrix<BlockQ4KI>;
+
+impl<B: Repacks> std::fmt::Debug for RepackedMatrix<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Q4KMatrix[{}, {}]", self.rows, self.cols)
+        write!(f, "Repacked{:?}[{}, {}]", B::DTYPE, self.rows, self.cols)
     }
 }
 
-impl Q4KMatrix {
-    /// The repacked copy of `w` when the few-rows kernel can take it: a 2-D Q4_K tensor on
+impl<B: Repacks> RepackedMatrix<B> {
+    /// The repacked copy of `w` when our kernel can take it: a 2-D tensor of type `B::DTYPE` on
     /// the CPU, whole super-blocks per row, on an x86-64 CPU with AVX2, FMA and F16C.
     pub fn from_qtensor(w: &QTensor) -> Result<Option<Self>> {
         let dims = w.shape().dims();
-        let fit = w.dtype() == GgmlDType::Q4K && w.device().is_cpu() && dims.len() == 2 && dims[1] % QK_K == 0;
+        let fit = w.dtype() == B::DTYPE && w.device().is_cpu() && dims.len() == 2 && dims[1] % QK_K == 0;
         if !fit || !cpu_supported() {
             return Ok(None);
         }
-        let blocks = repack(&w.data()?)?;
+        let blocks = B::repack(&w.data()?)?;
         debug_assert_eq!(blocks.len(), dims[0] * dims[1] / QK_K);
         Ok(Some(Self { blocks, rows: dims[0], cols: dims[1] }))
-    }
-
-    /// Bytes held.
-    pub fn size_in_bytes(&self) -> usize {
-        self.blocks.len() * std::mem::size_of::<BlockQ4KI>()
     }
 }
 
@@ -341,64 +354,24 @@ const ROW_CHUNK: usize = 32;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::qgemv::{matmul_many, quantize_row_q8k, RowsWeight};
+    use crate::model::qgemv::{matmul_many, RowsWeight};
+    use crate::model::repack_test_support::{self as support, values};
     use candle_core::{Device, Tensor};
-
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     #[test]
     fn the_permutation_is_a_bijection() {
-        for g in 0..8 {
-            for b in 0..32 {
-                assert_eq!(source_index(g, b) / 32, b / 4, "bytes 4s..4s+4 come from sub-block s");
-            }
-        }
-        let mut seen = [false; QK_K];
-        for g in 0..8 {
-            for b in 0..32 {
-                assert!(!std::mem::replace(&mut seen[source_index(g, b)], true));
-            }
-        }
-        assert!(seen.iter().all(|&s| s));
+        // Each group holds 4 values of each 32-value sub-block.
+        support::assert_permutation(source_index, 4, 32);
     }
 
     /// The repacked blocks hold the same weights, bit for bit, as candle's dequantization of the
-    /// ggml blocks; and activations permute without loss.
+    /// ggml blocks; and activations permute without loss, with the sub-block sums.
     #[test]
     fn repacking_keeps_every_weight_and_activation() {
-        let dev = Device::Cpu;
-        let (n, k) = (5, 1024);
-        let w = Tensor::from_vec(values(n * k, 3), (n, k), &dev).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
-        let want: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let blocks = repack(&q.data().unwrap()).unwrap();
-        assert_eq!(blocks.len(), n * k / QK_K);
-        let got: Vec<f32> = blocks.iter().flat_map(dequantize).collect();
-        assert_eq!(got, want);
-        assert!(repack(&[0u8; 145]).is_err(), "a partial block is refused");
-
-        let x = values(QK_K, 9);
-        let mut a = [BlockQ8K::ZERO];
-        quantize_row_q8k(&x, &mut a);
-        let mut p = BlockQ8KI::ZERO;
-        permute_activations(&a[0], &mut p);
-        for g in 0..8 {
-            for b in 0..32 {
-                assert_eq!(p.qs[32 * g + b], a[0].qs[source_index(g, b)]);
-            }
-        }
+        support::assert_repack_keeps_weights(GgmlDType::Q4K, repack, dequantize, 144);
+        let (a, p) = support::permuted_activations(permute_activations, BlockQ8KI::ZERO, |b| &b.qs, source_index);
         for s in 0..8 {
-            assert_eq!(p.sums[s] as i32, a[0].qs[32 * s..32 * s + 32].iter().map(|&v| v as i32).sum::<i32>());
+            assert_eq!(p.sums[s] as i32, a.qs[32 * s..32 * s + 32].iter().map(|&v| v as i32).sum::<i32>());
         }
     }
 

@@ -16,9 +16,9 @@
 //! Overflow: a `maddubs` lane is `q0 y0 + q1 y1` with `q < 64` and `|y| <= 128`, at most 16,128
 //! in magnitude; two of them sum to at most 32,256 < 2^15.
 
-use super::q4k_interleaved::cpu_supported;
+use super::q4k_interleaved::{RepackedMatrix, Repacks};
 use super::qgemv::{BlockQ6K, BlockQ8K, QK_K};
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::GgmlDType;
 use candle_core::Result;
 use half::f16;
 
@@ -140,34 +140,15 @@ pub fn permute_activations(b: &BlockQ8K, out: &mut BlockQ8K6I) {
     out.bsums = b.bsums;
 }
 
-/// A `[rows, cols]` Q6_K matrix in the layout of [`BlockQ6KI`], row after row.
-#[derive(Clone)]
-pub struct Q6KMatrix {
-    pub(crate) blocks: Vec<BlockQ6KI>,
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-}
-
-impl std::fmt::Debug for Q6KMatrix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Q6KMatrix[{}, {}]", self.rows, self.cols)
+impl Repacks for BlockQ6KI {
+    const DTYPE: GgmlDType = GgmlDType::Q6K;
+    fn repack(bytes: &[u8]) -> Result<Vec<Self>> {
+        repack(bytes)
     }
 }
 
-impl Q6KMatrix {
-    /// The repacked copy of `w` when our kernel can take it: a 2-D Q6_K tensor on the CPU,
-    /// whole super-blocks per row, on an x86-64 CPU with AVX2, FMA and F16C.
-    pub fn from_qtensor(w: &QTensor) -> Result<Option<Self>> {
-        let dims = w.shape().dims();
-        let fit = w.dtype() == GgmlDType::Q6K && w.device().is_cpu() && dims.len() == 2 && dims[1] % QK_K == 0;
-        if !fit || !cpu_supported() {
-            return Ok(None);
-        }
-        let blocks = repack(&w.data()?)?;
-        debug_assert_eq!(blocks.len(), dims[0] * dims[1] / QK_K);
-        Ok(Some(Self { blocks, rows: dims[0], cols: dims[1] }))
-    }
-}
+/// A Q6_K matrix in the layout of [`BlockQ6KI`].
+pub type Q6KMatrix = RepackedMatrix<BlockQ6KI>;
 
 #[cfg(target_arch = "x86_64")]
 impl super::q4k_interleaved::RepackedBlock for BlockQ6KI {
@@ -240,59 +221,25 @@ impl super::q4k_interleaved::RepackedBlock for BlockQ6KI {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::q4k_interleaved::cpu_supported;
     use crate::model::qgemv::{matmul_many, quantize_row_q8k, RowsWeight};
+    use crate::model::repack_test_support::{self as support, values};
+    use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
-
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     #[test]
     fn the_permutation_is_a_bijection_by_sub_block() {
-        let mut seen = [false; QK_K];
-        for g in 0..8 {
-            for b in 0..32 {
-                assert_eq!(source_index(g, b) / 16, b / 2, "bytes 2s, 2s+1 come from sub-block s");
-                assert!(!std::mem::replace(&mut seen[source_index(g, b)], true));
-            }
-        }
-        assert!(seen.iter().all(|&s| s));
+        // Each group holds 2 values of each 16-value sub-block.
+        support::assert_permutation(source_index, 2, 16);
     }
 
     /// Same weights, bit for bit, as candle's dequantization of the ggml blocks; activations
-    /// permute without loss.
+    /// permute without loss and keep ggml's 16-value sums.
     #[test]
     fn repacking_keeps_every_weight_and_activation() {
-        let dev = Device::Cpu;
-        let (n, k) = (5, 1024);
-        let w = Tensor::from_vec(values(n * k, 5), (n, k), &dev).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q6K).unwrap();
-        let want: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let blocks = repack(&q.data().unwrap()).unwrap();
-        assert_eq!(blocks.len(), n * k / QK_K);
-        let got: Vec<f32> = blocks.iter().flat_map(dequantize).collect();
-        assert_eq!(got, want);
-        assert!(repack(&[0u8; 211]).is_err(), "a partial block is refused");
-
-        let x = values(QK_K, 11);
-        let mut a = [BlockQ8K::ZERO];
-        quantize_row_q8k(&x, &mut a);
-        let mut p = BlockQ8K6I::ZERO;
-        permute_activations(&a[0], &mut p);
-        for g in 0..8 {
-            for b in 0..32 {
-                assert_eq!(p.qs[32 * g + b], a[0].qs[source_index(g, b)]);
-            }
-        }
-        assert_eq!(p.bsums, a[0].bsums);
+        support::assert_repack_keeps_weights(GgmlDType::Q6K, repack, dequantize, 210);
+        let (a, p) = support::permuted_activations(permute_activations, BlockQ8K6I::ZERO, |b| &b.qs, source_index);
+        assert_eq!(p.bsums, a.bsums);
     }
 
     /// Our product from 1 to 9 rows (every tile size) equals exact arithmetic on the same
