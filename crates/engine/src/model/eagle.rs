@@ -168,10 +168,11 @@ impl EagleHead {
             candle_core::bail!("EAGLE head: position {p} beyond the context of {}", self.config.context_length);
         }
         cache.reserve(t)?;
-        let ids = Tensor::from_slice(tokens, t, &self.device)?;
         let pos = Tensor::from_slice(positions, t, &self.device)?;
-        let embed = self.embed.as_ref().unwrap_or(target.embedding());
-        let e = embed.index_select(&ids, 0)?;
+        let e = match &self.embed {
+            Some(own) => own.index_select(&Tensor::from_slice(tokens, t, &self.device)?, 0)?,
+            None => target.embedding().lookup(tokens, &self.device)?.to_device(&self.device)?.to_dtype(self.dtype)?,
+        };
         let x = Tensor::cat(&[&e, &features.to_dtype(self.dtype)?], D::Minus1)?;
         let x = self.fc.forward(&x.unsqueeze(0)?)?;
         let cos = self.cos.index_select(&pos, 0)?;

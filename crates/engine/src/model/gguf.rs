@@ -336,13 +336,12 @@ pub fn load(
     }
     let dtype = DType::F32;
     let embed_q = file.tensor("token_embd.weight", device)?;
-    let embed = embed_q.dequantize(device)?;
-    if embed.dims() != [config.vocab_size, config.hidden_size] {
+    if embed_q.shape().dims() != [config.vocab_size, config.hidden_size] {
         return Err(err(
             path,
             format!(
                 "`token_embd.weight` has shape {:?}, expected [{}, {}]",
-                embed.dims(),
+                embed_q.shape().dims(),
                 config.vocab_size,
                 config.hidden_size
             ),
@@ -380,9 +379,10 @@ pub fn load(
     let head_name = if file.has_tensor("output.weight") { "output.weight" } else { "token_embd.weight" };
     let head = match output_rows {
         Some(rows) if rows < config.vocab_size => file.tensor_rows(head_name, rows, device)?,
-        _ if head_name == "token_embd.weight" => embed_q,
+        // Tied: a second copy of the bytes, which the head then repacks for its kernel.
         _ => file.tensor(head_name, device)?,
     };
+    let embed = super::embedding::TokenEmbedding::from_qtensor(std::sync::Arc::new(embed_q), device)?;
     let (lm_head, pad) = format.matmul(head, device)?;
     let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad)?, dtype, device)?;
     Ok((model, file))

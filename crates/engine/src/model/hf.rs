@@ -238,5 +238,6 @@ fn build(hf: &HfConfig, config: ModelConfig, vb: VarBuilder, dtype: DType, devic
     } else {
         vb.get((c.vocab_size, h), "lm_head.weight")?
     };
+    let embed = super::embedding::TokenEmbedding::Dense(embed);
     DecoderModel::new(config, embed, layers, norm, Linear::new(QMatMul::Tensor(lm_head), None)?, dtype, device)
 }

@@ -15,6 +15,7 @@
 
 pub mod cpu_attention;
 pub mod eagle;
+pub mod embedding;
 pub mod gguf;
 pub mod hf;
 pub mod q4k_interleaved;
@@ -302,7 +303,7 @@ pub struct Layer {
 #[derive(Debug, Clone)]
 pub struct DecoderModel {
     config: ModelConfig,
-    embed: Tensor,
+    embed: embedding::TokenEmbedding,
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Linear,
@@ -313,10 +314,10 @@ pub struct DecoderModel {
 }
 
 impl DecoderModel {
-    /// Assembles a model; `embed` is `[vocab, hidden]` in the activation dtype.
+    /// Assembles a model; `embed` is `[vocab, hidden]` (dense ones in the activation dtype).
     pub fn new(
         config: ModelConfig,
-        embed: Tensor,
+        embed: embedding::TokenEmbedding,
         layers: Vec<Layer>,
         norm: Tensor,
         lm_head: Linear,
@@ -332,7 +333,7 @@ impl DecoderModel {
     }
 
     /// The token embedding `[vocab, hidden]` (EAGLE heads without their own reuse it).
-    pub fn embedding(&self) -> &Tensor {
+    pub fn embedding(&self) -> &embedding::TokenEmbedding {
         &self.embed
     }
 
@@ -387,12 +388,11 @@ impl DecoderModel {
         if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= self.config.vocab_size) {
             candle_core::bail!("token id {bad} is outside the vocabulary of {} tokens", self.config.vocab_size);
         }
-        let tokens = Tensor::from_slice(tokens, t, &self.device)?;
         let positions = Tensor::from_slice(positions, t, &self.device)?;
         let cos = self.cos.index_select(&positions, 0)?;
         let sin = self.sin.index_select(&positions, 0)?;
         let bias = bias.to_dtype(self.dtype)?;
-        let mut x = self.embed.index_select(&tokens, 0)?.unsqueeze(0)?;
+        let mut x = self.embed.lookup(tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = block(&self.config, i, layer, &x, &cos, &sin, &bias, cache)?;
         }
