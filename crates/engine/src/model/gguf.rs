@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Error, Result, Tensor};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// An opened GGUF file: its metadata and tensor directory.
 pub struct GgufFile {
@@ -253,10 +254,10 @@ pub enum WeightFormat {
 
 impl WeightFormat {
     /// The matmul of a stored matrix `[rows, cols]`, and the zero columns its input needs.
-    fn matmul(self, t: QTensor, device: &Device) -> Result<(QMatMul, usize)> {
+    fn matmul(self, t: Arc<QTensor>, device: &Device) -> Result<(QMatMul, usize)> {
         use candle_core::quantized::GgmlDType as G;
         match self {
-            Self::AsStored => Ok((QMatMul::from_qtensor(t)?, 0)),
+            Self::AsStored => Ok((QMatMul::from_arc(t)?, 0)),
             Self::Dequantized => Ok((QMatMul::Tensor(t.dequantize(device)?), 0)),
             Self::FastCpu => {
                 // Formats without a fast CPU kernel go to Q4_K, which `Linear` then repacks
@@ -266,7 +267,7 @@ impl WeightFormat {
                 let slow = matches!(t.dtype(), G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::Q8_1);
                 let dims = t.shape().dims().to_vec();
                 if !(slow && device.is_cpu() && dims.len() == 2 && dims[0] % 16 == 0) {
-                    return Ok((QMatMul::from_qtensor(t)?, 0));
+                    return Ok((QMatMul::from_arc(t)?, 0));
                 }
                 let (rows, cols) = (dims[0], dims[1]);
                 let pad = cols.next_multiple_of(256) - cols;
@@ -335,7 +336,7 @@ pub fn load(
         config.num_layers = config.num_layers.min(n.max(1));
     }
     let dtype = DType::F32;
-    let embed_q = file.tensor("token_embd.weight", device)?;
+    let embed_q = Arc::new(file.tensor("token_embd.weight", device)?);
     if embed_q.shape().dims() != [config.vocab_size, config.hidden_size] {
         return Err(err(
             path,
@@ -352,7 +353,7 @@ pub fn load(
     for i in 0..config.num_layers {
         let p = |s: &str| format!("blk.{i}.{s}");
         let linear = |file: &mut GgufFile, name: &str, with_bias: bool| -> Result<Linear> {
-            let (w, pad) = format.matmul(file.tensor(&p(&format!("{name}.weight")), device)?, device)?;
+            let (w, pad) = format.matmul(Arc::new(file.tensor(&p(&format!("{name}.weight")), device)?), device)?;
             let bias_name = p(&format!("{name}.bias"));
             let b = if with_bias && file.has_tensor(&bias_name) {
                 Some(file.tensor(&bias_name, device)?.dequantize(device)?)
@@ -378,11 +379,12 @@ pub fn load(
     // Tied embeddings (SmolLM2) use the embedding matrix as the output head.
     let head_name = if file.has_tensor("output.weight") { "output.weight" } else { "token_embd.weight" };
     let head = match output_rows {
-        Some(rows) if rows < config.vocab_size => file.tensor_rows(head_name, rows, device)?,
-        // Tied: a second copy of the bytes, which the head then repacks for its kernel.
-        _ => file.tensor(head_name, device)?,
+        Some(rows) if rows < config.vocab_size => Arc::new(file.tensor_rows(head_name, rows, device)?),
+        // Tied: the embedding's own matrix, shared (a repacked head keeps its own layout).
+        _ if head_name == "token_embd.weight" => embed_q.clone(),
+        _ => Arc::new(file.tensor(head_name, device)?),
     };
-    let embed = super::embedding::TokenEmbedding::from_qtensor(std::sync::Arc::new(embed_q), device)?;
+    let embed = super::embedding::TokenEmbedding::from_qtensor(embed_q, device)?;
     let (lm_head, pad) = format.matmul(head, device)?;
     let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad)?, dtype, device)?;
     Ok((model, file))

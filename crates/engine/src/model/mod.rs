@@ -96,8 +96,9 @@ pub struct Linear {
 }
 
 /// Input rows up to which ggml-layout Q4_K/Q6_K products on an AVX2 CPU use [`qgemv`] rather
-/// than candle's repacked kernels (measured in `benches/RESULTS.md`, "Engine on CPU"). Q4_K
-/// matrices repacked at load ([`q4k_interleaved`]) take our kernel at every row count.
+/// than candle's repacked kernels (measured in `benches/RESULTS.md`, "Engine on CPU"). Q4_K and
+/// Q6_K matrices repacked at load ([`q4k_interleaved`], [`q6k_interleaved`]) take our kernels at
+/// every row count.
 pub const FEW_ROWS_MAX: usize = 4;
 
 impl Linear {

@@ -15,8 +15,9 @@
 //! (measured: each row beyond the second cost twice as much with tiles of four). A weight
 //! row is decoded once per tile and stays in L1 between tiles.
 //!
-//! Q4_K matrices on such CPUs are normally repacked at load ([`super::q4k_interleaved`]: the
-//! same weights in a layout that needs about half the instructions); [`matmul_many`] takes
+//! Q4_K and Q6_K matrices on such CPUs are normally repacked at load
+//! ([`super::q4k_interleaved`], [`super::q6k_interleaved`]: the same weights in layouts that
+//! need about half the instructions); [`matmul_many`] takes
 //! either form ([`RowsWeight`]) and quantizes the activations once for all of them.
 //!
 //! The caller ([`super::Linear`]) routes ggml-layout matrices here only when [`supports`] says
@@ -70,11 +71,11 @@ impl BlockQ8K {
     pub(crate) const ZERO: Self = Self { d: 0.0, qs: [0; QK_K], bsums: [0; 16] };
 }
 
-/// True when this CPU and this matrix can take the fast path: x86-64 with AVX2 and FMA, a
+/// True when this CPU and this matrix can take the fast path: x86-64 with AVX2, FMA and F16C, a
 /// Q4_K or Q6_K matrix stored on the CPU whose rows are whole super-blocks.
 pub fn supports(w: &QTensor) -> bool {
     let dims = w.shape().dims();
-    cpu_has_avx2()
+    q4ki::cpu_supported()
         && matches!(w.dtype(), GgmlDType::Q4K | GgmlDType::Q6K)
         && w.device().is_cpu()
         && dims.len() == 2
@@ -82,7 +83,8 @@ pub fn supports(w: &QTensor) -> bool {
 }
 
 /// A matrix for the few-rows products: a ggml Q4_K/Q6_K tensor as stored (see [`supports`]),
-/// or a Q4_K matrix repacked at load ([`super::q4k_interleaved`]).
+/// or a Q4_K or Q6_K matrix repacked at load ([`super::q4k_interleaved`],
+/// [`super::q6k_interleaved`]).
 #[derive(Clone, Copy)]
 pub enum RowsWeight<'a> {
     Ggml(&'a QTensor),
@@ -98,17 +100,6 @@ impl RowsWeight<'_> {
             Self::Q4KInterleaved(w) => Ok((w.rows, w.cols)),
             Self::Q6KInterleaved(w) => Ok((w.rows, w.cols)),
         }
-    }
-}
-
-pub(crate) fn cpu_has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -394,7 +385,7 @@ mod avx2 {
     };
 
     impl SuperBlock for BlockQ4K {
-        #[inline(never)]
+        #[inline]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn dots<const R: usize>(w: &[Self], acts: [&[BlockQ8K]; R]) -> [f32; R] {
             let m4 = _mm256_set1_epi8(0x0f);
@@ -560,7 +551,7 @@ mod tests {
     /// dequantized matrix in f32 and against candle's own quantized matmul (whose CPU kernels
     /// land about as far from the f32 product as ours, but not on the same side).
     fn check(dtype: GgmlDType) {
-        if !cpu_has_avx2() {
+        if !q4ki::cpu_supported() {
             eprintln!("no AVX2 on this CPU: the fast path is never taken, nothing to check");
             return;
         }
