@@ -119,6 +119,28 @@ pub fn cpu_supported() -> bool {
     }
 }
 
+/// True when [`columns`] takes the AVX-512 VNNI kernels (`vpdpbusd` on 256-bit registers, which
+/// needs AVX512-VNNI and AVX512-VL): on such CPUs unless `MDSD_VNNI=0`. They compute the same
+/// integers and the same `f32` operations in the same order as the AVX2 kernels, so a product
+/// is the same bit for bit either way (tested); only the speed differs.
+pub fn vnni_enabled() -> bool {
+    static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VALUE.get_or_init(|| cpu_supported() && cpu_has_vnni() && std::env::var("MDSD_VNNI").map_or(true, |v| v != "0"))
+}
+
+fn cpu_has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// ggml's `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j`.
 fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
@@ -229,6 +251,15 @@ pub trait RepackedBlock: Sized {
     /// # Safety
     /// AVX2, FMA and F16C must be available; every `acts[r]` has at least `w.len()` blocks.
     unsafe fn dots<const R: usize>(w: &[Self], acts: [&[Self::Act]; R]) -> [f32; R];
+
+    /// [`Self::dots`] with AVX-512 VNNI where the layout allows it, bit for bit the same result.
+    ///
+    /// # Safety
+    /// As [`Self::dots`], and AVX512F, AVX512VL and AVX512-VNNI must be available.
+    #[inline(always)]
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], acts: [&[Self::Act]; R]) -> [f32; R] {
+        Self::dots(w, acts)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -281,6 +312,57 @@ impl RepackedBlock for BlockQ4KI {
         }
         out
     }
+
+    /// The same integers as [`Self::dots`]: bytes `4 s .. 4 s + 4` of every group belong to
+    /// sub-block `s`, so one `vpdpbusd` lane accumulates exactly sub-block `s`'s products (no
+    /// 16-bit intermediate), and `mullo` by its scale gives what `madd` gave there. The `f32`
+    /// operations are the same, in the same order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], acts: [&[BlockQ8KI]; R]) -> [f32; R] {
+        use std::arch::x86_64::*;
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc_min = [_mm_setzero_ps(); R];
+        for (i, b) in w.iter().enumerate() {
+            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128((b.d as u32 | (b.dmin as u32) << 16) as i32));
+            // Lane s: the scale of sub-block s, as i32.
+            let scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.scales.as_ptr() as *const __m128i));
+            let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(b.mins.as_ptr() as *const __m128i));
+            // Two chains per row (low and high nibbles), summed at the end of the block.
+            let mut lo_sum = [_mm256_setzero_si256(); R];
+            let mut hi_sum = [_mm256_setzero_si256(); R];
+            for j in 0..4 {
+                let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(q4, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+                for r in 0..R {
+                    let y = acts[r].get_unchecked(i).qs.as_ptr().add(64 * j);
+                    lo_sum[r] = _mm256_dpbusd_epi32(lo_sum[r], lo, _mm256_loadu_si256(y as *const __m256i));
+                    hi_sum[r] = _mm256_dpbusd_epi32(hi_sum[r], hi, _mm256_loadu_si256(y.add(32) as *const __m256i));
+                }
+            }
+            for r in 0..R {
+                let y = acts[r].get_unchecked(i);
+                let f = _mm_mul_ps(ds, _mm_set1_ps(y.d));
+                let dy = _mm256_broadcastss_ps(f);
+                let scaled = _mm256_mullo_epi32(scale, _mm256_add_epi32(lo_sum[r], hi_sum[r]));
+                acc[r] = _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(scaled), acc[r]);
+                let pm = _mm_madd_epi16(mins, _mm_loadu_si128(y.sums.as_ptr() as *const __m128i));
+                acc_min[r] = _mm_fmadd_ps(_mm_permute_ps(f, 0b01_01_01_01), _mm_cvtepi32_ps(pm), acc_min[r]);
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let v = acc[r];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_sub_ps(s, acc_min[r]);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            out[r] = _mm_cvtss_f32(s);
+        }
+        out
+    }
 }
 
 /// Output columns `cols` of `m` activation rows (`acts`, `kb` blocks each) against the
@@ -294,7 +376,6 @@ impl RepackedBlock for BlockQ4KI {
 /// As [`RepackedBlock::dots`]; `acts` has `m * kb` blocks, `w` at least `cols.end * kb`, `out`
 /// `m * n` values.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn columns<B: RepackedBlock>(
     w: &[B],
     acts: &[B::Act],
@@ -304,6 +385,61 @@ pub unsafe fn columns<B: RepackedBlock>(
     cols: std::ops::Range<usize>,
     out: &mut [f32],
 ) {
+    if vnni_enabled() {
+        columns_vnni(w, acts, m, n, kb, cols, out)
+    } else {
+        columns_avx2(w, acts, m, n, kb, cols, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn columns_avx2<B: RepackedBlock>(
+    w: &[B],
+    acts: &[B::Act],
+    m: usize,
+    n: usize,
+    kb: usize,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    columns_with::<B, false>(w, acts, m, n, kb, cols, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn columns_vnni<B: RepackedBlock>(
+    w: &[B],
+    acts: &[B::Act],
+    m: usize,
+    n: usize,
+    kb: usize,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    columns_with::<B, true>(w, acts, m, n, kb, cols, out)
+}
+
+/// The body of [`columns`], inlined into each kernel family's entry.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn columns_with<B: RepackedBlock, const VNNI: bool>(
+    w: &[B],
+    acts: &[B::Act],
+    m: usize,
+    n: usize,
+    kb: usize,
+    cols: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    #[inline(always)]
+    unsafe fn dots<B: RepackedBlock, const VNNI: bool, const R: usize>(w: &[B], acts: [&[B::Act]; R]) -> [f32; R] {
+        if VNNI {
+            B::dots_vnni(w, acts)
+        } else {
+            B::dots(w, acts)
+        }
+    }
     let act = |r: usize| &acts[r * kb..(r + 1) * kb];
     // Many rows (a prompt) go in chunks whose activations stay in L2 while the weights stream.
     for chunk in (0..m).step_by(ROW_CHUNK) {
@@ -313,24 +449,24 @@ pub unsafe fn columns<B: RepackedBlock>(
             let mut r0 = chunk;
             while r0 < end {
                 if end - r0 >= 8 {
-                    let d = B::dots(row, [act(r0), act(r0 + 1), act(r0 + 2), act(r0 + 3)]);
+                    let d = dots::<B, VNNI, _>(row, [act(r0), act(r0 + 1), act(r0 + 2), act(r0 + 3)]);
                     for (i, v) in d.into_iter().enumerate() {
                         out[(r0 + i) * n + c] = v;
                     }
                     r0 += 4;
                 } else if end - r0 == 3 {
-                    let d = B::dots(row, [act(r0), act(r0 + 1), act(r0 + 2)]);
+                    let d = dots::<B, VNNI, _>(row, [act(r0), act(r0 + 1), act(r0 + 2)]);
                     for (i, v) in d.into_iter().enumerate() {
                         out[(r0 + i) * n + c] = v;
                     }
                     r0 += 3;
                 } else if end - r0 >= 2 {
-                    let d = B::dots(row, [act(r0), act(r0 + 1)]);
+                    let d = dots::<B, VNNI, _>(row, [act(r0), act(r0 + 1)]);
                     out[r0 * n + c] = d[0];
                     out[(r0 + 1) * n + c] = d[1];
                     r0 += 2;
                 } else {
-                    out[r0 * n + c] = B::dots(row, [act(r0)])[0];
+                    out[r0 * n + c] = dots::<B, VNNI, _>(row, [act(r0)])[0];
                     r0 += 1;
                 }
             }
@@ -418,5 +554,55 @@ mod tests {
         matmul_many(&[RowsWeight::Q4KInterleaved(&w)], &x, 1, &mut [&mut out[..]]).unwrap();
         let want = -((2 * QK_K) as f64 * 63.0 * 15.0);
         assert!((out[0] as f64 - want).abs() <= 1e-6 * want.abs(), "{} against {want}", out[0]);
+    }
+
+    /// The AVX-512 VNNI kernels give the AVX2 kernels' products bit for bit, for every tile
+    /// size and both repacked types, including the 4-bit extremes (all 15 against -128).
+    #[test]
+    fn vnni_kernels_match_the_avx2_kernels_bit_for_bit() {
+        if !(cpu_supported() && cpu_has_vnni()) {
+            eprintln!("no AVX-512 VNNI on this CPU: its kernels are never taken, nothing to check");
+            return;
+        }
+        fn both<B: RepackedBlock>(w: &[B], acts: &[B::Act], m: usize, n: usize, kb: usize) -> (Vec<f32>, Vec<f32>) {
+            let (mut a, mut v) = (vec![0f32; m * n], vec![0f32; m * n]);
+            // SAFETY: AVX2/FMA/F16C and AVX-512 VNNI/VL checked above; sizes as documented.
+            unsafe {
+                columns_avx2(w, acts, m, n, kb, 0..n, &mut a);
+                columns_vnni(w, acts, m, n, kb, 0..n, &mut v);
+            }
+            (a, v)
+        }
+        let (n, k) = (19, 3 * QK_K);
+        let kb = k / QK_K;
+        let w = Tensor::from_vec(values(n * k, 11), (n, k), &Device::Cpu).unwrap();
+        let q4 = Q4KMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q4K).unwrap()).unwrap().unwrap();
+        let q6 = crate::model::q6k_interleaved::Q6KMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q6K).unwrap())
+            .unwrap()
+            .unwrap();
+        for m in 1..=9 {
+            let x = values(m * k, 12 + m as u64);
+            let mut q8 = vec![BlockQ8K::ZERO; m * kb];
+            for (row, blocks) in x.chunks_exact(k).zip(q8.chunks_exact_mut(kb)) {
+                crate::model::qgemv::quantize_row_q8k(row, blocks);
+            }
+            let mut acts4 = vec![BlockQ8KI::ZERO; m * kb];
+            q8.iter().zip(&mut acts4).for_each(|(a, b)| permute_activations(a, b));
+            let (a, v) = both(&q4.blocks, &acts4, m, n, kb);
+            assert_eq!(a, v, "Q4_K, {m} rows");
+            let mut acts6 = vec![crate::model::q6k_interleaved::BlockQ8K6I::ZERO; m * kb];
+            q8.iter().zip(&mut acts6).for_each(|(a, b)| crate::model::q6k_interleaved::permute_activations(a, b));
+            let (a, v) = both(&q6.blocks, &acts6, m, n, kb);
+            assert_eq!(a, v, "Q6_K, {m} rows");
+        }
+        let one = half::f16::from_f32(1.0).to_bits();
+        let block = BlockQ4KI { d: one, dmin: one, scales: [63; 8], mins: [63; 8], qs: [0xff; 128] };
+        let mut act = BlockQ8KI { d: 1.0, qs: [-128; QK_K], sums: [-128 * 32; 8] };
+        let (a, v) = both(&[block; 2], &[act, act], 1, 1, 2);
+        assert_eq!(a, v, "extremes");
+        assert_eq!(v[0] as f64, 2.0 * (-(256.0 * 63.0 * 15.0 * 128.0) + 8.0 * 63.0 * 128.0 * 32.0));
+        act.qs = [127; QK_K];
+        let (a, v) = both(&[block], &[act], 1, 1, 1);
+        assert_eq!(a, v, "extremes, positive activations");
     }
 }
