@@ -248,35 +248,53 @@ pub fn rest_mass(v: &[f64], excluded: &[TokenId], total: f64, excluded_mass: f64
     }
 }
 
-/// Sum of a slice with four independent accumulators (breaks the add latency chain; the
-/// vocabulary-sized sums are on every hot path).
+/// Independent accumulators of the vocabulary-sized sums: 16 lanes, four 256-bit registers,
+/// so that the adds do not wait on each other's latency (measured twice as fast as four lanes
+/// on a 151,936-token pass, 26 against 50-59 microseconds).
+pub const SUM_LANES: usize = 16;
+
+/// `sum_i v_i` with [`SUM_LANES`] independent accumulators (vectorises).
 #[inline]
 pub fn fast_sum(v: &[f64]) -> f64 {
-    let mut acc = [0.0f64; 4];
-    let chunks = v.chunks_exact(4);
+    let mut acc = [0.0f64; SUM_LANES];
+    let chunks = v.chunks_exact(SUM_LANES);
     let rest: f64 = chunks.remainder().iter().sum();
     for c in chunks {
-        acc[0] += c[0];
-        acc[1] += c[1];
-        acc[2] += c[2];
-        acc[3] += c[3];
+        let c: &[f64; SUM_LANES] = c.try_into().expect("chunks_exact");
+        for l in 0..SUM_LANES {
+            acc[l] += c[l];
+        }
     }
-    (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
+    lanes_total(&acc) + rest
 }
 
-/// `sum_i f(a_i, b_i)` over two equal-length slices with four independent accumulators (the
-/// vocabulary-sized passes of the verifiers and of alpha*; the compiler can vectorise it).
+/// The sum of the lanes, pairwise.
+#[inline(always)]
+pub fn lanes_total(acc: &[f64; SUM_LANES]) -> f64 {
+    let mut half = [0.0f64; SUM_LANES / 2];
+    for l in 0..SUM_LANES / 2 {
+        half[l] = acc[l] + acc[l + SUM_LANES / 2];
+    }
+    ((half[0] + half[4]) + (half[2] + half[6])) + ((half[1] + half[5]) + (half[3] + half[7]))
+}
+
+/// `sum_i f(a_i, b_i)` over two equal-length slices with [`SUM_LANES`] independent
+/// accumulators (the vocabulary-sized passes of the verifiers and of alpha*; `f` should be
+/// branch-free, min/max or a select, so that the pass vectorises).
 #[inline(always)]
 pub fn pair_sum(a: &[f64], b: &[f64], f: impl Fn(f64, f64) -> f64) -> f64 {
-    let mut acc = [0.0f64; 4];
-    let (a4, b4) = (a.chunks_exact(4), b.chunks_exact(4));
-    let rest: f64 = a4.remainder().iter().zip(b4.remainder()).map(|(&x, &y)| f(x, y)).sum();
-    for (x, y) in a4.zip(b4) {
-        for l in 0..4 {
+    let mut acc = [0.0f64; SUM_LANES];
+    let n = a.len().min(b.len());
+    let whole = n / SUM_LANES * SUM_LANES;
+    let rest: f64 = a[whole..n].iter().zip(&b[whole..n]).map(|(&x, &y)| f(x, y)).sum();
+    for i in (0..whole).step_by(SUM_LANES) {
+        let x: &[f64; SUM_LANES] = a[i..i + SUM_LANES].try_into().expect("in bounds");
+        let y: &[f64; SUM_LANES] = b[i..i + SUM_LANES].try_into().expect("in bounds");
+        for l in 0..SUM_LANES {
             acc[l] += f(x[l], y[l]);
         }
     }
-    (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
+    lanes_total(&acc) + rest
 }
 
 #[cfg(test)]

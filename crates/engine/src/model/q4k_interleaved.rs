@@ -577,9 +577,10 @@ mod tests {
         let kb = k / QK_K;
         let w = Tensor::from_vec(values(n * k, 11), (n, k), &Device::Cpu).unwrap();
         let q4 = Q4KMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q4K).unwrap()).unwrap().unwrap();
-        let q6 = crate::model::q6k_interleaved::Q6KMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q6K).unwrap())
-            .unwrap()
-            .unwrap();
+        let q6 =
+            crate::model::q6k_interleaved::Q6KMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q6K).unwrap())
+                .unwrap()
+                .unwrap();
         for m in 1..=9 {
             let x = values(m * k, 12 + m as u64);
             let mut q8 = vec![BlockQ8K::ZERO; m * kb];
