@@ -266,7 +266,7 @@ impl WeightFormat {
                 // measured too: no faster, and no faster per token in batches.
                 let slow = matches!(t.dtype(), G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::Q8_1);
                 let dims = t.shape().dims().to_vec();
-                if !(slow && device.is_cpu() && dims.len() == 2 && dims[0] % 16 == 0) {
+                if !(slow && device.is_cpu() && dims.len() == 2 && dims[0].is_multiple_of(16)) {
                     return Ok((QMatMul::from_arc(t)?, 0));
                 }
                 let (rows, cols) = (dims[0], dims[1]);

@@ -64,10 +64,10 @@ impl ModelConfig {
         if self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 || self.vocab_size == 0 {
             return Err(bad(format!("zero layers, heads or vocabulary: {self:?}")));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(bad(format!("{} heads is not a multiple of {} KV heads", self.num_heads, self.num_kv_heads)));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(bad(format!("odd head dimension {}", self.head_dim)));
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;

@@ -95,7 +95,7 @@ impl<B: Repacks> RepackedMatrix<B> {
     /// the CPU, whole super-blocks per row, on an x86-64 CPU with AVX2, FMA and F16C.
     pub fn from_qtensor(w: &QTensor) -> Result<Option<Self>> {
         let dims = w.shape().dims();
-        let fit = w.dtype() == B::DTYPE && w.device().is_cpu() && dims.len() == 2 && dims[1] % QK_K == 0;
+        let fit = w.dtype() == B::DTYPE && w.device().is_cpu() && dims.len() == 2 && dims[1].is_multiple_of(QK_K);
         if !fit || !cpu_supported() {
             return Ok(None);
         }
@@ -185,7 +185,7 @@ fn repack_block(raw: &[u8]) -> BlockQ4KI {
 /// Repacks ggml Q4_K blocks (the raw bytes of a GGUF tensor) into [`BlockQ4KI`], on all cores.
 pub fn repack(bytes: &[u8]) -> Result<Vec<BlockQ4KI>> {
     const SIZE: usize = std::mem::size_of::<BlockQ4K>();
-    if bytes.len() % SIZE != 0 {
+    if !bytes.len().is_multiple_of(SIZE) {
         candle_core::bail!("q4k-repack: {} bytes is not a whole number of Q4_K blocks", bytes.len());
     }
     let zero = BlockQ4KI { d: 0, dmin: 0, scales: [0; 8], mins: [0; 8], qs: [0; 128] };

@@ -104,7 +104,7 @@ fn repack_block(raw: &[u8]) -> BlockQ6KI {
 /// Repacks ggml Q6_K blocks (the raw bytes of a GGUF tensor) into [`BlockQ6KI`], on all cores.
 pub fn repack(bytes: &[u8]) -> Result<Vec<BlockQ6KI>> {
     const SIZE: usize = std::mem::size_of::<BlockQ6K>();
-    if bytes.len() % SIZE != 0 {
+    if !bytes.len().is_multiple_of(SIZE) {
         candle_core::bail!("q6k-repack: {} bytes is not a whole number of Q6_K blocks", bytes.len());
     }
     let zero = BlockQ6KI { d: 0, scales: [0; 16], ql: [0; 128], qh: [0; 64] };

@@ -79,7 +79,7 @@ pub fn supports(w: &QTensor) -> bool {
         && matches!(w.dtype(), GgmlDType::Q4K | GgmlDType::Q6K)
         && w.device().is_cpu()
         && dims.len() == 2
-        && dims[1] % QK_K == 0
+        && dims[1].is_multiple_of(QK_K)
 }
 
 /// A matrix for the few-rows products: a ggml Q4_K/Q6_K tensor as stored (see [`supports`]),
