@@ -158,43 +158,94 @@ pub fn alpha_star_with_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 /// `alpha*` of conditional-Poisson drafts: `Q(H) = e_m(q_H) / e_m(q)` with
 /// `m = min(n, |supp q|)` (the paper's generating-function formula, exact for this law).
 pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
-    struct ConditionalPoisson {
-        m: usize,
-        total: f64,
-    }
-    impl PrefixQ for ConditionalPoisson {
-        fn width(&self) -> usize {
-            self.m + 1
-        }
-        fn empty(&self, s: &mut [f64]) {
-            s.iter_mut().for_each(|x| *x = 0.0);
-            s[0] = 1.0;
-        }
-        fn add(&self, s: &mut [f64], q: f64) {
-            add_to_elementary_symmetric(&mut s[..=self.m], q);
-        }
-        fn merge(&self, s: &mut [f64], acc: &[f64]) {
-            // Truncated product of the two generating polynomials.
-            for k in (0..=self.m).rev() {
-                let mut v = 0.0;
-                for j in 0..=k {
-                    v += s[j] * acc[k - j];
-                }
-                s[k] = v;
-            }
-        }
-        fn value(&self, s: &[f64]) -> f64 {
-            (s[self.m] / self.total).min(1.0)
-        }
-    }
     let m = DraftConstruction::ConditionalPoisson.num_drafts(q, n);
     let sq: f64 = fast_sum(q);
     let e = elementary_symmetric_scaled(q, 1.0 / sq, m);
     // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q).
     let scale = e[m - 1] / e[m];
-    let model = ConditionalPoisson { m, total: e[m] };
-    let best = min_over_prefixes(p, q, |px, qx| px < (scale * qx).min(1.0), &model);
+    let keep = |px: f64, qx: f64| px < (scale * qx).min(1.0);
+    let total = e[m];
+    // A compile-time state width for the usual draft counts: a token's update then loads and
+    // stores the whole state at once, so the next token of the same bucket reads it back by
+    // store forwarding (a shifted, partly overlapping load had made pass 1 wait on each store).
+    let best = match m {
+        1 => min_over_prefixes(p, q, keep, &FixedPoisson::<2> { total }),
+        2 => min_over_prefixes(p, q, keep, &FixedPoisson::<3> { total }),
+        3 => min_over_prefixes(p, q, keep, &FixedPoisson::<4> { total }),
+        4 => min_over_prefixes(p, q, keep, &FixedPoisson::<5> { total }),
+        5 => min_over_prefixes(p, q, keep, &FixedPoisson::<6> { total }),
+        6 => min_over_prefixes(p, q, keep, &FixedPoisson::<7> { total }),
+        7 => min_over_prefixes(p, q, keep, &FixedPoisson::<8> { total }),
+        8 => min_over_prefixes(p, q, keep, &FixedPoisson::<9> { total }),
+        _ => min_over_prefixes(p, q, keep, &AnyPoisson { m, total }),
+    };
     (1.0 + best).clamp(0.0, 1.0)
+}
+
+/// `Q(H) = e_m(q_H) / e_m(q)` of conditional Poisson drafts: the state is `e_0..=e_m` of the
+/// set's `q`, a truncated generating polynomial `prod (1 + q_i t)`.
+struct AnyPoisson {
+    m: usize,
+    total: f64,
+}
+
+impl PrefixQ for AnyPoisson {
+    fn width(&self) -> usize {
+        self.m + 1
+    }
+    fn empty(&self, s: &mut [f64]) {
+        s.iter_mut().for_each(|x| *x = 0.0);
+        s[0] = 1.0;
+    }
+    fn add(&self, s: &mut [f64], q: f64) {
+        add_to_elementary_symmetric(&mut s[..=self.m], q);
+    }
+    fn merge(&self, s: &mut [f64], acc: &[f64]) {
+        truncated_product(s, acc);
+    }
+    fn value(&self, s: &[f64]) -> f64 {
+        (s[self.m] / self.total).min(1.0)
+    }
+}
+
+/// [`AnyPoisson`] with the state width `W = m + 1` known at compile time.
+struct FixedPoisson<const W: usize> {
+    total: f64,
+}
+
+impl<const W: usize> PrefixQ for FixedPoisson<W> {
+    fn width(&self) -> usize {
+        W
+    }
+    fn empty(&self, s: &mut [f64]) {
+        s.iter_mut().for_each(|x| *x = 0.0);
+        s[0] = 1.0;
+    }
+    #[inline(always)]
+    fn add(&self, s: &mut [f64], q: f64) {
+        let s: &mut [f64; W] = s.try_into().expect("state width");
+        let old = *s;
+        for k in 1..W {
+            s[k] = old[k] + q * old[k - 1];
+        }
+    }
+    fn merge(&self, s: &mut [f64], acc: &[f64]) {
+        truncated_product(s, acc);
+    }
+    fn value(&self, s: &[f64]) -> f64 {
+        (s[W - 1] / self.total).min(1.0)
+    }
+}
+
+/// `s <- s * acc` as polynomials truncated to the degree of `s`.
+fn truncated_product(s: &mut [f64], acc: &[f64]) {
+    for k in (0..s.len()).rev() {
+        let mut v = 0.0;
+        for j in 0..=k {
+            v += s[j] * acc[k - j];
+        }
+        s[k] = v;
+    }
 }
 
 /// `x^n` by binary exponentiation, inlined (the scans call it once per token).
