@@ -253,13 +253,13 @@ pub trait RepackedBlock: Sized {
     unsafe fn dots<const R: usize>(w: &[Self], acts: [&[Self::Act]; R]) -> [f32; R];
 
     /// [`Self::dots`] with AVX-512 VNNI where the layout allows it, bit for bit the same result.
+    /// Implementations carry the VNNI kernels' target features (not a default method calling
+    /// `dots`: a body without those features cannot inline a `#[target_feature]` kernel, which
+    /// then ran as a call per weight row).
     ///
     /// # Safety
     /// As [`Self::dots`], and AVX512F, AVX512VL and AVX512-VNNI must be available.
-    #[inline(always)]
-    unsafe fn dots_vnni<const R: usize>(w: &[Self], acts: [&[Self::Act]; R]) -> [f32; R] {
-        Self::dots(w, acts)
-    }
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], acts: [&[Self::Act]; R]) -> [f32; R];
 }
 
 #[cfg(target_arch = "x86_64")]

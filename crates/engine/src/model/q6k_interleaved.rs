@@ -157,6 +157,27 @@ impl super::q4k_interleaved::RepackedBlock for BlockQ6KI {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dots<const R: usize>(w: &[Self], acts: [&[BlockQ8K6I]; R]) -> [f32; R] {
+        dots_avx2(w, acts)
+    }
+
+    /// The AVX2 kernel (this layout pairs two sub-blocks in every 4 bytes, which `vpdpbusd`
+    /// would sum together), compiled inside the VNNI kernels' feature set so that it inlines
+    /// into their column loop.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], acts: [&[BlockQ8K6I]; R]) -> [f32; R] {
+        dots_avx2(w, acts)
+    }
+}
+
+/// The Q6_K kernel body, inlined into both entries of `RepackedBlock` for this layout.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; every `acts[r]` has at least `w.len()` blocks.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dots_avx2<const R: usize>(w: &[BlockQ6KI], acts: [&[BlockQ8K6I]; R]) -> [f32; R] {
+    {
         use std::arch::x86_64::*;
         let m4 = _mm256_set1_epi8(0x0f);
         let m30 = _mm256_set1_epi8(0x30);
