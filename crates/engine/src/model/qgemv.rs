@@ -282,8 +282,12 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
                                 columns::<BlockQ4K>(bytes, acts, m, p.n, kb, cols, out)
                             }
                             Kind::Ggml(bytes, _) => columns::<BlockQ6K>(bytes, acts, m, p.n, kb, cols, out),
-                            Kind::Q4KInterleaved(blocks) => q4ki::columns(blocks, acts_i, m, p.n, kb, cols, out),
-                            Kind::Q6KInterleaved(blocks) => q4ki::columns(blocks, acts_6, m, p.n, kb, cols, out),
+                            Kind::Q4KInterleaved(w) => {
+                                q4ki::columns(&q4ki::Product { w, acts: acts_i, m, n: p.n, kb }, cols, out)
+                            }
+                            Kind::Q6KInterleaved(w) => {
+                                q4ki::columns(&q4ki::Product { w, acts: acts_6, m, n: p.n, kb }, cols, out)
+                            }
                         }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
