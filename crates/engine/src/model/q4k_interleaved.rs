@@ -123,6 +123,7 @@ pub fn cpu_supported() -> bool {
 /// needs AVX512-VNNI and AVX512-VL): on such CPUs unless `MDSD_VNNI=0`. They compute the same
 /// integers and the same `f32` operations in the same order as the AVX2 kernels, so a product
 /// is the same bit for bit either way (tested); only the speed differs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn vnni_enabled() -> bool {
     static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *VALUE.get_or_init(|| cpu_supported() && cpu_has_vnni() && std::env::var("MDSD_VNNI").map_or(true, |v| v != "0"))
@@ -532,6 +533,7 @@ mod tests {
 
     /// The AVX-512 VNNI kernels give the AVX2 kernels' products bit for bit, for every tile
     /// size and both repacked types, including the 4-bit extremes (all 15 against -128).
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn vnni_kernels_match_the_avx2_kernels_bit_for_bit() {
         if !(cpu_supported() && cpu_has_vnni()) {
