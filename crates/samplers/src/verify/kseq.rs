@@ -358,6 +358,35 @@ mod tests {
         x.into_iter().map(|w| w / s).collect()
     }
 
+    /// The windowed pass gives exactly `piece_at`'s piece and exactly the tokens that
+    /// `classify` puts strictly inside the window, with ratios on both ends of it, zeros in
+    /// `q` and `p`, and lengths that are not a multiple of the lane count.
+    #[test]
+    fn windowed_pass_matches_piece_and_classification() {
+        let mut r = StdRng::seed_from_u64(11);
+        for case in 0..30 {
+            let v = [37, 1000, 4099][case % 3];
+            let p = dist(&mut r, v, 1 + (case % 2) as i32);
+            let mut q = dist(&mut r, v, 1);
+            let (lo, hi) = (1.0 + 0.1 * (case % 5) as f64, 1.3 + 0.1 * (case % 5) as f64);
+            // Ratios exactly at both ends, and zeros.
+            q[0] = p[0] / lo;
+            q[1] = p[1] / hi;
+            q[2] = 0.0;
+            let mut p = p;
+            p[3] = 0.0;
+            let (mut chunks, mut mid) = (Vec::new(), Vec::new());
+            let got = piece_with_window(&p, &q, lo, hi, &mut chunks, &mut mid);
+            let want = piece_at(&p, &q, lo);
+            assert!((got.0 - want.0).abs() <= 1e-15 && (got.1 - want.1).abs() <= 1e-15, "{got:?} vs {want:?}");
+            let (mut lo_p, mut hi_q, mut expected) = (0.0, 0.0, Vec::new());
+            for (&pi, &qi) in p.iter().zip(&q) {
+                classify(pi, qi, lo, hi, &mut lo_p, &mut hi_q, &mut expected);
+            }
+            assert_eq!(mid, expected, "case {case}: the window's tokens");
+        }
+    }
+
     /// Model-like pairs at the Qwen vocabulary (shared Gaussian logits plus independent
     /// noise, boosted head tokens): the pass-based solve agrees with the full solve in at most
     /// four passes over the vocabulary (Newton's method, the last pass's window holding the root).
