@@ -14,6 +14,8 @@ use std::cell::RefCell;
 const BUCKET_BITS: u32 = 14;
 const BUCKETS: usize = 1 << BUCKET_BITS;
 const NONE: u16 = u16::MAX;
+/// Tokens whose keys pass 1 computes before scattering them (in L1).
+const KEY_CHUNK: usize = 256;
 
 /// How `Q` of a prefix is built from its tokens.
 pub(crate) trait PrefixQ {
@@ -66,17 +68,32 @@ fn scan(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, model: &impl Pref
     for bucket in b.acc.chunks_mut(w) {
         model.empty(bucket);
     }
-    b.token_bucket.reserve(p.len());
-    // Pass 1: bucket sums.
-    for (&pi, &qi) in p.iter().zip(q) {
-        let (pn, qn) = (pi * ip, qi * iq);
-        let kept = (qi > 0.0) & keep(pn, qn);
-        let bucket = (Candidate::key_of(pn, qn) >> (32 - BUCKET_BITS)) as usize;
-        let mask = kept as u64 as f64;
-        model.add(&mut b.acc[bucket * w..(bucket + 1) * w], qn * mask);
-        b.bucket_p[bucket] += pn * mask;
-        b.bucket_count[bucket] += kept as u32;
-        b.token_bucket.push(if kept { bucket as u16 } else { NONE });
+    b.token_bucket.resize(p.len(), NONE);
+    // Pass 1: bucket sums, a chunk of tokens at a time. The keys, masks and normalised values
+    // of a chunk are computed first in a loop without stores to the buckets, which vectorises
+    // (the division of the key included); the scatter into the buckets follows.
+    let mut qm = [0.0f64; KEY_CHUNK];
+    let mut pm = [0.0f64; KEY_CHUNK];
+    let mut keys = [0u16; KEY_CHUNK];
+    for (start, (pc, qc)) in p.chunks(KEY_CHUNK).zip(q.chunks(KEY_CHUNK)).enumerate() {
+        let len = pc.len();
+        for i in 0..len {
+            let (pn, qn) = (pc[i] * ip, qc[i] * iq);
+            let kept = (qc[i] > 0.0) & keep(pn, qn);
+            keys[i] = (Candidate::key_of(pn, qn) >> (32 - BUCKET_BITS)) as u16;
+            qm[i] = if kept { qn } else { 0.0 };
+            pm[i] = if kept { pn } else { 0.0 };
+        }
+        let token_bucket = &mut b.token_bucket[start * KEY_CHUNK..start * KEY_CHUNK + len];
+        for i in 0..len {
+            let bucket = keys[i] as usize;
+            model.add(&mut b.acc[bucket * w..(bucket + 1) * w], qm[i]);
+            b.bucket_p[bucket] += pm[i];
+            // A kept token has q > 0 (and so a positive masked q).
+            let kept = qm[i] > 0.0;
+            b.bucket_count[bucket] += kept as u32;
+            token_bucket[i] = if kept { bucket as u16 } else { NONE };
+        }
     }
     // Pass 2: exact f at bucket ends, the start state of each bucket, and the bound inside.
     let mut state = vec![0.0; w];
