@@ -14,6 +14,10 @@
 //!
 //! Overflow: a `maddubs` lane is `q0 y0 + q1 y1` with `q < 16` and `|y| <= 128`, so at most
 //! 3,840 in magnitude, and 8 of them sum to at most 30,720 < 2^15.
+//!
+//! On CPUs with AVX-512 VNNI ([`vnni_enabled`]) the same layout feeds `vpdpbusd`: the 4 bytes
+//! of a 32-bit lane all belong to one sub-block, so each lane sums one sub-block's products
+//! directly, and the result is bit for bit the AVX2 kernel's ([`RepackedBlock::dots_vnni`]).
 
 use super::qgemv::{BlockQ4K, BlockQ8K, QK_K};
 use candle_core::quantized::{GgmlDType, QTensor};
