@@ -321,9 +321,17 @@ pub fn elementary_symmetric_scaled(v: &[f64], scale: f64, m: usize) -> Vec<f64> 
     }
 }
 
-/// Truncated product of polynomials given by their first `m + 1` coefficients.
-fn truncated_product(a: &[f64], b: &[f64], m: usize) -> Vec<f64> {
-    (0..=m).map(|k| (0..=k).map(|j| a[j] * b[k - j]).sum()).collect()
+/// `s <- s * b` as polynomials given by their first `s.len()` coefficients (the product
+/// truncated to the degree of `s`; `b` has at least as many coefficients).
+pub(crate) fn truncated_product(s: &mut [f64], b: &[f64]) {
+    // Descending degree: coefficient k reads only the degrees 0..=k of `s`, not yet rewritten.
+    for k in (0..s.len()).rev() {
+        let mut v = 0.0;
+        for j in 0..=k {
+            v += s[j] * b[k - j];
+        }
+        s[k] = v;
+    }
 }
 
 fn fixed_degree<const M: usize>(v: &[f64], scale: f64) -> Vec<f64> {
@@ -344,9 +352,11 @@ fn fixed_degree<const M: usize>(v: &[f64], scale: f64) -> Vec<f64> {
             }
         }
     }
-    let ab = truncated_product(&acc[0], &acc[1], M);
-    let cd = truncated_product(&acc[2], &acc[3], M);
-    truncated_product(&ab, &cd, M)
+    let [mut ab, b, mut cd, d] = acc;
+    truncated_product(&mut ab[..=M], &b);
+    truncated_product(&mut cd[..=M], &d);
+    truncated_product(&mut ab[..=M], &cd);
+    ab[..=M].to_vec()
 }
 
 fn any_degree(v: &[f64], scale: f64, m: usize) -> Vec<f64> {
@@ -362,7 +372,8 @@ fn any_degree(v: &[f64], scale: f64, m: usize) -> Vec<f64> {
         add_to_elementary_symmetric(&mut a, pair[0] * scale);
         add_to_elementary_symmetric(&mut b, pair[1] * scale);
     }
-    truncated_product(&a, &b, m)
+    truncated_product(&mut a, &b);
+    a
 }
 
 /// Conditional-Poisson drafts are listed most probable first (ties: lower id first).

@@ -127,7 +127,6 @@ pub fn cpu_supported() -> bool {
 /// needs AVX512-VNNI and AVX512-VL): on such CPUs unless `MDSD_VNNI=0`. They compute the same
 /// integers and the same `f32` operations in the same order as the AVX2 kernels, so a product
 /// is the same bit for bit either way (tested); only the speed differs.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn vnni_enabled() -> bool {
     static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *VALUE.get_or_init(|| cpu_supported() && cpu_has_vnni() && std::env::var("MDSD_VNNI").map_or(true, |v| v != "0"))

@@ -177,66 +177,64 @@ impl super::q4k_interleaved::RepackedBlock for BlockQ6KI {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn dots_avx2<const R: usize>(w: &[BlockQ6KI], acts: [&[BlockQ8K6I]; R]) -> [f32; R] {
-    {
-        use std::arch::x86_64::*;
-        let m4 = _mm256_set1_epi8(0x0f);
-        let m30 = _mm256_set1_epi8(0x30);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for (i, b) in w.iter().enumerate() {
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b.d as i32)));
-            // The 16 scales as i16: lane s scales sub-block s.
-            let scale = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.scales.as_ptr() as *const __m128i));
-            let mut sum = [_mm256_setzero_si256(); R];
-            for h in 0..2 {
-                let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h) as *const __m256i);
-                let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32) as *const __m256i);
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(qh, m30)),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
-                    ),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
-                    ),
-                ];
-                for r in 0..R {
-                    let y = acts[r].get_unchecked(i).qs.as_ptr().add(128 * h) as *const __m256i;
-                    let p01 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(q[0], _mm256_loadu_si256(y)),
-                        _mm256_maddubs_epi16(q[1], _mm256_loadu_si256(y.add(1))),
-                    );
-                    let p23 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(q[2], _mm256_loadu_si256(y.add(2))),
-                        _mm256_maddubs_epi16(q[3], _mm256_loadu_si256(y.add(3))),
-                    );
-                    sum[r] = _mm256_add_epi32(
-                        sum[r],
-                        _mm256_add_epi32(_mm256_madd_epi16(scale, p01), _mm256_madd_epi16(scale, p23)),
-                    );
-                }
-            }
+    use std::arch::x86_64::*;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, b) in w.iter().enumerate() {
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b.d as i32)));
+        // The 16 scales as i16: lane s scales sub-block s.
+        let scale = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.scales.as_ptr() as *const __m128i));
+        let mut sum = [_mm256_setzero_si256(); R];
+        for h in 0..2 {
+            let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h) as *const __m256i);
+            let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32) as *const __m256i);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(qh, m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                ),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                ),
+            ];
             for r in 0..R {
-                let y = acts[r].get_unchecked(i);
-                // The -32 offset: 32 * sum over sub-blocks of scale * (sum of its activations).
-                let off = _mm256_madd_epi16(scale, _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i));
-                let total = _mm256_sub_epi32(sum[r], _mm256_slli_epi32(off, 5));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(total), acc[r]);
+                let y = acts[r].get_unchecked(i).qs.as_ptr().add(128 * h) as *const __m256i;
+                let p01 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(q[0], _mm256_loadu_si256(y)),
+                    _mm256_maddubs_epi16(q[1], _mm256_loadu_si256(y.add(1))),
+                );
+                let p23 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(q[2], _mm256_loadu_si256(y.add(2))),
+                    _mm256_maddubs_epi16(q[3], _mm256_loadu_si256(y.add(3))),
+                );
+                sum[r] = _mm256_add_epi32(
+                    sum[r],
+                    _mm256_add_epi32(_mm256_madd_epi16(scale, p01), _mm256_madd_epi16(scale, p23)),
+                );
             }
         }
-        let mut out = [0f32; R];
         for r in 0..R {
-            let v = acc[r];
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            out[r] = _mm_cvtss_f32(s);
+            let y = acts[r].get_unchecked(i);
+            // The -32 offset: 32 * sum over sub-blocks of scale * (sum of its activations).
+            let off = _mm256_madd_epi16(scale, _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i));
+            let total = _mm256_sub_epi32(sum[r], _mm256_slli_epi32(off, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(total), acc[r]);
         }
-        out
     }
+    let mut out = [0f32; R];
+    for r in 0..R {
+        let v = acc[r];
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        out[r] = _mm_cvtss_f32(s);
+    }
+    out
 }
 
 #[cfg(test)]

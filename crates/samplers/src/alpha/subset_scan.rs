@@ -10,7 +10,9 @@
 //!   optimal and leaves a prefix of the pruned order, so they can be dropped.
 
 use super::bucketed::{min_over_prefixes, PrefixQ};
-use crate::construction::{add_to_elementary_symmetric, elementary_symmetric_scaled, DraftConstruction};
+use crate::construction::{
+    add_to_elementary_symmetric, elementary_symmetric_scaled, truncated_product, DraftConstruction,
+};
 use crate::dist::fast_sum;
 use std::cell::RefCell;
 
@@ -234,17 +236,6 @@ impl<const W: usize> PrefixQ for FixedPoisson<W> {
     }
     fn value(&self, s: &[f64]) -> f64 {
         (s[W - 1] / self.total).min(1.0)
-    }
-}
-
-/// `s <- s * acc` as polynomials truncated to the degree of `s`.
-fn truncated_product(s: &mut [f64], acc: &[f64]) {
-    for k in (0..s.len()).rev() {
-        let mut v = 0.0;
-        for j in 0..=k {
-            v += s[j] * acc[k - j];
-        }
-        s[k] = v;
     }
 }
 
