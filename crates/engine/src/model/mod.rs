@@ -19,7 +19,9 @@ pub mod embedding;
 pub mod gguf;
 pub mod hf;
 pub mod q4k_interleaved;
+pub mod q4k_tiled;
 pub mod q6k_interleaved;
+pub mod q6k_tiled;
 pub mod qgemv;
 #[cfg(test)]
 mod repack_test_support;
@@ -86,7 +88,8 @@ pub struct Linear {
     /// The matrix in candle's form; `None` when it lives in `repacked` only.
     weight: Option<QMatMul>,
     /// A Q4_K or Q6_K matrix on an AVX2 CPU, repacked at load for our kernels
-    /// ([`q4k_interleaved`], [`q6k_interleaved`]), which then run every product with it (one
+    /// ([`q4k_tiled`] and [`q6k_tiled`] with AVX-512 VNNI, else [`q4k_interleaved`] and
+    /// [`q6k_interleaved`]), which then run every product with it (one
     /// copy of the weights is kept, not two).
     repacked: Option<Repacked>,
     bias: Option<Tensor>,
@@ -114,9 +117,14 @@ impl Linear {
         };
         let repacked = match &weight {
             QMatMul::QTensor(w) if few_rows_max > 0 && repack_from_env() => {
-                match q4k_interleaved::Q4KMatrix::from_qtensor(w)? {
-                    Some(m) => Some(Repacked::Q4K(std::sync::Arc::new(m))),
-                    None => q6k_interleaved::Q6KMatrix::from_qtensor(w)?.map(|m| Repacked::Q6K(std::sync::Arc::new(m))),
+                if let Some(m) = q4k_tiled::Q4KTiledMatrix::from_qtensor(w)? {
+                    Some(Repacked::Q4KTiled(std::sync::Arc::new(m)))
+                } else if let Some(m) = q4k_interleaved::Q4KMatrix::from_qtensor(w)? {
+                    Some(Repacked::Q4K(std::sync::Arc::new(m)))
+                } else if let Some(m) = q6k_tiled::Q6KTiledMatrix::from_qtensor(w)? {
+                    Some(Repacked::Q6KTiled(std::sync::Arc::new(m)))
+                } else {
+                    q6k_interleaved::Q6KMatrix::from_qtensor(w)?.map(|m| Repacked::Q6K(std::sync::Arc::new(m)))
                 }
             }
             _ => None,
@@ -143,15 +151,19 @@ fn repack_from_env() -> bool {
 /// A matrix repacked at load for our CPU kernels.
 #[derive(Debug, Clone)]
 enum Repacked {
+    Q4KTiled(std::sync::Arc<q4k_tiled::Q4KTiledMatrix>),
     Q4K(std::sync::Arc<q4k_interleaved::Q4KMatrix>),
     Q6K(std::sync::Arc<q6k_interleaved::Q6KMatrix>),
+    Q6KTiled(std::sync::Arc<q6k_tiled::Q6KTiledMatrix>),
 }
 
 impl Repacked {
     fn rows_weight(&self) -> qgemv::RowsWeight<'_> {
         match self {
+            Self::Q4KTiled(m) => qgemv::RowsWeight::Q4KTiled(m),
             Self::Q4K(m) => qgemv::RowsWeight::Q4KInterleaved(m),
             Self::Q6K(m) => qgemv::RowsWeight::Q6KInterleaved(m),
+            Self::Q6KTiled(m) => qgemv::RowsWeight::Q6KTiled(m),
         }
     }
 }

@@ -15,9 +15,11 @@
 //! Overflow: a `maddubs` lane is `q0 y0 + q1 y1` with `q < 16` and `|y| <= 128`, so at most
 //! 3,840 in magnitude, and 8 of them sum to at most 30,720 < 2^15.
 //!
-//! On CPUs with AVX-512 VNNI ([`vnni_enabled`]) the same layout feeds `vpdpbusd`: the 4 bytes
-//! of a 32-bit lane all belong to one sub-block, so each lane sums one sub-block's products
-//! directly, and the result is bit for bit the AVX2 kernel's ([`RepackedBlock::dots_vnni`]).
+//! On CPUs with AVX-512 VNNI ([`vnni_enabled`]) the same layout feeds 512-bit `vpdpbusd`s: the
+//! 4 bytes of a 32-bit lane all belong to one sub-block, so each lane sums one sub-block's
+//! products directly, and the result is bit for bit the AVX2 kernel's
+//! ([`RepackedBlock::dots_vnni`]). The activation groups are ordered ([`ACTIVATION_SLOT`]) so
+//! that each 512-bit operand is one contiguous load.
 
 use super::qgemv::{BlockQ4K, BlockQ8K, QK_K};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -38,7 +40,7 @@ pub struct BlockQ4KI {
     qs: [u8; 128],
 }
 
-/// A Q8_K activation block permuted like the weights: `qs[32 g + b]` is value
+/// A Q8_K activation block permuted like the weights: `qs[32 ACTIVATION_SLOT[g] + b]` is value
 /// `source_index(g, b)`; `sums[s]` is the sum of the 32 values of sub-block `s`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -60,6 +62,18 @@ impl BlockQ8KI {
 #[inline(always)]
 pub const fn source_index(g: usize, b: usize) -> usize {
     32 * (b / 4) + 4 * g + b % 4
+}
+
+/// Where activation group `g` (the values `source_index(g, ..)`) sits in a [`BlockQ8KI`]: the
+/// groups that meet a 64-byte half of the weights' low nibbles (`4 h` and `4 h + 2`), then
+/// those of its high nibbles (`4 h + 1`, `4 h + 3`), so that the AVX-512 kernel reads each as
+/// one contiguous 64-byte run. Its own inverse.
+pub const ACTIVATION_SLOT: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+
+/// The value of an activation block that goes to byte `b` of slot `s` of a [`BlockQ8KI`].
+#[inline(always)]
+pub const fn activation_source(s: usize, b: usize) -> usize {
+    source_index(ACTIVATION_SLOT[s], b)
 }
 
 /// A block layout repacked from a ggml type, bit for bit the same weights.
@@ -123,8 +137,8 @@ pub fn cpu_supported() -> bool {
     }
 }
 
-/// True when [`columns`] takes the AVX-512 VNNI kernels (`vpdpbusd` on 256-bit registers, which
-/// needs AVX512-VNNI and AVX512-VL): on such CPUs unless `MDSD_VNNI=0`. They compute the same
+/// True when [`columns`] takes the AVX-512 VNNI kernels (`vpdpbusd` on 512-bit registers for
+/// Q4_K, which needs AVX512F/BW/VL and AVX512-VNNI): on such CPUs unless `MDSD_VNNI=0`. They compute the same
 /// integers and the same `f32` operations in the same order as the AVX2 kernels, so a product
 /// is the same bit for bit either way (tested); only the speed differs.
 pub fn vnni_enabled() -> bool {
@@ -136,6 +150,7 @@ fn cpu_has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
             && std::is_x86_feature_detected!("avx512vnni")
     }
@@ -146,7 +161,7 @@ fn cpu_has_vnni() -> bool {
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j`.
-fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
+pub(crate) fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -156,7 +171,7 @@ fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
 
 /// The 256 4-bit values of a ggml Q4_K block in order: sub-block `2 j` is the low nibbles of
 /// bytes `32 j .. 32 j + 32`, sub-block `2 j + 1` their high nibbles.
-fn nibbles(b: &BlockQ4K) -> [u8; QK_K] {
+pub(crate) fn nibbles(b: &BlockQ4K) -> [u8; QK_K] {
     let mut v = [0u8; QK_K];
     for j in 0..4 {
         for i in 0..32 {
@@ -199,15 +214,20 @@ pub fn repack(bytes: &[u8]) -> Result<Vec<BlockQ4KI>> {
 /// `out[i] = f(bytes[i * size..(i + 1) * size])`, split over the machine's cores (a 1.5B
 /// model's matrices are several million blocks: ~1 s on one core).
 pub(crate) fn repack_parallel<T: Copy + Send>(bytes: &[u8], size: usize, zero: T, f: fn(&[u8]) -> T) -> Vec<T> {
-    let n = bytes.len() / size;
+    repack_parallel_by(bytes.len() / size, zero, |i| f(&bytes[i * size..(i + 1) * size]))
+}
+
+/// `out[i] = f(i)` for `i < n`, split over the machine's cores.
+pub(crate) fn repack_parallel_by<T: Copy + Send>(n: usize, zero: T, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let mut out = vec![zero; n];
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, 16);
     let per = n.div_ceil(threads).max(4096);
+    let f = &f;
     std::thread::scope(|scope| {
-        for (dst, src) in out.chunks_mut(per).zip(bytes.chunks(per * size)) {
+        for (c, dst) in out.chunks_mut(per).enumerate() {
             scope.spawn(move || {
-                for (d, raw) in dst.iter_mut().zip(src.chunks_exact(size)) {
-                    *d = f(raw);
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = f(c * per + j);
                 }
             });
         }
@@ -236,9 +256,9 @@ pub fn dequantize(b: &BlockQ4KI) -> [f32; QK_K] {
 /// Permutes a Q8_K activation block into the layout of [`BlockQ8KI`].
 pub fn permute_activations(b: &BlockQ8K, out: &mut BlockQ8KI) {
     out.d = b.d;
-    for g in 0..8 {
+    for (g, slot) in ACTIVATION_SLOT.into_iter().enumerate() {
         for i in 0..32 {
-            out.qs[32 * g + i] = b.qs[source_index(g, i)];
+            out.qs[32 * slot + i] = b.qs[source_index(g, i)];
         }
     }
     for s in 0..8 {
@@ -277,23 +297,31 @@ impl RepackedBlock for BlockQ4KI {
     }
 
     /// The same integers as [`Self::dots`]: bytes `4 s .. 4 s + 4` of every group belong to
-    /// sub-block `s`, so one `vpdpbusd` lane accumulates exactly sub-block `s`'s products (no
-    /// 16-bit intermediate), and `mullo` by its scale gives what `madd` gave there. The `f32`
-    /// operations are the same, in the same order.
+    /// sub-block `s`, so a 512-bit `vpdpbusd` lane accumulates exactly sub-block `s`'s products
+    /// of two groups (no 16-bit intermediate), the two 256-bit halves add up to the sub-block's
+    /// sum, and `mullo` by its scale gives what `madd` gave there. The `f32` operations are the
+    /// same, in the same order.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn dots_vnni<const R: usize>(w: &[Self], acts: [&[BlockQ8KI]; R]) -> [f32; R] {
         q4k_dots::<R, true>(w, acts)
     }
 }
 
-/// The Q4_K kernel body for both entries of [`RepackedBlock`]: with `VNNI`, `vpdpbusd` sums
-/// each sub-block's products in one 32-bit lane (two chains per row, low and high nibbles)
-/// and `mullo` applies the scales; without, `maddubs` sums them in 16-bit lanes and one `madd`
-/// applies the scales. Both give the same 32-bit integers, then the same `f32` operations.
+/// The Q4_K kernel body for both entries of [`RepackedBlock`].
+///
+/// Without `VNNI` (AVX2), per 32-byte group `j` of the weights, `maddubs` multiplies the low
+/// nibbles by activation group `2 j` and the high nibbles by group `2 j + 1`, summing each
+/// sub-block's products in two 16-bit lanes, and one `madd` by the scales finishes the
+/// super-block. With `VNNI` (AVX-512), each 64-byte half `h` of the weights meets two 64-byte
+/// runs of activations (groups `4 h, 4 h + 2` for the low nibbles, `4 h + 1, 4 h + 3` for the
+/// high ones: [`ACTIVATION_GROUP`] puts them side by side) in 512-bit `vpdpbusd`s, whose 32-bit
+/// lane `L` sums sub-block `L mod 8`; folding the two 256-bit halves and `mullo` by the scales
+/// give the same exact integers as the AVX2 path. The `f32` operations are the same, in the
+/// same order, so both give the same result bit for bit.
 ///
 /// # Safety
-/// AVX2, FMA and F16C (and with `VNNI`, AVX512F/VL/VNNI) must be available; every `acts[r]`
+/// AVX2, FMA and F16C (and with `VNNI`, AVX512F/BW/VL/VNNI) must be available; every `acts[r]`
 /// has at least `w.len()` blocks.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -303,47 +331,60 @@ unsafe fn q4k_dots<const R: usize, const VNNI: bool>(w: &[BlockQ4KI], acts: [&[B
     let mut acc = [_mm256_setzero_ps(); R];
     let mut acc_min = [_mm_setzero_ps(); R];
     for (i, b) in w.iter().enumerate() {
+        prefetch_ahead::<3>(b as *const BlockQ4KI as *const u8);
         // [d, dmin] as f32.
         let ds = _mm_cvtph_ps(_mm_cvtsi32_si128((b.d as u32 | (b.dmin as u32) << 16) as i32));
         let s8 = _mm_loadl_epi64(b.scales.as_ptr() as *const __m128i);
-        let scale = if VNNI {
+        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(b.mins.as_ptr() as *const __m128i));
+        // Lane s (8 x i32): the sum of sub-block s's products, unscaled with VNNI and scaled
+        // without.
+        let mut sums = [_mm256_setzero_si256(); R];
+        if VNNI {
+            let m4 = _mm512_set1_epi8(0x0f);
+            let mut wide = [_mm512_setzero_si512(); R];
+            for h in 0..2 {
+                let q4 = _mm512_loadu_si512(b.qs.as_ptr().add(64 * h) as *const __m512i);
+                let lo = _mm512_and_si512(q4, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+                for r in 0..R {
+                    let y = acts[r].get_unchecked(i).qs.as_ptr().add(128 * h);
+                    wide[r] = _mm512_dpbusd_epi32(wide[r], lo, _mm512_loadu_si512(y as *const __m512i));
+                    wide[r] = _mm512_dpbusd_epi32(wide[r], hi, _mm512_loadu_si512(y.add(64) as *const __m512i));
+                }
+            }
             // Lane s: the scale of sub-block s, as i32.
-            _mm256_cvtepu8_epi32(s8)
+            let scale = _mm256_cvtepu8_epi32(s8);
+            for r in 0..R {
+                let folded = _mm256_add_epi32(_mm512_castsi512_si256(wide[r]), _mm512_extracti64x4_epi64(wide[r], 1));
+                sums[r] = _mm256_mullo_epi32(scale, folded);
+            }
         } else {
             // [s0, s0, s1, s1, ..., s7, s7]: 16-bit lanes 2s and 2s + 1 belong to sub-block s.
             let s16 = _mm_cvtepu8_epi16(s8);
-            _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16))
-        };
-        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(b.mins.as_ptr() as *const __m128i));
-        let mut lo_sum = [_mm256_setzero_si256(); R];
-        let mut hi_sum = [_mm256_setzero_si256(); R];
-        for j in 0..4 {
-            let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * j) as *const __m256i);
-            let lo = _mm256_and_si256(q4, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-            for r in 0..R {
-                let y = acts[r].get_unchecked(i).qs.as_ptr().add(64 * j);
-                let (y0, y1) =
-                    (_mm256_loadu_si256(y as *const __m256i), _mm256_loadu_si256(y.add(32) as *const __m256i));
-                if VNNI {
-                    lo_sum[r] = _mm256_dpbusd_epi32(lo_sum[r], lo, y0);
-                    hi_sum[r] = _mm256_dpbusd_epi32(hi_sum[r], hi, y1);
-                } else {
+            let scale = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
+            let mut pairs = [_mm256_setzero_si256(); R];
+            for j in 0..4 {
+                let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(q4, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+                let (g0, g1) = (ACTIVATION_SLOT[2 * j], ACTIVATION_SLOT[2 * j + 1]);
+                for r in 0..R {
+                    let y = acts[r].get_unchecked(i).qs.as_ptr();
+                    let y0 = _mm256_loadu_si256(y.add(32 * g0) as *const __m256i);
+                    let y1 = _mm256_loadu_si256(y.add(32 * g1) as *const __m256i);
                     let pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_maddubs_epi16(hi, y1));
-                    lo_sum[r] = _mm256_add_epi16(lo_sum[r], pair);
+                    pairs[r] = _mm256_add_epi16(pairs[r], pair);
                 }
+            }
+            for r in 0..R {
+                sums[r] = _mm256_madd_epi16(scale, pairs[r]);
             }
         }
         for r in 0..R {
             let y = acts[r].get_unchecked(i);
             let f = _mm_mul_ps(ds, _mm_set1_ps(y.d));
             let dy = _mm256_broadcastss_ps(f);
-            let scaled = if VNNI {
-                _mm256_mullo_epi32(scale, _mm256_add_epi32(lo_sum[r], hi_sum[r]))
-            } else {
-                _mm256_madd_epi16(scale, lo_sum[r])
-            };
-            acc[r] = _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(scaled), acc[r]);
+            acc[r] = _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(sums[r]), acc[r]);
             let pm = _mm_madd_epi16(mins, _mm_loadu_si128(y.sums.as_ptr() as *const __m128i));
             acc_min[r] = _mm_fmadd_ps(_mm_permute_ps(f, 0b01_01_01_01), _mm_cvtepi32_ps(pm), acc_min[r]);
         }
@@ -396,7 +437,7 @@ unsafe fn columns_avx2<B: RepackedBlock>(p: &Product<B>, cols: std::ops::Range<u
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn columns_vnni<B: RepackedBlock>(p: &Product<B>, cols: std::ops::Range<usize>, out: &mut [f32]) {
     columns_with::<B, true>(p, cols, out)
 }
@@ -452,6 +493,23 @@ unsafe fn columns_with<B: RepackedBlock, const VNNI: bool>(
     }
 }
 
+/// How far ahead of the block in use [`prefetch_ahead`] asks for weights: the matrices stream
+/// from memory once per product, and the hardware prefetcher alone left the one-row product
+/// short of the memory's speed (measured with the tiled layout, [`super::q4k_tiled`]).
+pub(crate) const PREFETCH_BYTES: usize = 8192;
+
+/// Asks for `LINES` cache lines from [`PREFETCH_BYTES`] after `p` (a hint: addresses past the
+/// matrix are harmless).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead<const LINES: usize>(p: *const u8) {
+    use std::arch::x86_64::*;
+    for l in 0..LINES {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + 64 * l) as *const i8) };
+    }
+}
+
 /// Activation rows per pass over the weights in [`columns`]: 32 rows of a 8,960-wide input are
 /// 270 KiB of Q8_K blocks, within a 512 KiB L2.
 const ROW_CHUNK: usize = 32;
@@ -474,7 +532,7 @@ mod tests {
     #[test]
     fn repacking_keeps_every_weight_and_activation() {
         support::assert_repack_keeps_weights(GgmlDType::Q4K, repack, dequantize, 144);
-        let (a, p) = support::permuted_activations(permute_activations, BlockQ8KI::ZERO, |b| &b.qs, source_index);
+        let (a, p) = support::permuted_activations(permute_activations, BlockQ8KI::ZERO, |b| &b.qs, activation_source);
         for s in 0..8 {
             assert_eq!(p.sums[s] as i32, a.qs[32 * s..32 * s + 32].iter().map(|&v| v as i32).sum::<i32>());
         }

@@ -62,7 +62,7 @@ pub const fn source_index(g: usize, b: usize) -> usize {
 /// The 256 6-bit values of a ggml Q6_K block in order (ggml's `dequantize_row_q6_K`: in each
 /// half of 128 values, part `k` of 32 takes the low or high nibbles of `ql` and bits `2k` of
 /// `qh`).
-fn six_bit_values(b: &BlockQ6K) -> [u8; QK_K] {
+pub(crate) fn six_bit_values(b: &BlockQ6K) -> [u8; QK_K] {
     let mut v = [0u8; QK_K];
     for half in 0..2 {
         for l in 0..32 {
@@ -182,6 +182,7 @@ unsafe fn dots_avx2<const R: usize>(w: &[BlockQ6KI], acts: [&[BlockQ8K6I]; R]) -
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in w.iter().enumerate() {
+        super::q4k_interleaved::prefetch_ahead::<4>(b as *const BlockQ6KI as *const u8);
         let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b.d as i32)));
         // The 16 scales as i16: lane s scales sub-block s.
         let scale = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.scales.as_ptr() as *const __m128i));

@@ -30,7 +30,9 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape};
 use half::f16;
 
 use super::q4k_interleaved::{self as q4ki, BlockQ8KI, Q4KMatrix};
+use super::q4k_tiled::{self, Q4KTiledMatrix};
 use super::q6k_interleaved::{self as q6ki, BlockQ8K6I, Q6KMatrix};
+use super::q6k_tiled::Q6KTiledMatrix;
 
 /// Values per super-block (ggml's `QK_K`).
 pub const QK_K: usize = 256;
@@ -89,7 +91,9 @@ pub fn supports(w: &QTensor) -> bool {
 pub enum RowsWeight<'a> {
     Ggml(&'a QTensor),
     Q4KInterleaved(&'a Q4KMatrix),
+    Q4KTiled(&'a Q4KTiledMatrix),
     Q6KInterleaved(&'a Q6KMatrix),
+    Q6KTiled(&'a Q6KTiledMatrix),
 }
 
 impl RowsWeight<'_> {
@@ -98,6 +102,8 @@ impl RowsWeight<'_> {
         match self {
             Self::Ggml(w) => w.shape().dims2(),
             Self::Q4KInterleaved(w) => Ok((w.rows, w.cols)),
+            Self::Q4KTiled(w) => Ok((w.rows, w.cols)),
+            Self::Q6KTiled(w) => Ok((w.rows, w.cols)),
             Self::Q6KInterleaved(w) => Ok((w.rows, w.cols)),
         }
     }
@@ -191,6 +197,8 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
     enum Kind<'a> {
         Ggml(&'a [u8], GgmlDType),
         Q4KInterleaved(&'a [q4ki::BlockQ4KI]),
+        Q4KTiled(&'a Q4KTiledMatrix),
+        Q6KTiled(&'a Q6KTiledMatrix),
         Q6KInterleaved(&'a [q6ki::BlockQ6KI]),
     }
     struct Part<'a> {
@@ -206,13 +214,17 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
         let ok = match w {
             RowsWeight::Ggml(w) => supports(w),
             RowsWeight::Q4KInterleaved(_) | RowsWeight::Q6KInterleaved(_) => q4ki::cpu_supported(),
+            RowsWeight::Q4KTiled(_) | RowsWeight::Q6KTiled(_) => q4ki::vnni_enabled(),
         };
         if !ok || kw != k || out.len() != m * n {
             candle_core::bail!("quantized-rows-matmul: unsupported matrix [{n}, {kw}] with {m} rows of {k}");
         }
         datas.push(match w {
             RowsWeight::Ggml(w) => Some(w.data()?),
-            RowsWeight::Q4KInterleaved(_) | RowsWeight::Q6KInterleaved(_) => None,
+            RowsWeight::Q4KInterleaved(_)
+            | RowsWeight::Q4KTiled(_)
+            | RowsWeight::Q6KInterleaved(_)
+            | RowsWeight::Q6KTiled(_) => None,
         });
     }
     let mut parts = Vec::with_capacity(ws.len());
@@ -226,6 +238,8 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
                 interleaved4 = true;
                 Kind::Q4KInterleaved(&w.blocks)
             }
+            (RowsWeight::Q4KTiled(w), _) => Kind::Q4KTiled(w),
+            (RowsWeight::Q6KTiled(w), _) => Kind::Q6KTiled(w),
             (RowsWeight::Q6KInterleaved(w), _) => {
                 interleaved6 = true;
                 Kind::Q6KInterleaved(&w.blocks)
@@ -285,6 +299,8 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
                             Kind::Q4KInterleaved(w) => {
                                 q4ki::columns(&q4ki::Product { w, acts: acts_i, m, n: p.n, kb }, cols, out)
                             }
+                            Kind::Q4KTiled(w) => q4k_tiled::columns(w, acts, m, cols, out),
+                            Kind::Q6KTiled(w) => q4k_tiled::columns(w, acts, m, cols, out),
                             Kind::Q6KInterleaved(w) => {
                                 q4ki::columns(&q4ki::Product { w, acts: acts_6, m, n: p.n, kb }, cols, out)
                             }
