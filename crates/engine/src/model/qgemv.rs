@@ -17,8 +17,9 @@
 //!
 //! Q4_K and Q6_K matrices on such CPUs are normally repacked at load
 //! ([`super::q4k_interleaved`], [`super::q6k_interleaved`]: the same weights in layouts that
-//! need about half the instructions); [`matmul_many`] takes
-//! either form ([`RowsWeight`]) and quantizes the activations once for all of them.
+//! need about half the instructions; with AVX-512 VNNI, [`super::q4k_tiled`] and
+//! [`super::q6k_tiled`]: tiles of 16 weight rows); [`matmul_many`] takes every form
+//! ([`RowsWeight`]) and quantizes the activations once for all of them.
 //!
 //! The caller ([`super::Linear`]) routes ggml-layout matrices here only when [`supports`] says
 //! so and the number of rows is small; otherwise candle's kernels run. Work is split over output columns on
