@@ -315,7 +315,7 @@ impl RepackedBlock for BlockQ4KI {
 /// sub-block's products in two 16-bit lanes, and one `madd` by the scales finishes the
 /// super-block. With `VNNI` (AVX-512), each 64-byte half `h` of the weights meets two 64-byte
 /// runs of activations (groups `4 h, 4 h + 2` for the low nibbles, `4 h + 1, 4 h + 3` for the
-/// high ones: [`ACTIVATION_GROUP`] puts them side by side) in 512-bit `vpdpbusd`s, whose 32-bit
+/// high ones: [`ACTIVATION_SLOT`] puts them side by side) in 512-bit `vpdpbusd`s, whose 32-bit
 /// lane `L` sums sub-block `L mod 8`; folding the two 256-bit halves and `mullo` by the scales
 /// give the same exact integers as the AVX2 path. The `f32` operations are the same, in the
 /// same order, so both give the same result bit for bit.
@@ -549,19 +549,11 @@ mod tests {
         let (n, k) = (21, 512);
         let w = Tensor::from_vec(values(n * k, 4), (n, k), &Device::Cpu).unwrap();
         let mat = Q4KMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q4K).unwrap()).unwrap().unwrap();
-        let x = values(9 * k, 6);
-        let product = |rows: &[f32], m: usize| {
+        support::assert_rows_do_not_depend_on_the_batch(n, k, |rows, m| {
             let mut out = vec![0f32; m * n];
             matmul_many(&[RowsWeight::Q4KInterleaved(&mat)], rows, m, &mut [&mut out[..]]).unwrap();
             out
-        };
-        let alone: Vec<Vec<f32>> = (0..9).map(|r| product(&x[r * k..(r + 1) * k], 1)).collect();
-        for m in 2..=9 {
-            let out = product(&x[..m * k], m);
-            for (r, a) in alone.iter().enumerate().take(m) {
-                assert_eq!(&out[r * n..(r + 1) * n], &a[..], "row {r} alone and among {m}");
-            }
-        }
+        });
     }
 
     /// The parallel repacking keeps the block order across its chunks.

@@ -179,103 +179,27 @@ impl Tiled for Q6KTile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::q4k_interleaved::vnni_enabled;
     use crate::model::q4k_tiled::columns;
-    use crate::model::qgemv::{matmul_many, quantize_row_q8k, RowsWeight};
-    use crate::model::repack_test_support::values;
-    use candle_core::quantized::QTensor;
-    use candle_core::{Device, Tensor};
+    use crate::model::qgemv::RowsWeight;
+    use crate::model::repack_test_support as support;
 
-    fn available() -> bool {
-        let ok = vnni_enabled();
-        if !ok {
-            eprintln!("no AVX-512 VNNI (or MDSD_VNNI=0): the tiled kernel is never taken, nothing to check");
-        }
-        ok
-    }
-
-    /// Tiling keeps every weight: candle's dequantization of the ggml blocks equals the tiles'
-    /// bit for bit; a byte count that is not the stated shape is refused.
     #[test]
     fn tiling_keeps_every_weight() {
-        let (n, k) = (32, 768);
-        let w = Tensor::from_vec(values(n * k, 3), (n, k), &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q6K).unwrap();
-        let want: Vec<f32> = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let tiles = tile(&q.data().unwrap(), n, k).unwrap();
-        let kb = k / QK_K;
-        for row in 0..n {
-            for i in 0..kb {
-                let got = dequantize(&tiles[(row / TILE_ROWS) * kb + i], row % TILE_ROWS);
-                assert_eq!(&got[..], &want[row * k + i * QK_K..row * k + (i + 1) * QK_K], "row {row} block {i}");
-            }
-        }
-        assert!(tile(&q.data().unwrap(), n - 1, k).is_err(), "rows not a whole number of tiles");
+        support::assert_tiling_keeps_every_weight::<Q6KTile>(dequantize);
     }
 
-    /// The tiled product against the exact product of the quantized values (f64), within f32
-    /// rounding, for every tile size and a column range that splits tiles.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn products_match_the_exact_quantized_product() {
-        if !available() {
-            return;
-        }
-        let (n, k) = (48, 3 * QK_K);
-        let kb = k / QK_K;
-        let w = Tensor::from_vec(values(n * k, 11), (n, k), &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q6K).unwrap();
-        let wq: Vec<f32> = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let mat = Q6KTiledMatrix::from_qtensor(&q).unwrap().expect("VNNI checked");
-        for m in [1, 2, 3, 4, 5, 7, 9, 33, 38] {
-            let x = values(m * k, 20 + m as u64);
-            let mut acts = vec![BlockQ8K::ZERO; m * kb];
-            for (row, blocks) in x.chunks_exact(k).zip(acts.chunks_exact_mut(kb)) {
-                quantize_row_q8k(row, blocks);
-            }
-            let mut out = vec![f32::NAN; m * n];
-            unsafe {
-                columns(&mat, &acts, m, 0..21, &mut out);
-                columns(&mat, &acts, m, 21..n, &mut out);
-            }
-            for r in 0..m {
-                for c in 0..n {
-                    let (mut exact, mut scale) = (0f64, 0f64);
-                    for i in 0..kb {
-                        let a = &acts[r * kb + i];
-                        for j in 0..QK_K {
-                            let term = wq[c * k + i * QK_K + j] as f64 * a.d as f64 * a.qs[j] as f64;
-                            exact += term;
-                            scale += term.abs();
-                        }
-                    }
-                    let got = out[r * n + c] as f64;
-                    assert!((got - exact).abs() <= 1e-5 * scale, "row {r} col {c}: {got} against {exact}");
-                }
-            }
+        if support::tiled_kernels_available() {
+            support::assert_tiled_products_match_the_exact_quantized_product::<Q6KTile>();
         }
     }
 
-    /// Each row of a product is the same, bit for bit, alone or among 2 to 9 rows.
     #[test]
     fn rows_do_not_depend_on_the_batch() {
-        if !available() {
-            return;
-        }
-        let (n, k) = (32, 512);
-        let w = Tensor::from_vec(values(n * k, 4), (n, k), &Device::Cpu).unwrap();
-        let mat = Q6KTiledMatrix::from_qtensor(&QTensor::quantize(&w, GgmlDType::Q6K).unwrap()).unwrap().unwrap();
-        let x = values(9 * k, 6);
-        let product = |rows: &[f32], m: usize| {
-            let mut out = vec![0f32; m * n];
-            matmul_many(&[RowsWeight::Q6KTiled(&mat)], rows, m, &mut [&mut out[..]]).unwrap();
-            out
-        };
-        let alone: Vec<Vec<f32>> = (0..9).map(|r| product(&x[r * k..(r + 1) * k], 1)).collect();
-        for m in 2..=9 {
-            let out = product(&x[..m * k], m);
-            for (r, a) in alone.iter().enumerate().take(m) {
-                assert_eq!(&out[r * n..(r + 1) * n], &a[..], "row {r} alone and among {m}");
-            }
+        if support::tiled_kernels_available() {
+            support::assert_tiled_rows_do_not_depend_on_the_batch::<Q6KTile>(|m| RowsWeight::Q6KTiled(m));
         }
     }
 
@@ -283,7 +207,7 @@ mod tests {
     /// activations -128. Exact arithmetic gives the reference.
     #[test]
     fn extreme_values_do_not_overflow() {
-        if !available() {
+        if !support::tiled_kernels_available() {
             return;
         }
         let one = f16::from_f32(1.0).to_bits();
