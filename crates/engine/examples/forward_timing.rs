@@ -1,6 +1,7 @@
 //! Times one forward of t new tokens after a 64-token prefix, for t in 1..=32.
 //! `forward_timing MODEL.gguf [stored|fast|f32] [T]`: with T, only t = T, 40 repetitions
-//! (for profiling).
+//! (for profiling). Best of the repetitions per part; the median of the whole forward too;
+//! with `EACH` set, every repetition's time on stderr.
 use candle_core::{DType, Device};
 use engine::load::{load, LoadOptions};
 use engine::model::causal_bias;
@@ -31,6 +32,7 @@ fn main() {
             if only.is_some() { std::env::var("REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(150) } else { 5 };
         let mut best = f64::MAX;
         let mut best_lm = f64::MAX;
+        let mut totals = Vec::with_capacity(reps);
         for _ in 0..reps {
             cache.truncate(64);
             let s = Instant::now();
@@ -39,14 +41,21 @@ fn main() {
             let s = Instant::now();
             let l = m.logits(&h).unwrap();
             let _ = l.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            best_lm = best_lm.min(s.elapsed().as_secs_f64());
+            let lm = s.elapsed().as_secs_f64();
+            best_lm = best_lm.min(lm);
             best = best.min(el);
+            totals.push(el + lm);
+            if std::env::var_os("EACH").is_some() {
+                eprintln!("{:.3} ms", (el + lm) * 1e3);
+            }
         }
+        totals.sort_by(f64::total_cmp);
         println!(
-            "t={t:3} body {:7.1} ms  lm_head {:6.1} ms  total/t {:6.1} ms",
+            "t={t:3} body {:7.1} ms  lm_head {:6.1} ms  total/t {:6.1} ms  (median total {:6.1} ms)",
             best * 1e3,
             best_lm * 1e3,
-            (best + best_lm) * 1e3 / t as f64
+            (best + best_lm) * 1e3 / t as f64,
+            totals[totals.len() / 2] * 1e3
         );
     }
 }

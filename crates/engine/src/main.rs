@@ -198,7 +198,9 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             }
             TreeChoice::Auto
         } else {
-            let tree = DraftTree::load(&tree_name).with_context(|| format!("tree `{tree_name}`"))?;
+            let tree = DraftTree::load(&tree_name).with_context(|| {
+                format!("--tree `{tree_name}` (it takes a preset, `auto`, or a TOML file as in configs/trees/)")
+            })?;
             if args.draft_sampling == DraftConstruction::SpecHub {
                 if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
                     bail!(
