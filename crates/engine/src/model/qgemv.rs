@@ -34,6 +34,7 @@ use super::q4k_interleaved::{self as q4ki, BlockQ8KI, Q4KMatrix};
 use super::q4k_tiled::{self, Q4KTiledMatrix};
 use super::q6k_interleaved::{self as q6ki, BlockQ8K6I, Q6KMatrix};
 use super::q6k_tiled::Q6KTiledMatrix;
+pub use super::q8k_activations::quantize_row_q8k;
 
 /// Values per super-block (ggml's `QK_K`).
 pub const QK_K: usize = 256;
@@ -107,33 +108,6 @@ impl RowsWeight<'_> {
             Self::Q6KTiled(w) => Ok((w.rows, w.cols)),
             Self::Q6KInterleaved(w) => Ok((w.rows, w.cols)),
         }
-    }
-}
-
-/// Quantizes one row of `k` values to Q8_K blocks the way ggml's `quantize_row_q8_K` does
-/// (scale from the value of largest magnitude, round to nearest, clamp to 127).
-pub fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
-    for (xs, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
-        let mut max = 0f32;
-        let mut amax = 0f32;
-        for &v in xs {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
-            *b = BlockQ8K::ZERO;
-            continue;
-        }
-        let iscale = -128.0 / max;
-        for (q, &v) in b.qs.iter_mut().zip(xs) {
-            *q = (iscale * v).round().min(127.0) as i8;
-        }
-        for (s, qs) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-            *s = qs.iter().map(|&q| q as i16).sum();
-        }
-        b.d = 1.0 / iscale;
     }
 }
 
