@@ -126,7 +126,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut rows: Vec<Vec<f32>> = Vec::new();
         for scale in [1e-6f32, 0.03, 1.0, 40.0, 3e4] {
-            rows.push((0..QK_K * 3).map(|_| rng.gen_range(-1.0f32..1.0) * scale).collect());
+            rows.push((0..QK_K * 3).map(|_| rng.random_range(-1.0f32..1.0) * scale).collect());
         }
         // Ties: max = -128 gives iscale = 1, so every value k + 0.5 is a rounding tie.
         let mut ties: Vec<f32> = (0..QK_K).map(|i| (i as f32 - 128.0) + 0.5).collect();
