@@ -23,18 +23,18 @@
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
 
 use crate::auto_tree::AutoTree;
+use crate::drafting::{draw_children, expandable, nan_error, tree_bias};
 use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
-use crate::model::{attention_bias, DecoderModel};
+use crate::model::DecoderModel;
 use crate::tree::DraftTree;
-use candle_core::{DType, Device, Error, Result, Tensor};
+use candle_core::{Error, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::construction::DraftScratch;
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, Verifier, VerifyScratch};
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -151,21 +151,21 @@ pub(crate) struct StepBuffers {
     /// token repeats an earlier sibling's (see [`draw_children`]).
     pub(crate) token: Vec<Option<u32>>,
     /// The draft tuple drawn at each node, in order, repeats included: what its verifier sees.
-    drawn: Vec<Vec<u32>>,
-    q_at: Vec<Vec<f64>>,
+    pub(crate) drawn: Vec<Vec<u32>>,
+    pub(crate) q_at: Vec<Vec<f64>>,
     p: Vec<f64>,
     row_of: Vec<usize>,
     draft_slot: Vec<Option<usize>>,
     /// Tree nodes the draft ran this step after the root, in cache order.
     draft_fed: Vec<usize>,
-    drafts: Vec<u32>,
+    pub(crate) drafts: Vec<u32>,
     /// Product of the draft's top probabilities (temperature 1) from the root to each node.
-    confidence: Vec<f64>,
+    pub(crate) confidence: Vec<f64>,
     /// [`SpecConfig::confidence_cutoff`] of the running step.
     pub(crate) confidence_cutoff: f64,
     path: Vec<usize>,
     emitted: Vec<u32>,
-    draft_scratch: DraftScratch,
+    pub(crate) draft_scratch: DraftScratch,
     verify_scratch: VerifyScratch,
 }
 
@@ -556,94 +556,12 @@ impl<'a> Generator<'a> {
     }
 }
 
-/// The nodes of `level` that were drafted and have children (the ones a draft runs), into
-/// `out`.
-pub(crate) fn expandable(tree: &DraftTree, level: Range<usize>, token: &[Option<u32>], out: &mut Vec<usize>) {
-    out.clear();
-    out.extend(level.filter(|&i| token[i].is_some() && !tree.children(i).is_empty()));
-}
-
-/// Attention bias of tree nodes `rows` against `prefix` committed positions (all visible) and
-/// then the tree nodes `cols` in cache order: visible where the column is an ancestor of the
-/// row or the row itself.
-pub(crate) fn tree_bias(
-    tree: &DraftTree,
-    prefix: usize,
-    rows: &[usize],
-    cols: &[usize],
-    dtype: DType,
-    device: &Device,
-) -> Result<Tensor> {
-    attention_bias(prefix, rows.len(), cols.len(), |r, c| tree.is_ancestor_or_self(cols[c], rows[r]), dtype, device)
-}
-
 /// What a speculative step works on.
 struct StepInput<'t> {
     tree: &'t DraftTree,
     /// The last emitted token, not yet run by the target.
     pending: u32,
     warp: Warp,
-}
-
-/// Warps the draft logits of `level_nodes` (one row each) into `q`, padded with zeros to the
-/// target vocabulary, and draws each node's children.
-///
-/// A token drawn twice at one node (drafts with replacement, K-SEQ) gets one child: the repeat
-/// stays in the node's tuple, which the verifier sees whole, but gets no tree node, target
-/// row or subtree. This is lossless: the verifier's choice at the node depends only on the
-/// tuple, and if it accepts the repeat, the first copy's subtree is a draw with the same law
-/// (the same path, drafted independently of the choice). At low temperatures, where drafts
-/// with replacement mostly repeat, this saves most of the tree.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn draw_children(
-    tree: &DraftTree,
-    construction: DraftConstruction,
-    warp: Warp,
-    logits: &Tensor,
-    level_nodes: &[usize],
-    vocab: usize,
-    rng: &mut StdRng,
-    b: &mut StepBuffers,
-) -> Result<()> {
-    let (rows, dv) = logits.dims2()?;
-    let host = logits.flatten_all()?.to_vec1::<f32>()?;
-    for (r, &i) in level_nodes.iter().enumerate().take(rows) {
-        let row = &host[r * dv..(r + 1) * dv];
-        b.drawn[i].clear();
-        if b.confidence_cutoff > 0.0 {
-            let parent = tree.parent(i).map_or(1.0, |p| b.confidence[p]);
-            b.confidence[i] = parent * top_probability(row);
-            if b.confidence[i] < b.confidence_cutoff {
-                continue;
-            }
-        }
-        let q = &mut b.q_at[i];
-        warp.apply(row, q).map_err(|e| nan_error(e, "draft"))?;
-        q.resize(vocab, 0.0);
-        let kids = tree.children(i);
-        construction
-            .sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts)
-            .map_err(|e| Error::Msg(format!("drafting: {e}")))?;
-        for (k, (&child, &t)) in kids.iter().zip(&b.drafts).enumerate() {
-            if !b.drafts[..k].contains(&t) {
-                b.token[child] = Some(t);
-            }
-        }
-        b.drawn[i].extend_from_slice(&b.drafts);
-    }
-    Ok(())
-}
-
-/// The largest probability of `softmax(logits)` (temperature 1): `1 / sum_j exp(l_j - max)`.
-/// Logits that are not finite give 1 (no pruning; the warp then reports them).
-fn top_probability(logits: &[f32]) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    if max.is_finite() && sum.is_finite() && sum >= 1.0 {
-        1.0 / sum as f64
-    } else {
-        1.0
-    }
 }
 
 /// Tokens for a draft whose vocabulary is a prefix of the target's: ids beyond it (which the
@@ -659,8 +577,4 @@ fn run(model: &DecoderModel, tokens: &[u32], cache: &mut KvCache) -> Result<Tens
     let bias = crate::model::causal_bias(past, tokens.len(), model.dtype(), model.device())?;
     let pos: Vec<u32> = (past..past + tokens.len()).map(|p| p as u32).collect();
     model.forward(tokens, &pos, &bias, cache)
-}
-
-fn nan_error(e: samplers::SamplerError, which: &str) -> Error {
-    Error::Msg(format!("the {which} model produced invalid logits: {e}"))
 }

@@ -18,7 +18,8 @@
 //! per level, as for a draft model.
 
 use crate::auto_tree::AutoTree;
-use crate::decode::{draw_children, expandable, tree_bias, StepBuffers};
+use crate::decode::StepBuffers;
+use crate::drafting::{draw_children, expandable, tree_bias};
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
 use crate::model::{causal_bias, DecoderModel};

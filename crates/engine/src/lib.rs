@@ -6,6 +6,7 @@
 
 pub mod auto_tree;
 pub mod decode;
+mod drafting;
 mod eagle_draft;
 pub mod kv_cache;
 pub mod load;
