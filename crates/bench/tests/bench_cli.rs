@@ -81,6 +81,9 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         "0,1",
         "--draft-vocab",
         "0",
+        // q at temperature 1 in every cell: at T = 0 the trees then hold distinct drafts.
+        "--draft-temperature",
+        "1",
         "--out-dir",
         s(&out_dir),
         "--name",
@@ -101,6 +104,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
     assert_eq!(doc["summary"]["by_category"].as_array().unwrap().len(), 2 * cells);
     assert!(doc["config"]["revision"].as_str().is_some_and(|r| !r.is_empty()));
     assert_eq!(doc["config"]["notes"][0], "spechub left out on drafts-3-depth-1: a node has 3 drafts");
+    assert_eq!(doc["config"]["draft_temperature"], 1.0);
     let find = |q: &str, turn: u64, method: &str, tree: &str, t: f64| {
         records
             .iter()
@@ -173,6 +177,8 @@ fn mt_bench_rejects_bad_input_clearly() {
     assert!(e.contains("drafts-2-depth-x"), "{e}");
     let e = run(&["--questions", s(&q), "--temperatures", "0,-1"]);
     assert!(e.contains("-1"), "{e}");
+    let e = run(&["--questions", s(&q), "--draft-temperature=-0.5"]);
+    assert!(e.contains("--draft-temperature") && e.contains("-0.5"), "{e}");
     // Valid options: the missing model file is named.
     let e = run(&["--questions", s(&q)]);
     assert!(e.contains("/nonexistent/t.gguf"), "{e}");

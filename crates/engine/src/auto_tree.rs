@@ -7,12 +7,15 @@
 //! `T_target(rows)` are measured once per [`crate::decode::Generator`] (a warm-up, then the best
 //! of two forwards per row count), then follow what each step measures (moving average).
 //!
-//! **Tokens** of a step: with a per-draft acceptance probability `α` and drafts of one node
-//! tried in order, the expected number of drafts accepted below a node is
-//! `extra(v) = Σ_j (1-α)^j α (1 + extra(child_j))` (child `j` is reached when the `j` before
-//! it were rejected); a step emits `E(T) = 1 + extra(root)` tokens (a chain of depth `d`:
-//! `Σ_{i=0}^{d} α^i`). `α` is the ratio of accepted to tried drafts so far, with a prior of
-//! 0.6 worth 4 drafts and a forgetting factor, so that it follows the prompt.
+//! **Tokens** of a step: the drafts of one node are tried in order, and `α_j` is the
+//! probability that the draft of rank `j` is accepted when the `j` before it were rejected
+//! (ranks from [`RANKS`] - 1 on share one estimate). The expected number of drafts accepted
+//! below a node is `extra(v) = Σ_j Π_{i<j} (1-α_i) · α_j · (1 + extra(child_j))`, and a step
+//! emits `E(T) = 1 + extra(root)` tokens (a chain of depth `d`: `Σ_{i=0}^{d} α_0^i`). Each
+//! `α_j` is the ratio of accepted to tried drafts of that rank so far, with a prior worth 4
+//! drafts and a forgetting factor, so that it follows the prompt. One `α` for all ranks would
+//! overrate second drafts (top-2 drafts at temperature 0 on the default pair: `α_0` 0.69,
+//! `α_1` 0.35) and underrate chains once wide trees were tried.
 //!
 //! The draft is a draft model or an EAGLE head: the head's cost per forward is measured the
 //! same way (zero features, its logits through the target's output layer), and what each step
@@ -32,8 +35,10 @@ use std::time::Instant;
 
 /// Moving-average weight of a new timing.
 const EMA: f64 = 0.2;
-/// Prior of the acceptance rate and its weight in drafts.
-const PRIOR_ALPHA: f64 = 0.6;
+/// Draft ranks with their own acceptance estimate (later ranks share the last).
+pub const RANKS: usize = 3;
+/// Prior of the acceptance rate of each rank and its weight in drafts.
+const PRIOR_ALPHA: [f64; RANKS] = [0.6, 0.3, 0.2];
 const PRIOR_WEIGHT: f64 = 4.0;
 /// Per-step decay of the acceptance counts.
 const FORGET: f64 = 0.98;
@@ -42,11 +47,15 @@ const EXPLORE_EVERY: usize = 16;
 
 /// The candidate trees: chains of depth 1 to 6, plus multi-draft trees when the draft keeps
 /// a temperature (a one-hot q yields one distinct draft per node, so wider trees would only
-/// cost rows). Index 0 is the tree without drafts.
+/// cost rows): chains with a second draft at their first 1-3 nodes (`chain-D-forks-K`, no
+/// wider draft forwards than a chain's) and full trees. Index 0 is the tree without drafts.
 pub fn candidates(multi_draft: bool) -> Vec<(String, Arc<DraftTree>)> {
     let mut names: Vec<String> = vec![];
     names.extend((1..=6).map(|d| format!("chain-{d}")));
     if multi_draft {
+        for d in 1..=5 {
+            names.extend((1..=d.min(3)).map(|k| format!("chain-{d}-forks-{k}")));
+        }
         names.extend(["drafts-2-depth-2", "drafts-2-depth-3", "drafts-3-depth-2"].map(String::from));
     }
     let mut out = vec![("no-drafts".to_string(), Arc::new(DraftTree::root_only()))];
@@ -113,8 +122,9 @@ pub struct AutoTree {
     pub trees: Vec<(String, Arc<DraftTree>)>,
     pub target: CostCurve,
     pub draft: CostCurve,
-    accepted: f64,
-    tried: f64,
+    /// Accepted and tried drafts by rank (forgetting applied).
+    accepted: [f64; RANKS],
+    tried: [f64; RANKS],
     steps_without_drafts: usize,
     /// Steps taken with each tree (same order as `trees`).
     pub uses: Vec<usize>,
@@ -128,8 +138,8 @@ impl AutoTree {
             trees,
             target: CostCurve::default(),
             draft: CostCurve::default(),
-            accepted: 0.0,
-            tried: 0.0,
+            accepted: [0.0; RANKS],
+            tried: [0.0; RANKS],
             steps_without_drafts: 0,
             uses,
         }
@@ -154,26 +164,32 @@ impl AutoTree {
         (target, draft)
     }
 
-    /// The current estimate of the per-draft acceptance probability.
-    pub fn alpha(&self) -> f64 {
-        (self.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+    /// The current estimates `α_j` by draft rank (see the module docs).
+    pub fn alphas(&self) -> [f64; RANKS] {
+        std::array::from_fn(|r| (self.accepted[r] + PRIOR_ALPHA[r] * PRIOR_WEIGHT) / (self.tried[r] + PRIOR_WEIGHT))
     }
 
-    /// Records the verification of one node's drafts: `tried` drafts looked at, the last
-    /// accepted or not.
+    /// Records the verification of one node's drafts: the first `tried` drafts were looked at
+    /// in order, all rejected but possibly the last.
     pub fn record_node(&mut self, tried: usize, accepted: bool) {
-        self.tried += tried as f64;
-        self.accepted += accepted as usize as f64;
+        for r in 0..tried {
+            self.tried[r.min(RANKS - 1)] += 1.0;
+        }
+        if accepted && tried > 0 {
+            self.accepted[(tried - 1).min(RANKS - 1)] += 1.0;
+        }
     }
 
-    /// Expected tokens per step of `tree` at acceptance `alpha` (see the module docs).
-    pub fn expected_tokens(tree: &DraftTree, alpha: f64) -> f64 {
+    /// Expected tokens per step of `tree` at acceptance `alphas` by rank (the last serves
+    /// every later rank; see the module docs).
+    pub fn expected_tokens(tree: &DraftTree, alphas: &[f64]) -> f64 {
         // Children come after their parents, so a reverse pass sees children first.
         let mut extra = vec![0.0; tree.len()];
         for v in (0..tree.len()).rev() {
             let mut reach = 1.0;
             let mut e = 0.0;
-            for &c in tree.children(v) {
+            for (j, &c) in tree.children(v).iter().enumerate() {
+                let alpha = alphas[j.min(alphas.len() - 1)];
                 e += reach * alpha * (1.0 + extra[c]);
                 reach *= 1.0 - alpha;
             }
@@ -197,12 +213,11 @@ impl AutoTree {
     /// Picks the tree for the next step (an index into `trees`) and ends the step's
     /// bookkeeping of the previous one (forgetting, exploration).
     pub fn choose(&mut self) -> usize {
-        self.accepted *= FORGET;
-        self.tried *= FORGET;
-        let alpha = self.alpha();
+        self.accepted.iter_mut().chain(self.tried.iter_mut()).for_each(|x| *x *= FORGET);
+        let alphas = self.alphas();
         let rate = |i: usize| {
             let t = &self.trees[i].1;
-            self.step_cost(t).map(|c| Self::expected_tokens(t, alpha) / c.max(1e-9))
+            self.step_cost(t).map(|c| Self::expected_tokens(t, &alphas) / c.max(1e-9))
         };
         let best_of = |from: usize| {
             (from..self.trees.len())
@@ -257,11 +272,13 @@ impl AutoTree {
         Ok(())
     }
 
-    /// A one-line summary: α and the steps per tree.
+    /// A one-line summary: α by rank (the ranks tried) and the steps per tree.
     pub fn summary(&self) -> String {
         let used: Vec<String> =
             self.trees.iter().zip(&self.uses).filter(|(_, &u)| u > 0).map(|((n, _), u)| format!("{n} x{u}")).collect();
-        format!("alpha {:.2}; steps: {}", self.alpha(), used.join(", "))
+        let ranks = self.tried.iter().skip(1).take_while(|&&t| t > 0.0).count() + 1;
+        let alphas: Vec<String> = self.alphas()[..ranks].iter().map(|a| format!("{a:.2}")).collect();
+        format!("alpha {}; steps: {}", alphas.join(" / "), used.join(", "))
     }
 }
 
@@ -317,16 +334,45 @@ mod tests {
         let t = DraftTree::preset("chain-3").unwrap();
         let a: f64 = 0.7;
         let want = 1.0 + a + a * a + a * a * a;
-        assert!((AutoTree::expected_tokens(&t, a) - want).abs() < 1e-12);
-        assert_eq!(AutoTree::expected_tokens(&DraftTree::root_only(), a), 1.0);
+        assert!((AutoTree::expected_tokens(&t, &[a]) - want).abs() < 1e-12);
+        // A chain only ever uses rank 0.
+        assert!((AutoTree::expected_tokens(&t, &[a, 0.1, 0.0]) - want).abs() < 1e-12);
+        assert_eq!(AutoTree::expected_tokens(&DraftTree::root_only(), &[a]), 1.0);
     }
 
-    /// Two drafts per node, depth 1: P(first accepted) = a, P(second) = (1-a) a.
+    /// Two drafts per node, depth 1: P(first accepted) = a0, P(second) = (1-a0) a1; with a
+    /// chain below the first draft (`chain-2-forks-1`), that draft's subtree adds a0 * a0.
     #[test]
     fn expected_tokens_of_two_drafts() {
         let t = DraftTree::preset("drafts-2-depth-1").unwrap();
-        let a = 0.4;
-        assert!((AutoTree::expected_tokens(&t, a) - (1.0 + a + (1.0 - a) * a)).abs() < 1e-12);
+        let (a0, a1) = (0.7, 0.3);
+        let want = 1.0 + a0 + (1.0 - a0) * a1;
+        assert!((AutoTree::expected_tokens(&t, &[a0, a1]) - want).abs() < 1e-12);
+        assert!((AutoTree::expected_tokens(&t, &[0.4]) - (1.0 + 0.4 + 0.6 * 0.4)).abs() < 1e-12);
+        let forked = DraftTree::preset("chain-2-forks-1").unwrap();
+        let want = 1.0 + a0 * (1.0 + a0) + (1.0 - a0) * a1;
+        assert!((AutoTree::expected_tokens(&forked, &[a0, a1]) - want).abs() < 1e-12);
+    }
+
+    /// Verifications count by rank: a node accepting its second draft rejected its first.
+    #[test]
+    fn acceptance_is_counted_by_rank() {
+        let mut a = AutoTree::new(true);
+        let prior = a.alphas();
+        for _ in 0..100 {
+            a.record_node(1, true); // first accepted
+            a.record_node(2, true); // first rejected, second accepted
+            a.record_node(2, false); // both rejected
+            a.record_node(3, false); // three rejected
+        }
+        // Rank 0: 100 of 400; rank 1: 100 of 300; rank 2: 0 of 100, all with the prior.
+        let w = PRIOR_WEIGHT;
+        let want =
+            [(100.0 + prior[0] * w) / (400.0 + w), (100.0 + prior[1] * w) / (300.0 + w), (prior[2] * w) / (100.0 + w)];
+        for (g, e) in a.alphas().iter().zip(want) {
+            assert!((g - e).abs() < 1e-12, "{:?} against {want:?}", a.alphas());
+        }
+        assert!(a.summary().starts_with("alpha 0.25 / 0.33 / 0.01;"), "{}", a.summary());
     }
 
     #[test]
@@ -356,7 +402,7 @@ mod tests {
             a.record_node(1, true);
         }
         let pick = a.choose();
-        assert_eq!(a.trees[pick].0, "chain-6", "alpha {}", a.alpha());
+        assert_eq!(a.trees[pick].0, "chain-6", "alpha {:?}", a.alphas());
         let mut b = AutoTree::new(false);
         b.target = a.target.clone();
         b.draft.record(1, 0.030);
@@ -364,9 +410,48 @@ mod tests {
             b.record_node(1, false);
         }
         let pick = b.choose();
-        assert_eq!(b.trees[pick].0, "no-drafts", "alpha {}", b.alpha());
+        assert_eq!(b.trees[pick].0, "no-drafts", "alpha {:?}", b.alphas());
         // Exploration: a draft step at the latest every EXPLORE_EVERY steps.
         let picks: Vec<usize> = (0..EXPLORE_EVERY).map(|_| b.choose()).collect();
         assert!(picks.iter().any(|&p| p != 0));
+    }
+
+    /// With multi-draft candidates, second drafts are drafted only when they are accepted:
+    /// cheap target rows and a cheap draft, first drafts accepted at 0.7; second drafts never
+    /// accepted give a tree without second drafts, second drafts accepted at 0.6 one with them.
+    #[test]
+    fn second_drafts_follow_their_own_acceptance() {
+        let costs = |a: &mut AutoTree| {
+            for r in 1..=16 {
+                a.target.record(r, 0.020 + 0.0005 * (r - 1) as f64);
+            }
+            for r in 1..=9 {
+                a.draft.record(r, 0.005 + 0.0005 * (r - 1) as f64);
+            }
+        };
+        let second_drafts =
+            |a: &AutoTree, i: usize| (0..a.trees[i].1.len()).any(|v| a.trees[i].1.children(v).len() > 1);
+        let mut never = AutoTree::new(true);
+        costs(&mut never);
+        for i in 0..200 {
+            if i % 10 < 7 {
+                never.record_node(1, true);
+            } else {
+                never.record_node(2, false);
+            }
+        }
+        let pick = never.choose();
+        assert!(!second_drafts(&never, pick), "{} at {:?}", never.trees[pick].0, never.alphas());
+        let mut often = AutoTree::new(true);
+        costs(&mut often);
+        for i in 0..200 {
+            match i % 10 {
+                0..7 => often.record_node(1, true),
+                7 | 8 => often.record_node(2, true),
+                _ => often.record_node(2, false),
+            }
+        }
+        let pick = often.choose();
+        assert!(second_drafts(&often, pick), "{} at {:?}", often.trees[pick].0, often.alphas());
     }
 }

@@ -100,9 +100,9 @@ struct GenerateArgs {
     /// A tokenizer.json overriding the target's (and the draft's) tokenizer.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Tree topology: a preset (chain-K, drafts-N-depth-D, mc_sim_7b_63), a TOML file, or
-    /// `auto` (before each step, the tree with the most expected tokens per second from
-    /// measured forward costs and the acceptance so far). Default: `auto`, which adapts to the
+    /// Tree topology: a preset (chain-D, chain-D-forks-K, drafts-N-depth-D, mc_sim_7b_63), a
+    /// TOML file, or `auto` (before each step, the tree with the most expected tokens per
+    /// second from measured forward costs and the acceptance so far, by draft rank). Default: `auto`, which adapts to the
     /// device and the pair (on a 2-core CPU it matched the best fixed tree, benches/RESULTS.md);
     /// with `--draft-sampling spechub`, which needs 2 drafts per node, `drafts-2-depth-2`.
     #[arg(long)]
@@ -204,9 +204,12 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             if args.draft_sampling == DraftConstruction::SpecHub {
                 if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
                     bail!(
-                        "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} children",
+                        "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} (chain-D-forks-D and drafts-2-depth-D fit)",
                         tree_name,
-                        tree.children(i).len()
+                        match tree.children(i).len() {
+                            1 => "1 child".to_string(),
+                            n => format!("{n} children"),
+                        }
                     );
                 }
             }

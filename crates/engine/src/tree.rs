@@ -30,7 +30,9 @@ pub enum TreeError {
     Empty,
     #[error("tree of {nodes} nodes is larger than the limit of {limit}")]
     TooLarge { nodes: usize, limit: usize },
-    #[error("unknown tree preset `{0}`; expected chain-K, drafts-N-depth-D (N, K, D >= 1) or mc_sim_7b_63")]
+    #[error(
+        "unknown tree preset `{0}`; expected chain-D, chain-D-forks-K (K <= D), drafts-N-depth-D (N, K, D >= 1) or mc_sim_7b_63"
+    )]
     UnknownPreset(String),
     #[error("cannot read tree file {file}: {reason}")]
     File { file: String, reason: String },
@@ -148,13 +150,27 @@ impl DraftTree {
         }
     }
 
-    /// A preset by name: `chain-K`, `drafts-N-depth-D` (a full tree, N drafts per node) or
-    /// `mc_sim_7b_63`.
+    /// A preset by name: `chain-D`, `chain-D-forks-K` (a chain of depth D whose first K nodes,
+    /// the root included, also draw a second draft, a leaf), `drafts-N-depth-D` (a full tree,
+    /// N drafts per node) or `mc_sim_7b_63`.
     pub fn preset(name: &str) -> Result<Self, TreeError> {
         let unknown = || TreeError::UnknownPreset(name.to_string());
         if name == "mc_sim_7b_63" {
             let paths: Vec<Vec<usize>> = MC_SIM_7B_63.iter().map(|p| p.to_vec()).collect();
             return Self::from_paths(&paths);
+        }
+        if let Some((d, k)) = name.strip_prefix("chain-").and_then(|rest| rest.split_once("-forks-")) {
+            let (d, k): (usize, usize) = (d.parse().map_err(|_| unknown())?, k.parse().map_err(|_| unknown())?);
+            if d == 0 || k == 0 || k > d || d > MAX_NODES {
+                return Err(unknown());
+            }
+            let chain = (1..=d).map(|i| vec![0; i]);
+            let forks = (0..k).map(|i| {
+                let mut p = vec![0; i];
+                p.push(1);
+                p
+            });
+            return Self::from_paths(&chain.chain(forks).collect::<Vec<_>>());
         }
         if let Some(k) = name.strip_prefix("chain-") {
             let k: usize = k.parse().map_err(|_| unknown())?;
@@ -365,6 +381,19 @@ mod tests {
         assert_eq!((full.num_drafts(), full.max_depth()), (2 + 4 + 8 + 16, 4));
         assert!(full.levels().iter().enumerate().all(|(d, r)| r.len() == 1 << d));
         assert_eq!(DraftTree::preset("drafts-4-depth-3").unwrap().num_drafts(), 4 + 16 + 64);
+        // A chain of 3 with a second draft at the root and at depth 1.
+        let forked = DraftTree::preset("chain-3-forks-2").unwrap();
+        let want = DraftTree::from_path_list("[[0], [1], [0, 0], [0, 1], [0, 0, 0]]").unwrap();
+        assert_eq!(forked, want);
+        assert_eq!((forked.num_drafts(), forked.max_depth()), (5, 3));
+        assert_eq!(DraftTree::preset("chain-2-forks-1").unwrap().num_drafts(), 3);
+        // Every chain node but the last has 2 children when K = D (what spechub needs).
+        let all = DraftTree::preset("chain-4-forks-4").unwrap();
+        assert!((0..all.len()).all(|i| [0, 2].contains(&all.children(i).len())));
+        for bad in ["chain-2-forks-3", "chain-2-forks-0", "chain-0-forks-0", "chain-x-forks-1", "chain-2-forks-"] {
+            let e = DraftTree::preset(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && e.contains("chain-D-forks-K"), "{e}");
+        }
     }
 
     #[test]

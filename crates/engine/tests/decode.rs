@@ -31,7 +31,7 @@ fn temperature_zero_speculative_equals_plain_decoding() {
     let mut accepted_somewhere = 0;
     // The draft's q warped like the target's (one-hot: one draft per node) or kept at
     // temperature 1 (distinct drafts on every branch); both must give the greedy output.
-    let trees = ["chain-1", "chain-4", "drafts-2-depth-4", "drafts-3-depth-2", "mc_sim_7b_63"];
+    let trees = ["chain-1", "chain-4", "chain-3-forks-3", "drafts-2-depth-4", "drafts-3-depth-2", "mc_sim_7b_63"];
     let cases = [None, Some(Warp::temperature(1.0))].into_iter().flat_map(|w| trees.into_iter().map(move |n| (w, n)));
     for (draft_warp, name) in cases {
         let tree = DraftTree::preset(name).unwrap();
@@ -145,6 +145,8 @@ fn first_two_tokens_follow_the_target_law() {
         // The draft's q at its own temperature (1.5): a different q, the same output law.
         ("drafts-3-depth-2", DraftConstruction::Greedy, samplers::Verifier::Greedy, Warp::temperature(0.7)),
         ("chain-2", DraftConstruction::TopK, samplers::Verifier::TopK, Warp { temperature: 0.8, top_k: 4, top_p: 1.0 }),
+        // A forked chain: two drafts at the root and at depth 1, one below.
+        ("chain-2-forks-2", DraftConstruction::SpecHub, samplers::Verifier::SpecHub, Warp::temperature(1.0)),
     ];
     let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
     for (name, c, v, warp) in configs {
@@ -196,7 +198,8 @@ fn auto_tree_follows_the_target_law() {
     };
     let mut multi_draft_steps = 0;
     let counts = common::two_token_counts(&mut generator, &SMALL_PROMPT, 5, draws, config, |stats| {
-        multi_draft_steps += stats.auto_tree.contains("drafts-") as usize;
+        // Trees with more than one draft at a node: full trees and forked chains.
+        multi_draft_steps += (stats.auto_tree.contains("drafts-") || stats.auto_tree.contains("-forks-")) as usize;
     });
     assert!(
         multi_draft_steps > draws as usize / 2,

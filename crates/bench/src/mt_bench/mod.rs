@@ -59,6 +59,11 @@ pub struct MtBenchArgs {
     /// Comma-separated sampling temperatures (0: argmax).
     #[arg(long, default_value = "0")]
     temperatures: String,
+    /// Temperature of the draft's q for the speculative methods (default: each cell's
+    /// temperature), as `mdsd generate --draft-temperature`: at temperature 0 a one-hot q gives
+    /// one draft per node, so multi-draft trees need one (e.g. 1, with `topk`).
+    #[arg(long)]
+    draft_temperature: Option<f64>,
     /// Base seed; question i, turn t uses `seed + 1000 i + t` for every method.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -228,6 +233,9 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         Warp::temperature(t).check()?;
         Ok(t)
     })?;
+    if let Some(t) = args.draft_temperature {
+        Warp::temperature(t).check().context("--draft-temperature")?;
+    }
     let mut questions = read_questions(&args.questions, args.limit)?;
     if args.turns > 0 {
         questions.iter_mut().for_each(|q| q.turns.truncate(args.turns));
@@ -285,7 +293,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     tree: tree.clone(),
                     construction,
                     verifier,
-                    draft_warp: None,
+                    draft_warp: args.draft_temperature.map(Warp::temperature),
                     confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
                 },
                 Method::Baseline => unreachable!("the baseline has no tree"),
@@ -376,6 +384,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "interrupted": done_questions < questions.len(),
         "max_new_tokens": args.max_new_tokens,
         "draft_vocab": args.draft_vocab,
+        "draft_temperature": args.draft_temperature,
         "chat": chat,
         "seed": args.seed,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),
