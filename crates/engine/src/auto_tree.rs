@@ -4,18 +4,24 @@
 //! **Cost** of a step with tree `T`: one draft forward at the root, one per deeper level that
 //! has nodes to expand (as wide as that level), and one target forward over `|T|` rows:
 //! `C(T) = D(1) + Σ_levels D(width) + T_target(|T|)`. The curves `D(rows)` and
-//! `T_target(rows)` are measured once per [`crate::decode::Generator`] (a warm-up, then the best
-//! of two forwards per row count), then follow what each step measures (moving average).
+//! `T_target(rows)` are measured once per [`crate::decode::Generator`] (a warm-up, then one
+//! forward at a few row counts, [`anchors`], interpolated between), then follow what each step
+//! measures (moving average). Timing every row count of every candidate (twice) took 0.9 s of a
+//! 6 s generation on a 2-core CPU; the anchors take a fraction of that.
 //!
-//! **Tokens** of a step: the drafts of one node are tried in order, and `α_j` is the
+//! **Tokens** of a step: the `k` drafts of one node are tried in order, and `α_{k,j}` is the
 //! probability that the draft of rank `j` is accepted when the `j` before it were rejected
-//! (ranks from [`RANKS`] - 1 on share one estimate). The expected number of drafts accepted
-//! below a node is `extra(v) = Σ_j Π_{i<j} (1-α_i) · α_j · (1 + extra(child_j))`, and a step
-//! emits `E(T) = 1 + extra(root)` tokens (a chain of depth `d`: `Σ_{i=0}^{d} α_0^i`). Each
-//! `α_j` is the ratio of accepted to tried drafts of that rank so far, with a prior worth 4
-//! drafts and a forgetting factor, so that it follows the prompt. One `α` for all ranks would
-//! overrate second drafts (top-2 drafts at temperature 0 on the default pair: `α_0` 0.69,
-//! `α_1` 0.35) and underrate chains once wide trees were tried.
+//! (`k` and `j` from [`WIDTHS`] on share the last estimate). The expected number of drafts
+//! accepted below a node with `k` children is
+//! `extra(v) = Σ_j Π_{i<j} (1-α_{k,i}) · α_{k,j} · (1 + extra(child_j))`, and a step emits
+//! `E(T) = 1 + extra(root)` tokens (a chain of depth `d`: `Σ_{i=0}^{d} α_{1,0}^i`). Each
+//! `α_{k,j}` is the ratio of accepted to tried drafts of that kind so far, with a prior worth 4
+//! drafts and a forgetting factor, so that it follows the prompt. Both indices matter, as
+//! measured on the default pair: a second draft is accepted far less often than a first (top-2
+//! drafts at temperature 0: 0.69, then 0.35), and the first of two drafts is not the draft of
+//! a chain (the Greedy construction samples one draft from q but puts q's argmax first among
+//! two: at temperature 0.7 on one prompt, a chain's draft was accepted at 0.65, either of two
+//! at 0.75).
 //!
 //! The draft is a draft model or an EAGLE head: the head's cost per forward is measured the
 //! same way (zero features, its logits through the target's output layer), and what each step
@@ -35,10 +41,13 @@ use std::time::Instant;
 
 /// Moving-average weight of a new timing.
 const EMA: f64 = 0.2;
-/// Draft ranks with their own acceptance estimate (later ranks share the last).
-pub const RANKS: usize = 3;
-/// Prior of the acceptance rate of each rank and its weight in drafts.
-const PRIOR_ALPHA: [f64; RANKS] = [0.6, 0.3, 0.2];
+/// Draft counts per node and ranks with their own acceptance estimate (larger ones share the
+/// last).
+pub const WIDTHS: usize = 3;
+/// Acceptance estimates `α[k - 1][j]` for rank `j` among `k` drafts (entries `j >= k` unused).
+pub type Alphas = [[f64; WIDTHS]; WIDTHS];
+/// Prior of each acceptance rate and its weight in drafts.
+const PRIOR_ALPHA: Alphas = [[0.6, 0.0, 0.0], [0.6, 0.3, 0.0], [0.6, 0.3, 0.2]];
 const PRIOR_WEIGHT: f64 = 4.0;
 /// Per-step decay of the acceptance counts.
 const FORGET: f64 = 0.98;
@@ -122,9 +131,9 @@ pub struct AutoTree {
     pub trees: Vec<(String, Arc<DraftTree>)>,
     pub target: CostCurve,
     pub draft: CostCurve,
-    /// Accepted and tried drafts by rank (forgetting applied).
-    accepted: [f64; RANKS],
-    tried: [f64; RANKS],
+    /// Accepted and tried drafts by node width and rank (forgetting applied).
+    accepted: Alphas,
+    tried: Alphas,
     steps_without_drafts: usize,
     /// Steps taken with each tree (same order as `trees`).
     pub uses: Vec<usize>,
@@ -138,8 +147,8 @@ impl AutoTree {
             trees,
             target: CostCurve::default(),
             draft: CostCurve::default(),
-            accepted: [0.0; RANKS],
-            tried: [0.0; RANKS],
+            accepted: [[0.0; WIDTHS]; WIDTHS],
+            tried: [[0.0; WIDTHS]; WIDTHS],
             steps_without_drafts: 0,
             uses,
         }
@@ -164,32 +173,38 @@ impl AutoTree {
         (target, draft)
     }
 
-    /// The current estimates `α_j` by draft rank (see the module docs).
-    pub fn alphas(&self) -> [f64; RANKS] {
-        std::array::from_fn(|r| (self.accepted[r] + PRIOR_ALPHA[r] * PRIOR_WEIGHT) / (self.tried[r] + PRIOR_WEIGHT))
+    /// The current estimates `α_{k,j}` (see the module docs).
+    pub fn alphas(&self) -> Alphas {
+        std::array::from_fn(|k| {
+            std::array::from_fn(|j| {
+                (self.accepted[k][j] + PRIOR_ALPHA[k][j] * PRIOR_WEIGHT) / (self.tried[k][j] + PRIOR_WEIGHT)
+            })
+        })
     }
 
-    /// Records the verification of one node's drafts: the first `tried` drafts were looked at
-    /// in order, all rejected but possibly the last.
-    pub fn record_node(&mut self, tried: usize, accepted: bool) {
+    /// Records the verification of one node's `drafts` drafts: the first `tried` were looked
+    /// at in order, all rejected but possibly the last.
+    pub fn record_node(&mut self, drafts: usize, tried: usize, accepted: bool) {
+        let k = drafts.clamp(1, WIDTHS) - 1;
         for r in 0..tried {
-            self.tried[r.min(RANKS - 1)] += 1.0;
+            self.tried[k][r.min(WIDTHS - 1)] += 1.0;
         }
         if accepted && tried > 0 {
-            self.accepted[(tried - 1).min(RANKS - 1)] += 1.0;
+            self.accepted[k][(tried - 1).min(WIDTHS - 1)] += 1.0;
         }
     }
 
-    /// Expected tokens per step of `tree` at acceptance `alphas` by rank (the last serves
-    /// every later rank; see the module docs).
-    pub fn expected_tokens(tree: &DraftTree, alphas: &[f64]) -> f64 {
+    /// Expected tokens per step of `tree` at acceptance `alphas` (see the module docs).
+    pub fn expected_tokens(tree: &DraftTree, alphas: &Alphas) -> f64 {
         // Children come after their parents, so a reverse pass sees children first.
         let mut extra = vec![0.0; tree.len()];
         for v in (0..tree.len()).rev() {
             let mut reach = 1.0;
             let mut e = 0.0;
-            for (j, &c) in tree.children(v).iter().enumerate() {
-                let alpha = alphas[j.min(alphas.len() - 1)];
+            let kids = tree.children(v);
+            let row = &alphas[kids.len().clamp(1, WIDTHS) - 1];
+            for (j, &c) in kids.iter().enumerate() {
+                let alpha = row[j.min(WIDTHS - 1)];
                 e += reach * alpha * (1.0 + extra[c]);
                 reach *= 1.0 - alpha;
             }
@@ -213,7 +228,7 @@ impl AutoTree {
     /// Picks the tree for the next step (an index into `trees`) and ends the step's
     /// bookkeeping of the previous one (forgetting, exploration).
     pub fn choose(&mut self) -> usize {
-        self.accepted.iter_mut().chain(self.tried.iter_mut()).for_each(|x| *x *= FORGET);
+        self.accepted.iter_mut().chain(self.tried.iter_mut()).flatten().for_each(|x| *x *= FORGET);
         let alphas = self.alphas();
         let rate = |i: usize| {
             let t = &self.trees[i].1;
@@ -272,30 +287,49 @@ impl AutoTree {
         Ok(())
     }
 
-    /// A one-line summary: α by rank (the ranks tried) and the steps per tree.
+    /// A one-line summary: α by node width and rank (the widths tried; 1 always) and the
+    /// steps per tree.
     pub fn summary(&self) -> String {
         let used: Vec<String> =
             self.trees.iter().zip(&self.uses).filter(|(_, &u)| u > 0).map(|((n, _), u)| format!("{n} x{u}")).collect();
-        let ranks = self.tried.iter().skip(1).take_while(|&&t| t > 0.0).count() + 1;
-        let alphas: Vec<String> = self.alphas()[..ranks].iter().map(|a| format!("{a:.2}")).collect();
-        format!("alpha {}; steps: {}", alphas.join(" / "), used.join(", "))
+        let alphas = self.alphas();
+        let widths: Vec<String> = (0..WIDTHS)
+            .filter(|&k| k == 0 || self.tried[k][0] > 0.0)
+            .map(|k| {
+                let ranks: Vec<String> = alphas[k][..=k].iter().map(|a| format!("{a:.2}")).collect();
+                format!("{} ({} draft{})", ranks.join(" / "), k + 1, if k == 0 { "" } else { "s" })
+            })
+            .collect();
+        format!("alpha {}; steps: {}", widths.join(", "), used.join(", "))
     }
 }
 
-/// Records into `curve` the row counts of `rows` it lacks: one warm-up forward, then the
-/// best of two timings per row count.
+/// Records into `curve` the [`anchors`] of `rows` it lacks: one warm-up forward, then one
+/// timing per row count.
 fn measure(curve: &mut CostCurve, rows: &[usize], time: &mut dyn FnMut(usize) -> Result<f64>) -> Result<()> {
+    let rows = anchors(rows);
     if rows.iter().all(|&r| curve.has(r)) {
         return Ok(());
     }
     time(1)?;
-    for &r in rows {
+    for r in rows {
         if !curve.has(r) {
-            let s = time(r)?.min(time(r)?);
-            curve.record(r, s);
+            curve.record(r, time(r)?);
         }
     }
     Ok(())
+}
+
+/// The row counts worth timing to know the cost of all of `rows` (sorted, distinct): the
+/// smallest, the powers of two between, and the largest; [`CostCurve::at`] interpolates the rest.
+pub fn anchors(rows: &[usize]) -> Vec<usize> {
+    let (Some(&lo), Some(&hi)) = (rows.first(), rows.last()) else { return Vec::new() };
+    let mut out = vec![lo];
+    out.extend((0..usize::BITS).map(|b| 1usize << b).skip_while(|&p| p <= lo).take_while(|&p| p < hi));
+    if hi > lo {
+        out.push(hi);
+    }
+    out
 }
 
 /// Seconds of one forward of `rows` copies of `token` (id 0 when outside the model's
@@ -329,50 +363,90 @@ fn level_widths(tree: &DraftTree) -> Vec<usize> {
 mod tests {
     use super::*;
 
+    /// `α_{1,0} = c` for single drafts, `α_{2,·} = (a0, a1)` and `α_{3,·} = (b0, b1, b2)`.
+    fn alphas(c: f64, (a0, a1): (f64, f64), (b0, b1, b2): (f64, f64, f64)) -> Alphas {
+        [[c, 0.0, 0.0], [a0, a1, 0.0], [b0, b1, b2]]
+    }
+
     #[test]
     fn expected_tokens_of_a_chain_is_a_geometric_sum() {
         let t = DraftTree::preset("chain-3").unwrap();
         let a: f64 = 0.7;
         let want = 1.0 + a + a * a + a * a * a;
-        assert!((AutoTree::expected_tokens(&t, &[a]) - want).abs() < 1e-12);
-        // A chain only ever uses rank 0.
-        assert!((AutoTree::expected_tokens(&t, &[a, 0.1, 0.0]) - want).abs() < 1e-12);
-        assert_eq!(AutoTree::expected_tokens(&DraftTree::root_only(), &[a]), 1.0);
+        // A chain only ever uses the single-draft estimate.
+        let al = alphas(a, (0.1, 0.2), (0.3, 0.4, 0.5));
+        assert!((AutoTree::expected_tokens(&t, &al) - want).abs() < 1e-12);
+        assert_eq!(AutoTree::expected_tokens(&DraftTree::root_only(), &al), 1.0);
     }
 
-    /// Two drafts per node, depth 1: P(first accepted) = a0, P(second) = (1-a0) a1; with a
-    /// chain below the first draft (`chain-2-forks-1`), that draft's subtree adds a0 * a0.
+    /// Two drafts at a node: P(first accepted) = a0, P(second) = (1-a0) a1. In
+    /// `chain-2-forks-1` the root has two drafts and the first one a single draft below it
+    /// (estimate c); three drafts use the third row, and ranks beyond 3 its last entry.
     #[test]
-    fn expected_tokens_of_two_drafts() {
+    fn expected_tokens_by_width_and_rank() {
+        let (c, a0, a1) = (0.65, 0.5, 0.4);
+        let al = alphas(c, (a0, a1), (0.6, 0.3, 0.2));
         let t = DraftTree::preset("drafts-2-depth-1").unwrap();
-        let (a0, a1) = (0.7, 0.3);
-        let want = 1.0 + a0 + (1.0 - a0) * a1;
-        assert!((AutoTree::expected_tokens(&t, &[a0, a1]) - want).abs() < 1e-12);
-        assert!((AutoTree::expected_tokens(&t, &[0.4]) - (1.0 + 0.4 + 0.6 * 0.4)).abs() < 1e-12);
+        assert!((AutoTree::expected_tokens(&t, &al) - (1.0 + a0 + (1.0 - a0) * a1)).abs() < 1e-12);
         let forked = DraftTree::preset("chain-2-forks-1").unwrap();
-        let want = 1.0 + a0 * (1.0 + a0) + (1.0 - a0) * a1;
-        assert!((AutoTree::expected_tokens(&forked, &[a0, a1]) - want).abs() < 1e-12);
+        let want = 1.0 + a0 * (1.0 + c) + (1.0 - a0) * a1;
+        assert!((AutoTree::expected_tokens(&forked, &al) - want).abs() < 1e-12);
+        let three = DraftTree::preset("drafts-3-depth-1").unwrap();
+        let want = 1.0 + 0.6 + 0.4 * 0.3 + 0.4 * 0.7 * 0.2;
+        assert!((AutoTree::expected_tokens(&three, &al) - want).abs() < 1e-12);
+        let four = DraftTree::preset("drafts-4-depth-1").unwrap();
+        let want = 1.0 + 0.6 + 0.4 * 0.3 + 0.4 * 0.7 * 0.2 + 0.4 * 0.7 * 0.8 * 0.2;
+        assert!((AutoTree::expected_tokens(&four, &al) - want).abs() < 1e-12);
     }
 
-    /// Verifications count by rank: a node accepting its second draft rejected its first.
+    /// Verifications count by node width and rank: a node accepting its second draft rejected
+    /// its first; a chain's draft is counted apart from the first of two.
     #[test]
-    fn acceptance_is_counted_by_rank() {
+    fn acceptance_is_counted_by_width_and_rank() {
         let mut a = AutoTree::new(true);
         let prior = a.alphas();
         for _ in 0..100 {
-            a.record_node(1, true); // first accepted
-            a.record_node(2, true); // first rejected, second accepted
-            a.record_node(2, false); // both rejected
-            a.record_node(3, false); // three rejected
+            a.record_node(1, 1, true); // a chain's draft accepted
+            a.record_node(1, 1, false); // ... rejected
+            a.record_node(2, 1, true); // first of two accepted
+            a.record_node(2, 2, true); // first rejected, second accepted
+            a.record_node(2, 2, false); // both rejected
+            a.record_node(3, 3, false); // three rejected
         }
-        // Rank 0: 100 of 400; rank 1: 100 of 300; rank 2: 0 of 100, all with the prior.
         let w = PRIOR_WEIGHT;
-        let want =
-            [(100.0 + prior[0] * w) / (400.0 + w), (100.0 + prior[1] * w) / (300.0 + w), (prior[2] * w) / (100.0 + w)];
-        for (g, e) in a.alphas().iter().zip(want) {
-            assert!((g - e).abs() < 1e-12, "{:?} against {want:?}", a.alphas());
+        let got = a.alphas();
+        let want = [
+            (0, 0, (100.0 + prior[0][0] * w) / (200.0 + w)),
+            (1, 0, (100.0 + prior[1][0] * w) / (300.0 + w)),
+            (1, 1, (100.0 + prior[1][1] * w) / (200.0 + w)),
+            (2, 0, (prior[2][0] * w) / (100.0 + w)),
+            (2, 2, (prior[2][2] * w) / (100.0 + w)),
+        ];
+        for (k, j, e) in want {
+            assert!((got[k][j] - e).abs() < 1e-12, "alpha[{k}][{j}] = {} against {e}", got[k][j]);
         }
-        assert!(a.summary().starts_with("alpha 0.25 / 0.33 / 0.01;"), "{}", a.summary());
+        let summary = a.summary();
+        assert!(
+            summary.starts_with("alpha 0.50 (1 draft), 0.34 / 0.50 (2 drafts), 0.02 / 0.01 / 0.01 (3 drafts);"),
+            "{summary}"
+        );
+        // Only the widths tried are shown.
+        assert!(AutoTree::new(false).summary().starts_with("alpha 0.60 (1 draft);"));
+    }
+
+    #[test]
+    fn anchors_are_the_ends_and_the_powers_of_two_between() {
+        assert_eq!(anchors(&[1, 2, 3, 4, 5, 6, 7, 9, 13, 15]), [1, 2, 4, 8, 15]);
+        assert_eq!(anchors(&[2, 3, 8]), [2, 4, 8]);
+        assert_eq!(anchors(&[3]), [3]);
+        assert!(anchors(&[]).is_empty());
+        // Every candidate's rows are covered: at the anchors or between two of them.
+        let a = AutoTree::new(true);
+        let (target, draft) = a.needed_rows();
+        for rows in [target, draft] {
+            let anchors = anchors(&rows);
+            assert!(rows.iter().all(|r| anchors.first() <= Some(r) && Some(r) <= anchors.last()));
+        }
     }
 
     #[test]
@@ -399,7 +473,7 @@ mod tests {
         }
         a.draft.record(1, 0.004);
         for _ in 0..50 {
-            a.record_node(1, true);
+            a.record_node(1, 1, true);
         }
         let pick = a.choose();
         assert_eq!(a.trees[pick].0, "chain-6", "alpha {:?}", a.alphas());
@@ -407,7 +481,7 @@ mod tests {
         b.target = a.target.clone();
         b.draft.record(1, 0.030);
         for _ in 0..50 {
-            b.record_node(1, false);
+            b.record_node(1, 1, false);
         }
         let pick = b.choose();
         assert_eq!(b.trees[pick].0, "no-drafts", "alpha {:?}", b.alphas());
@@ -434,10 +508,12 @@ mod tests {
         let mut never = AutoTree::new(true);
         costs(&mut never);
         for i in 0..200 {
+            // Single drafts and first drafts accepted at 0.7, second drafts never.
+            never.record_node(1, 1, i % 10 < 7);
             if i % 10 < 7 {
-                never.record_node(1, true);
+                never.record_node(2, 1, true);
             } else {
-                never.record_node(2, false);
+                never.record_node(2, 2, false);
             }
         }
         let pick = never.choose();
@@ -445,10 +521,11 @@ mod tests {
         let mut often = AutoTree::new(true);
         costs(&mut often);
         for i in 0..200 {
+            often.record_node(1, 1, i % 10 < 7);
             match i % 10 {
-                0..7 => often.record_node(1, true),
-                7 | 8 => often.record_node(2, true),
-                _ => often.record_node(2, false),
+                0..7 => often.record_node(2, 1, true),
+                7 | 8 => often.record_node(2, 2, true),
+                _ => often.record_node(2, 2, false),
             }
         }
         let pick = often.choose();

@@ -510,7 +510,8 @@ impl<'a> Generator<'a> {
                 .map_err(|e| Error::Msg(format!("verification: {e}")))?;
             b.emitted.push(verdict.token);
             if let Some(a) = auto.as_deref_mut() {
-                a.record_node(verdict.accepted.map_or(b.drafts.len(), |j| j + 1), verdict.accepted.is_some());
+                let tried = verdict.accepted.map_or(b.drafts.len(), |j| j + 1);
+                a.record_node(b.drafts.len(), tried, verdict.accepted.is_some());
             }
             match verdict.accepted {
                 Some(j) => {
