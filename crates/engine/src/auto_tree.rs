@@ -182,15 +182,17 @@ impl AutoTree {
         })
     }
 
-    /// Records the verification of one node's `drafts` drafts: the first `tried` were looked
-    /// at in order, all rejected but possibly the last.
-    pub fn record_node(&mut self, drafts: usize, tried: usize, accepted: bool) {
+    /// Records the verification of one node's `drafts` drafts, tried in order: the one of rank
+    /// `accepted` was accepted after those before it were rejected, or (`None`) all were
+    /// rejected.
+    pub fn record_node(&mut self, drafts: usize, accepted: Option<usize>) {
         let k = drafts.clamp(1, WIDTHS) - 1;
+        let tried = accepted.map_or(drafts, |j| j + 1);
         for r in 0..tried {
             self.tried[k][r.min(WIDTHS - 1)] += 1.0;
         }
-        if accepted && tried > 0 {
-            self.accepted[k][(tried - 1).min(WIDTHS - 1)] += 1.0;
+        if let Some(j) = accepted {
+            self.accepted[k][j.min(WIDTHS - 1)] += 1.0;
         }
     }
 
@@ -406,12 +408,12 @@ mod tests {
         let mut a = AutoTree::new(true);
         let prior = a.alphas();
         for _ in 0..100 {
-            a.record_node(1, 1, true); // a chain's draft accepted
-            a.record_node(1, 1, false); // ... rejected
-            a.record_node(2, 1, true); // first of two accepted
-            a.record_node(2, 2, true); // first rejected, second accepted
-            a.record_node(2, 2, false); // both rejected
-            a.record_node(3, 3, false); // three rejected
+            a.record_node(1, Some(0)); // a chain's draft accepted
+            a.record_node(1, None); // ... rejected
+            a.record_node(2, Some(0)); // first of two accepted
+            a.record_node(2, Some(1)); // first rejected, second accepted
+            a.record_node(2, None); // both rejected
+            a.record_node(3, None); // three rejected
         }
         let w = PRIOR_WEIGHT;
         let got = a.alphas();
@@ -473,7 +475,7 @@ mod tests {
         }
         a.draft.record(1, 0.004);
         for _ in 0..50 {
-            a.record_node(1, 1, true);
+            a.record_node(1, Some(0));
         }
         let pick = a.choose();
         assert_eq!(a.trees[pick].0, "chain-6", "alpha {:?}", a.alphas());
@@ -481,7 +483,7 @@ mod tests {
         b.target = a.target.clone();
         b.draft.record(1, 0.030);
         for _ in 0..50 {
-            b.record_node(1, 1, false);
+            b.record_node(1, None);
         }
         let pick = b.choose();
         assert_eq!(b.trees[pick].0, "no-drafts", "alpha {:?}", b.alphas());
@@ -509,11 +511,11 @@ mod tests {
         costs(&mut never);
         for i in 0..200 {
             // Single drafts and first drafts accepted at 0.7, second drafts never.
-            never.record_node(1, 1, i % 10 < 7);
+            never.record_node(1, (i % 10 < 7).then_some(0));
             if i % 10 < 7 {
-                never.record_node(2, 1, true);
+                never.record_node(2, Some(0));
             } else {
-                never.record_node(2, 2, false);
+                never.record_node(2, None);
             }
         }
         let pick = never.choose();
@@ -521,11 +523,11 @@ mod tests {
         let mut often = AutoTree::new(true);
         costs(&mut often);
         for i in 0..200 {
-            often.record_node(1, 1, i % 10 < 7);
+            often.record_node(1, (i % 10 < 7).then_some(0));
             match i % 10 {
-                0..7 => often.record_node(2, 1, true),
-                7 | 8 => often.record_node(2, 2, true),
-                _ => often.record_node(2, 2, false),
+                0..7 => often.record_node(2, Some(0)),
+                7 | 8 => often.record_node(2, Some(1)),
+                _ => often.record_node(2, None),
             }
         }
         let pick = often.choose();

@@ -510,8 +510,7 @@ impl<'a> Generator<'a> {
                 .map_err(|e| Error::Msg(format!("verification: {e}")))?;
             b.emitted.push(verdict.token);
             if let Some(a) = auto.as_deref_mut() {
-                let tried = verdict.accepted.map_or(b.drafts.len(), |j| j + 1);
-                a.record_node(b.drafts.len(), tried, verdict.accepted.is_some());
+                a.record_node(b.drafts.len(), verdict.accepted);
             }
             match verdict.accepted {
                 Some(j) => {

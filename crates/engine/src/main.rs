@@ -102,9 +102,11 @@ struct GenerateArgs {
     tokenizer: Option<PathBuf>,
     /// Tree topology: a preset (chain-D, chain-D-forks-K, drafts-N-depth-D, mc_sim_7b_63), a
     /// TOML file, or `auto` (before each step, the tree with the most expected tokens per
-    /// second from measured forward costs and the acceptance so far, by draft rank). Default: `auto`, which adapts to the
-    /// device and the pair (on a 2-core CPU it matched the best fixed tree, benches/RESULTS.md);
-    /// with `--draft-sampling spechub`, which needs 2 drafts per node, `drafts-2-depth-2`.
+    /// second from measured forward costs and the acceptance so far, by draft rank). Default:
+    /// `auto`, which adapts to the device and the pair (on a 2-core CPU, within the standard
+    /// errors of the best fixed tree at temperature 0 and 0.06-0.08x below it at 0.7,
+    /// benches/RESULTS.md); with `--draft-sampling spechub`, which needs 2 drafts per node,
+    /// `drafts-2-depth-2`.
     #[arg(long)]
     tree: Option<String>,
     /// Draft construction: wr, wor, greedy, spechub, topk, cps.

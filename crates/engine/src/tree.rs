@@ -161,8 +161,12 @@ impl DraftTree {
         }
         if let Some((d, k)) = name.strip_prefix("chain-").and_then(|rest| rest.split_once("-forks-")) {
             let (d, k): (usize, usize) = (d.parse().map_err(|_| unknown())?, k.parse().map_err(|_| unknown())?);
-            if d == 0 || k == 0 || k > d || d > MAX_NODES {
+            if d == 0 || k == 0 || k > d {
                 return Err(unknown());
+            }
+            // Refused before the paths are built (`from_paths` would refuse them after).
+            if d.saturating_add(k) > MAX_NODES {
+                return Err(TreeError::TooLarge { nodes: d.saturating_add(k), limit: MAX_NODES });
             }
             let chain = (1..=d).map(|i| vec![0; i]);
             let forks = (0..k).map(|i| {
@@ -390,6 +394,8 @@ mod tests {
         // Every chain node but the last has 2 children when K = D (what spechub needs).
         let all = DraftTree::preset("chain-4-forks-4").unwrap();
         assert!((0..all.len()).all(|i| [0, 2].contains(&all.children(i).len())));
+        let e = DraftTree::preset("chain-99999999999-forks-1").unwrap_err();
+        assert!(matches!(e, TreeError::TooLarge { .. }), "{e}");
         for bad in ["chain-2-forks-3", "chain-2-forks-0", "chain-0-forks-0", "chain-x-forks-1", "chain-2-forks-"] {
             let e = DraftTree::preset(bad).unwrap_err().to_string();
             assert!(e.contains(bad) && e.contains("chain-D-forks-K"), "{e}");
