@@ -74,7 +74,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         "--max-new-tokens",
         "6",
         "--methods",
-        "baseline,rrs-wr,greedy,spechub",
+        "baseline,rrs-wr,greedy,spechub,ngram",
         "--trees",
         "drafts-2-depth-2,drafts-3-depth-1",
         "--temperatures",
@@ -90,8 +90,9 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         "run",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    // Cells: baseline x 2 temperatures, rrs-wr and greedy x 2 trees x 2, spechub x 1 tree x 2.
-    let cells = 2 + 4 + 4 + 2;
+    // Cells: baseline x 2 temperatures, rrs-wr, greedy and ngram x 2 trees x 2, spechub x 1
+    // tree x 2.
+    let cells = 2 + 4 + 4 + 4 + 2;
     let records: Vec<Value> = std::fs::read_to_string(out_dir.join("run.records.jsonl"))
         .unwrap()
         .lines()
@@ -142,6 +143,8 @@ fn mt_bench_runs_every_cell_on_both_turns() {
             let base = &find(q, turn, "baseline", "-", 0.0)["answer"];
             for (m, tree) in
                 [("rrs-wr", "drafts-2-depth-2"), ("greedy", "drafts-3-depth-1"), ("spechub", "drafts-2-depth-2")]
+                    .into_iter()
+                    .chain([("ngram", "drafts-2-depth-2"), ("ngram", "drafts-3-depth-1")])
             {
                 assert_eq!(&find(q, turn, m, tree, 0.0)["answer"], base, "{m} on {tree}, question {q} turn {turn}");
             }
@@ -167,6 +170,8 @@ fn mt_bench_rejects_bad_input_clearly() {
     let run = |extra: &[&str]| failing("mt-bench", &["--out-dir", s(&dir)], extra);
     let e = run(&["--questions", s(&q), "--methods", "baseline,fastest"]);
     assert!(e.contains("unknown method `fastest`") && e.contains("rrs-wor"), "{e}");
+    let e = run(&["--questions", s(&q), "--methods", "ngram", "--ngram-min", "0"]);
+    assert!(e.contains("--ngram-min") && e.contains("min 0"), "{e}");
     let e = run(&["--questions", "/nonexistent/questions.jsonl"]);
     assert!(e.contains("/nonexistent/questions.jsonl"), "{e}");
     let bad = dir.join("bad.jsonl");

@@ -18,6 +18,7 @@ fn main() {
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,
             confidence_cutoff: 0.0,
+            ngram: None,
         }),
         ..base.clone()
     };

@@ -15,9 +15,11 @@
 //!    next token; descend while it is one of the drafts; at a node without drafts sample `p`.
 //! 4. **Compact** both caches to the accepted root-to-node path.
 //!
-//! The draft source is a draft model (above) or an EAGLE head reading the target's hidden
+//! The draft source is a draft model (above), an EAGLE head reading the target's hidden
 //! states ([`Generator::with_eagle`], `crate::eagle_draft`): the same tree, bias and
-//! verification, with the head's entries in place of draft-model tokens.
+//! verification, with the head's entries in place of draft-model tokens; or n-gram lookup in
+//! the context ([`SpecConfig::ngram`], [`crate::ngram`]), whose deterministic drafts the
+//! membership verifier checks.
 //!
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
@@ -28,6 +30,7 @@ use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
 use crate::model::DecoderModel;
+use crate::ngram::{NgramConfig, NgramDrafter};
 use crate::tree::DraftTree;
 use candle_core::{Error, Result, Tensor};
 use rand::rngs::StdRng;
@@ -69,6 +72,11 @@ pub struct SpecConfig {
     /// choice depends only on the draft's distributions (never on the drawn tokens or the
     /// target), so the output stays exact.
     pub confidence_cutoff: f64,
+    /// `Some`: draft by n-gram lookup in the context ([`crate::ngram`]) instead of the draft
+    /// model or head. Those drafts are deterministic: the verifier must be
+    /// [`Verifier::TopK`] (membership), the tree fixed, and there is no q to warp or prune by;
+    /// `construction` is not used.
+    pub ngram: Option<NgramConfig>,
 }
 
 impl SpecConfig {
@@ -142,6 +150,8 @@ pub struct Generator<'a> {
     auto: Option<AutoTree>,
     /// An EAGLE head as the draft source (instead of `draft`).
     eagle: Option<EagleDraft<'a>>,
+    /// The context for n-gram drafting ([`SpecConfig::ngram`]).
+    ngram: NgramDrafter,
 }
 
 /// Per-step buffers, reused across steps.
@@ -198,6 +208,7 @@ impl<'a> Generator<'a> {
             buf: StepBuffers::default(),
             auto: None,
             eagle: None,
+            ngram: NgramDrafter::default(),
         })
     }
 
@@ -231,7 +242,11 @@ impl<'a> Generator<'a> {
             candle_core::bail!("the prompt is empty");
         }
         let has_draft = self.draft.is_some() || self.eagle.is_some();
-        let spec = match (&config.speculative, has_draft) {
+        if let Some(s) = &config.speculative {
+            check_ngram(s)?;
+        }
+        let ngram = config.speculative.as_ref().and_then(|s| s.ngram);
+        let spec = match (&config.speculative, has_draft || ngram.is_some()) {
             (Some(s), true) => {
                 samplers::validate_pair(s.construction, s.verifier).map_err(|e| Error::Msg(e.to_string()))?;
                 if let Some(w) = &s.draft_warp {
@@ -239,7 +254,9 @@ impl<'a> Generator<'a> {
                 }
                 Some(s)
             }
-            (Some(_), false) => candle_core::bail!("speculative decoding needs a draft model"),
+            (Some(_), false) => {
+                candle_core::bail!("speculative decoding needs a draft model, an EAGLE head or n-gram drafting")
+            }
             (None, _) => None,
         };
         let tree_len = spec.map_or(1, |s| s.max_tree_len(config.warp));
@@ -261,10 +278,13 @@ impl<'a> Generator<'a> {
         if let Some(e) = self.eagle.as_mut() {
             e.reset(prompt_hidden, &prompt[1..]);
         }
+        if let Some(c) = ngram {
+            self.ngram.reset(c, prompt);
+        }
         let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
             cache.truncate(0);
-            if spec.is_some() && n > 1 {
+            if spec.is_some() && ngram.is_none() && n > 1 {
                 run(d, &for_draft(&prompt[..n - 1], d.config().vocab_size), cache)?;
             }
         }
@@ -410,7 +430,9 @@ impl<'a> Generator<'a> {
         // 1. Draft, level by level.
         let t0 = Instant::now();
         let mut level_nodes: Vec<usize> = Vec::new();
-        if let Some(e) = self.eagle.as_mut() {
+        if spec.ngram.is_some() {
+            self.ngram.draft_tree(tree, b);
+        } else if let Some(e) = self.eagle.as_mut() {
             stats.draft_forwards +=
                 e.draft_tree(self.target, tree, spec.construction, qwarp, self.vocab, rng, b, auto.as_deref_mut())?;
         } else if !tree.children(0).is_empty() {
@@ -496,9 +518,10 @@ impl<'a> Generator<'a> {
             }
             b.drafts.clear();
             b.drafts.extend_from_slice(&b.drawn[node]);
-            let verdict = spec
-                .verifier
-                .verify(
+            let verdict = if spec.ngram.is_some() {
+                samplers::verify_deterministic(&b.p, &b.drafts, rng, &mut b.verify_scratch)
+            } else {
+                spec.verifier.verify(
                     spec.construction,
                     tree.children(node).len(),
                     &b.p,
@@ -507,7 +530,8 @@ impl<'a> Generator<'a> {
                     rng,
                     &mut b.verify_scratch,
                 )
-                .map_err(|e| Error::Msg(format!("verification: {e}")))?;
+            }
+            .map_err(|e| Error::Msg(format!("verification: {e}")))?;
             b.emitted.push(verdict.token);
             if let Some(a) = auto.as_deref_mut() {
                 a.record_node(b.drafts.len(), verdict.accepted);
@@ -534,7 +558,10 @@ impl<'a> Generator<'a> {
         let t3 = Instant::now();
         let rows: Vec<usize> = b.path.iter().map(|&i| b.row_of[i]).collect();
         self.target_cache.compact(tbase, &rows)?;
-        if let Some(e) = self.eagle.as_mut() {
+        if spec.ngram.is_some() {
+            // No draft model ran: only the lookup's context grows.
+            self.ngram.extend(&b.emitted);
+        } else if let Some(e) = self.eagle.as_mut() {
             let mut tokens: Vec<u32> = b.path[1..].iter().map(|&i| b.token[i].expect("on the path")).collect();
             tokens.push(*b.emitted.last().expect("emitted"));
             e.commit(&hidden, &rows, &tokens)?;
@@ -562,6 +589,31 @@ struct StepInput<'t> {
     /// The last emitted token, not yet run by the target.
     pending: u32,
     warp: Warp,
+}
+
+/// Refuses what n-gram drafting cannot do: its drafts are deterministic (no q), so only the
+/// membership verifier is lossless, and there is no q to warp or prune by, nor an acceptance
+/// model for `--tree auto`.
+pub fn check_ngram(s: &SpecConfig) -> Result<()> {
+    let Some(c) = &s.ngram else { return Ok(()) };
+    c.check().map_err(|e| Error::Msg(format!("n-gram drafting: {e}")))?;
+    if s.verifier != Verifier::TopK {
+        candle_core::bail!(
+            "n-gram drafts are deterministic: only the topk (membership) verifier is lossless for them, not {}",
+            s.verifier
+        );
+    }
+    if matches!(s.tree, TreeChoice::Auto) {
+        candle_core::bail!(
+            "n-gram drafting needs a fixed tree (e.g. chain-4); `auto` models a draft model's acceptance"
+        );
+    }
+    if s.draft_warp.is_some() || s.confidence_cutoff > 0.0 {
+        candle_core::bail!(
+            "n-gram drafts have no draft distribution: a draft temperature or confidence cutoff does not apply"
+        );
+    }
+    Ok(())
 }
 
 /// Tokens for a draft whose vocabulary is a prefix of the target's: ids beyond it (which the

@@ -11,6 +11,7 @@ mod eagle_draft;
 pub mod kv_cache;
 pub mod load;
 pub mod model;
+pub mod ngram;
 pub mod provision;
 pub mod speculative;
 pub mod tokenizer;

@@ -3,10 +3,11 @@
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
-use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
+use engine::decode::{check_ngram, GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
 use engine::model::gguf::WeightFormat;
+use engine::ngram::NgramConfig;
 use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
 use engine::tokenizer::{check_vocabularies, TokenStream};
 use engine::DraftTree;
@@ -81,6 +82,18 @@ struct GenerateArgs {
     /// Draft model: same forms as --target.
     #[arg(long)]
     draft: Option<String>,
+    /// Draft by n-gram lookup in the prompt and the text so far (prompt lookup decoding), with
+    /// no draft model: the longest suffix of --ngram-min..--ngram-max tokens that occurred
+    /// before proposes what followed it. The drafts are deterministic, so the verifier is topk
+    /// (membership), lossless for them; the tree is fixed (default chain-4).
+    #[arg(long, conflicts_with_all = ["draft", "eagle", "draft_sampling", "draft_temperature", "draft_confidence", "draft_layers", "draft_vocab", "draft_weights"])]
+    ngram: bool,
+    /// Shortest suffix that counts as a match for --ngram.
+    #[arg(long, default_value_t = NgramConfig::default().min, requires = "ngram")]
+    ngram_min: usize,
+    /// Longest suffix tried first for --ngram.
+    #[arg(long, default_value_t = NgramConfig::default().max, requires = "ngram")]
+    ngram_max: usize,
     /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
     /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
     /// output-layer cost; other ids get q = 0 (still exact).
@@ -109,9 +122,10 @@ struct GenerateArgs {
     /// `drafts-2-depth-2`.
     #[arg(long)]
     tree: Option<String>,
-    /// Draft construction: wr, wor, greedy, spechub, topk, cps.
-    #[arg(long, default_value = "greedy")]
-    draft_sampling: DraftConstruction,
+    /// Draft construction: wr, wor, greedy, spechub, topk, cps (default: greedy; topk with
+    /// --ngram, whose drafts are deterministic).
+    #[arg(long)]
+    draft_sampling: Option<DraftConstruction>,
     /// Temperature of the draft's q (default: --temperature). Any q keeps the output exact; at
     /// --temperature 0 a one-hot q gives one draft per node, so multi-draft trees need a draft
     /// temperature (e.g. `--draft-temperature 1 --draft-sampling topk`: the top tokens).
@@ -122,7 +136,8 @@ struct GenerateArgs {
     /// at least this. Exact for every construction and verifier (it looks at the draft only).
     #[arg(long, default_value_t = 0.0)]
     draft_confidence: f64,
-    /// Verifier: rrs, kseq, greedy, spechub, topk (default: the construction's own).
+    /// Verifier: rrs, kseq, greedy, spechub, topk (default: the construction's own; only topk
+    /// with --ngram).
     #[arg(long)]
     verifier: Option<Verifier>,
     /// Plain autoregressive decoding of the target (no draft model is loaded).
@@ -188,14 +203,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Everything that can be checked without loading a model comes first.
-    let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.draft_sampling));
+    let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.construction()));
     let tree_name = args.tree_name();
     let spec = if args.no_spec {
         None
     } else {
-        samplers::validate_pair(args.draft_sampling, verifier)?;
+        if args.ngram && verifier != Verifier::TopK {
+            bail!("--ngram drafts are deterministic: only --verifier topk (membership) is lossless for them, not {verifier}");
+        }
+        samplers::validate_pair(args.construction(), verifier)?;
         let tree = if tree_name == "auto" {
-            if args.draft_sampling == DraftConstruction::SpecHub {
+            if args.construction() == DraftConstruction::SpecHub {
                 bail!("--tree auto picks among chains and trees that --draft-sampling spechub (2 drafts per node) cannot draw; give a tree");
             }
             TreeChoice::Auto
@@ -203,7 +221,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             let tree = DraftTree::load(&tree_name).with_context(|| {
                 format!("--tree `{tree_name}` (it takes a preset, `auto`, or a TOML file as in configs/trees/)")
             })?;
-            if args.draft_sampling == DraftConstruction::SpecHub {
+            if args.construction() == DraftConstruction::SpecHub {
                 if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
                     bail!(
                         "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} (chain-D-forks-D and drafts-2-depth-D fit)",
@@ -223,12 +241,16 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         }
         Some(SpecConfig {
             tree,
-            construction: args.draft_sampling,
+            construction: args.construction(),
             verifier,
             draft_warp,
             confidence_cutoff: args.draft_confidence,
+            ngram: args.ngram.then_some(NgramConfig { min: args.ngram_min, max: args.ngram_max }),
         })
     };
+    if let Some(s) = &spec {
+        check_ngram(s).context("--ngram")?;
+    }
     let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     warp.check()?;
     let prompt = match (&args.prompt, &args.prompt_file) {
@@ -241,7 +263,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let device = parse_device(&args.device)?;
 
     // Model files: explicit paths, else the pair's manifest (cache, hub, PyPI mirror).
-    let need_draft = spec.is_some();
+    let need_draft = spec.is_some() && !args.ngram;
     let (target_path, draft_path) = model_paths(&args, need_draft)?;
     let opts = LoadOptions {
         max_layers: None,
@@ -346,11 +368,14 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         obj["draft"] = match (&draft, &eagle) {
             (Some(d), _) => d.path.display().to_string().into(),
             (None, Some(h)) => h.path().display().to_string().into(),
+            (None, None) if args.ngram && !args.no_spec => {
+                format!("ngram {}-{}", args.ngram_min, args.ngram_max).into()
+            }
             (None, None) => serde_json::Value::Null,
         };
         obj["tree"] = tree_name.clone().into();
         obj["draft_sampling"] =
-            if args.no_spec { serde_json::Value::Null } else { args.draft_sampling.to_string().into() };
+            if args.no_spec { serde_json::Value::Null } else { args.construction().to_string().into() };
         obj["verifier"] = if args.no_spec { serde_json::Value::Null } else { verifier.to_string().into() };
         obj["temperature"] = args.temperature.into();
         obj["device"] = args.device.clone().into();
@@ -404,12 +429,23 @@ fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf
 }
 
 impl GenerateArgs {
-    /// `--tree`, or its default: `auto`, or `drafts-2-depth-2` for SpecHub drafts.
+    /// `--tree`, or its default: `auto`, `drafts-2-depth-2` for SpecHub drafts, `chain-4` for
+    /// n-gram drafts.
     fn tree_name(&self) -> String {
         match &self.tree {
             Some(t) => t.clone(),
-            None if self.draft_sampling == DraftConstruction::SpecHub => "drafts-2-depth-2".into(),
+            None if self.ngram => "chain-4".into(),
+            None if self.construction() == DraftConstruction::SpecHub => "drafts-2-depth-2".into(),
             None => "auto".into(),
+        }
+    }
+
+    /// `--draft-sampling`, or its default: greedy, or topk (deterministic) for n-gram drafts.
+    fn construction(&self) -> DraftConstruction {
+        match self.draft_sampling {
+            Some(c) => c,
+            None if self.ngram => DraftConstruction::TopK,
+            None => DraftConstruction::Greedy,
         }
     }
 }
@@ -424,7 +460,12 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
     let mode = if args.no_spec {
         "no-spec".to_string()
     } else {
-        format!("tree {} · {} + {}", args.tree_name(), args.draft_sampling, verifier)
+        let source = if args.ngram {
+            format!("ngram {}-{}", args.ngram_min, args.ngram_max)
+        } else {
+            args.construction().to_string()
+        };
+        format!("tree {} · {} + {}", args.tree_name(), source, verifier)
     };
     eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
     eprintln!(

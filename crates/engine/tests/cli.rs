@@ -248,3 +248,43 @@ fn generate_with_an_eagle_head() {
     assert_eq!(auto["text"], plain["text"], "{auto}");
     assert!(auto["auto_tree"].as_str().unwrap().starts_with("alpha "), "{auto}");
 }
+
+/// `--ngram`: prompt-lookup drafting with no draft model gives the `--no-spec` text at
+/// temperature 0; what does not apply to it is refused.
+#[test]
+fn generate_with_ngram_lookup() {
+    let dir = temp_dir("cli-ngram");
+    let target = Tiny { scale: 0.8, ..Tiny::llama(44) }.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["generate", "--target", s(&target), "--prompt", "ABCDABCDABCDAB", "--max-new-tokens", "24"];
+        args.extend_from_slice(&["--json", "--temperature", "0"]);
+        args.extend_from_slice(extra);
+        let out = mdsd(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = run(&["--no-spec"]);
+    for extra in [&["--ngram"][..], &["--ngram", "--ngram-min", "1", "--tree", "drafts-2-depth-3"][..]] {
+        let v = run(extra);
+        assert_eq!(v["text"], plain["text"], "{extra:?}: {v}");
+        assert_eq!(v["draft_forwards"], 0, "{v}");
+        assert!(v["draft"].as_str().unwrap().starts_with("ngram "), "{v}");
+        assert_eq!(v["verifier"], "topk", "{v}");
+        assert!(v["target_rows"].as_u64().unwrap() > v["target_forwards"].as_u64().unwrap(), "nothing drafted: {v}");
+    }
+    assert_eq!(run(&["--ngram"])["tree"], "chain-4");
+    let base = ["generate", "--target", s(&target), "--prompt", "ABAB", "--ngram"];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    let e = fails(&with(&["--verifier", "rrs"]));
+    assert!(e.contains("deterministic") && e.contains("topk"), "{e}");
+    let e = fails(&with(&["--tree", "auto"]));
+    assert!(e.contains("fixed tree"), "{e}");
+    let e = fails(&with(&["--ngram-min", "3", "--ngram-max", "2"]));
+    assert!(e.contains("--ngram") && e.contains("min 3"), "{e}");
+    // Flags of a draft model conflict with it (a usage error from the argument parser).
+    for flag in [&["--draft", "x.gguf"][..], &["--draft-temperature", "1"][..], &["--draft-sampling", "wr"][..]] {
+        let out = mdsd(&with(flag));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("cannot be used with"), "{flag:?}: {err}");
+    }
+}

@@ -82,6 +82,7 @@ fn identical_draft_accepts_whole_chains() {
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,
             confidence_cutoff: 0.0,
+            ngram: None,
         }),
     };
     let (out, stats) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
@@ -110,6 +111,7 @@ fn repeated_drafts_get_no_tree_nodes() {
             verifier: v,
             draft_warp: None,
             confidence_cutoff: 0.0,
+            ngram: None,
         };
         let config = GenerationConfig { speculative: Some(spec), ..plain.clone() };
         let (got, stats) = generator.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();

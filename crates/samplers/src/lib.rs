@@ -25,7 +25,7 @@ pub mod verify;
 pub use construction::DraftConstruction;
 pub use error::{Result, SamplerError};
 pub use pairs::{default_verifier, validate_pair, VALID_PAIRS};
-pub use verify::{Verdict, Verifier, VerifyScratch};
+pub use verify::{deterministic_output_distribution, verify_deterministic, Verdict, Verifier, VerifyScratch};
 
 /// A token id (index into a probability vector).
 pub type TokenId = u32;

@@ -87,3 +87,40 @@ fn drafts_number_min_of_n_and_support() {
         }
     }
 }
+
+/// Every draft tuple of length 1..=3 over vocabularies of 2..=5 tokens (repeats included), as
+/// a deterministic drafter (n-gram lookup) would give: the output of
+/// [`samplers::verify_deterministic`] is exactly `p` given each tuple, not merely on average,
+/// and its acceptance `p(distinct drafts)` equals the transport LP's optimum for that one
+/// tuple.
+#[test]
+fn deterministic_drafts_output_exactly_p_at_the_lp_optimum() {
+    let mut checked = 0;
+    for v in 2..=5usize {
+        for (name, p, _) in common::cases(v, 2000 + v as u64, 4) {
+            for len in 1..=3u32 {
+                for code in 0..v.pow(len) {
+                    let drafts: Vec<u32> = (0..len).map(|k| ((code / v.pow(k)) % v) as u32).collect();
+                    let out = samplers::deterministic_output_distribution(&p, &drafts).unwrap();
+                    let d = max_abs_diff(&out, &p);
+                    assert!(d < 1e-12, "V={v} {name} drafts {drafts:?}: |out - p| = {d:e}");
+                    let mut distinct = drafts.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    let accept: f64 = distinct.iter().map(|&t| out[t as usize]).sum();
+                    let lp = common::alpha_star_lp(&p, &[(drafts.clone(), 1.0)]);
+                    assert!(
+                        (accept - lp).abs() < 1e-9,
+                        "V={v} {name} drafts {drafts:?}: acceptance {accept} vs LP {lp}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} tuples checked");
+    let p = [0.5, 0.5];
+    assert!(samplers::deterministic_output_distribution(&p, &[]).is_err());
+    let e = samplers::deterministic_output_distribution(&p, &[2]).unwrap_err().to_string();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+}

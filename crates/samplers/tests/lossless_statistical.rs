@@ -140,3 +140,38 @@ fn large_vocabulary_residuals_are_sampled_exactly() {
         assert!(pval > SIGNIFICANCE, "{construction}+{verifier}: chi2 {stat:.2} on {df} df, p {pval:e}");
     }
 }
+
+/// Deterministic drafts (a function of a random context, as n-gram lookup gives): the sampled
+/// outputs of [`samplers::verify_deterministic`] pass the chi-square test against `p`
+/// (200,000 draws, vocabulary 10, p-value above 1e-4), and the acceptance rate is within four
+/// standard errors of `E[p(distinct drafts)]`.
+#[test]
+fn deterministic_drafts_pass_chi_square_against_p() {
+    let mut r = common::rng(77);
+    let p = common::random_dist(&mut r, 10, false);
+    // 20 contexts, each with its fixed draft tuple of 1-3 tokens (repeats allowed).
+    let table: Vec<Vec<u32>> = (0..20u32).map(|c| (0..1 + c % 3).map(|k| (c * 7 + k * 3) % 10).collect()).collect();
+    let mut vs = VerifyScratch::default();
+    let mut counts = vec![0u64; 10];
+    let (mut accepted, mut expected) = (0u64, 0.0);
+    for _ in 0..DRAWS {
+        let drafts = &table[rand::Rng::random_range(&mut r, 0..table.len())];
+        let v = samplers::verify_deterministic(&p, drafts, &mut r, &mut vs).unwrap();
+        counts[v.token as usize] += 1;
+        let mut distinct = drafts.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        expected += distinct.iter().map(|&t| p[t as usize]).sum::<f64>();
+        if let Some(i) = v.accepted {
+            assert_eq!(drafts[i], v.token);
+            accepted += 1;
+        } else {
+            assert!(!drafts.contains(&v.token));
+        }
+    }
+    let (stat, df, pval) = common::chi_square(&counts, &p);
+    assert!(pval > SIGNIFICANCE, "chi2 = {stat:.2} on {df} df, p-value {pval:e} (counts {counts:?}, p {p:?})");
+    let (rate, mean) = (accepted as f64 / DRAWS as f64, expected / DRAWS as f64);
+    let se = (mean * (1.0 - mean) / DRAWS as f64).sqrt();
+    assert!((rate - mean).abs() < 4.0 * se, "acceptance {rate} vs expected {mean} (se {se})");
+}

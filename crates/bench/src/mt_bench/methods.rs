@@ -1,5 +1,5 @@
-//! Decoding methods of a speed run: the autoregressive baseline, or a (draft construction,
-//! verifier) pair applied on a draft tree.
+//! Decoding methods of a speed run: the autoregressive baseline, a (draft construction,
+//! verifier) pair applied on a draft tree, or n-gram lookup drafting (no draft model).
 
 use anyhow::bail;
 use samplers::{DraftConstruction as C, Verifier as V};
@@ -11,6 +11,8 @@ pub enum Method {
     Baseline,
     /// Speculative decoding with this construction and verifier.
     Speculative { construction: C, verifier: V },
+    /// N-gram (prompt lookup) drafts, verified by membership (`mdsd generate --ngram`).
+    Ngram,
 }
 
 /// The named methods (the paper's): name, construction, verifier.
@@ -31,6 +33,9 @@ impl Method {
         if matches!(s.as_str(), "baseline" | "no-spec" | "autoregressive") {
             return Ok(Self::Baseline);
         }
+        if matches!(s.as_str(), "ngram" | "prompt-lookup") {
+            return Ok(Self::Ngram);
+        }
         if let Some(&(_, construction, verifier)) = NAMED.iter().find(|(n, _, _)| *n == s) {
             return Ok(Self::Speculative { construction, verifier });
         }
@@ -42,7 +47,7 @@ impl Method {
         }
         let names: Vec<&str> = NAMED.iter().map(|n| n.0).collect();
         bail!(
-            "unknown method `{s}`: expected baseline, {}, or construction+verifier (constructions: {}; verifiers: {})",
+            "unknown method `{s}`: expected baseline, ngram, {}, or construction+verifier (constructions: {}; verifiers: {})",
             names.join(", "),
             C::NAMES,
             V::NAMES
@@ -53,6 +58,7 @@ impl Method {
     pub fn name(&self) -> String {
         match *self {
             Self::Baseline => "baseline".into(),
+            Self::Ngram => "ngram".into(),
             Self::Speculative { construction, verifier } => NAMED
                 .iter()
                 .find(|(_, c, v)| *c == construction && *v == verifier)
@@ -88,6 +94,8 @@ mod tests {
             assert_eq!(m.name(), *name);
         }
         assert_eq!(Method::parse("no-spec").unwrap(), Method::Baseline);
+        assert_eq!(Method::parse("ngram").unwrap(), Method::Ngram);
+        assert_eq!(Method::Ngram.name(), "ngram");
         assert_eq!(Method::parse("wor+topk").unwrap().name(), "wor+topk");
         assert_eq!(Method::parse("wr+kseq").unwrap().name(), "kseq");
         let e = Method::parse("fast").unwrap_err().to_string();

@@ -27,6 +27,7 @@ use clap::Args;
 use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
 use engine::load::{parse_device, LoadOptions};
 use engine::model::gguf::WeightFormat;
+use engine::ngram::NgramConfig;
 use engine::tokenizer::TextTokenizer;
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -48,7 +49,8 @@ pub struct MtBenchArgs {
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
     /// Comma-separated methods: `baseline`, `rrs-wr`, `rrs-wor`, `kseq`, `greedy`,
-    /// `spechub`, `topk`, or `construction+verifier` (e.g. `wor+topk`).
+    /// `spechub`, `topk`, `construction+verifier` (e.g. `wor+topk`), or `ngram` (prompt-lookup
+    /// drafts, no draft model; as `mdsd generate --ngram`).
     #[arg(long, default_value = "baseline,rrs-wr,rrs-wor,greedy")]
     methods: String,
     /// Comma-separated trees for the speculative methods: presets (`chain-N`,
@@ -64,6 +66,12 @@ pub struct MtBenchArgs {
     /// one draft per node, so multi-draft trees need one (e.g. 1, with `topk`).
     #[arg(long)]
     draft_temperature: Option<f64>,
+    /// Shortest and longest suffix looked up by the `ngram` method (`--ngram-min`/`--ngram-max`
+    /// of `mdsd generate`).
+    #[arg(long, default_value_t = NgramConfig::default().min)]
+    ngram_min: usize,
+    #[arg(long, default_value_t = NgramConfig::default().max)]
+    ngram_max: usize,
     /// Base seed; question i, turn t uses `seed + 1000 i + t` for every method.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -149,13 +157,26 @@ fn parse_list<T>(list: &str, what: &str, f: impl Fn(&str) -> anyhow::Result<T>) 
 
 /// The cells of a run: the baseline once per temperature, every speculative method on every
 /// tree at every temperature. A method that cannot run on a tree (SpecHub needs exactly two
-/// drafts per node) is left out with a note.
+/// drafts per node; n-gram drafts need a fixed tree without a confidence cutoff) is left out
+/// with a note.
 pub fn cells(methods: &[Method], trees: &[(String, TreeChoice)], temperatures: &[f64]) -> (Vec<Cell>, Vec<String>) {
     let (mut out, mut notes) = (Vec::new(), Vec::new());
     for &temperature in temperatures {
         for &method in methods {
             match method {
                 Method::Baseline => out.push(Cell { method, tree: None, temperature }),
+                Method::Ngram => {
+                    for tree in trees {
+                        if matches!(tree.1, TreeChoice::Auto) || tree.0.contains('@') {
+                            let note = format!("ngram left out on {}: it needs a fixed tree, unpruned", tree.0);
+                            if !notes.contains(&note) {
+                                notes.push(note);
+                            }
+                            continue;
+                        }
+                        out.push(Cell { method, tree: Some(tree.clone()), temperature });
+                    }
+                }
                 Method::Speculative { construction, .. } => {
                     for tree in trees {
                         if let TreeChoice::Fixed(t) = &tree.1 {
@@ -228,6 +249,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         let (name, _) = split_cutoff(s)?;
         Ok((s.to_string(), if name == "auto" { TreeChoice::Auto } else { DraftTree::load(name)?.into() }))
     })?;
+    let ngram = NgramConfig { min: args.ngram_min, max: args.ngram_max };
+    ngram.check().map_err(anyhow::Error::msg).context("--ngram-min/--ngram-max")?;
     let temperatures = parse_list(&args.temperatures, "temperature", |s| {
         let t: f64 = s.parse().context("not a number")?;
         Warp::temperature(t).check()?;
@@ -295,6 +318,15 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     verifier,
                     draft_warp: args.draft_temperature.map(Warp::temperature),
                     confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
+                    ngram: None,
+                },
+                Method::Ngram => SpecConfig {
+                    tree: tree.clone(),
+                    construction: samplers::DraftConstruction::TopK,
+                    verifier: samplers::Verifier::TopK,
+                    draft_warp: None,
+                    confidence_cutoff: 0.0,
+                    ngram: Some(ngram),
                 },
                 Method::Baseline => unreachable!("the baseline has no tree"),
             });
@@ -385,6 +417,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "max_new_tokens": args.max_new_tokens,
         "draft_vocab": args.draft_vocab,
         "draft_temperature": args.draft_temperature,
+        "ngram": [args.ngram_min, args.ngram_max],
         "chat": chat,
         "seed": args.seed,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),

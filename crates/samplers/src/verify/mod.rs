@@ -132,6 +132,73 @@ impl Verifier {
     }
 }
 
+/// Verifies drafts that are a deterministic function of the context (n-gram lookup, a fixed
+/// candidate list): there is no draft distribution, and the membership walk of
+/// [`Verifier::TopK`] is lossless for any such drafts because it is a sequential draw from `p`
+/// itself (draft `x` is taken with probability `p(x)` over the mass not yet offered, then `p`
+/// without the drafts). Its acceptance, `p` of the distinct drafts, is the most any verifier
+/// can reach: the output must be distributed as `p`, and a draft is matched only when the
+/// output equals it (the transport LP with one draft tuple of probability 1).
+///
+/// `p` must be normalised. Allocation-free once `scratch` is warm.
+pub fn verify_deterministic<R: Rng + ?Sized>(
+    p: &[f64],
+    drafts: &[TokenId],
+    rng: &mut R,
+    scratch: &mut VerifyScratch,
+) -> Result<Verdict> {
+    check_deterministic(p, drafts)?;
+    let mut accepted = None;
+    let residual = membership::walk(p, drafts, scratch, &mut |k, a| {
+        let take = a >= 1.0 || (a > 0.0 && rng.random::<f64>() < a);
+        if take {
+            accepted = Some(k);
+        }
+        take
+    });
+    let token = match (accepted, residual) {
+        (Some(k), _) => drafts[k],
+        (None, Residual::Scratch(total)) => sample_blocked(&scratch.residual, &scratch.blocks, total, rng),
+        (None, _) => sample_weighted(p, 1.0, |_| false, rng),
+    };
+    Ok(Verdict { token, accepted: drafts.iter().position(|&d| d == token) })
+}
+
+/// The exact distribution of [`verify_deterministic`]'s output given the drafts (`p`, for
+/// every draft tuple; the tests enumerate them).
+pub fn deterministic_output_distribution(p: &[f64], drafts: &[TokenId]) -> Result<Vec<f64>> {
+    check_deterministic(p, drafts)?;
+    let mut out = vec![0.0; p.len()];
+    let mut mass = 1.0;
+    let mut scratch = VerifyScratch::default();
+    let residual = membership::walk(p, drafts, &mut scratch, &mut |k, a| {
+        let a = a.clamp(0.0, 1.0);
+        out[drafts[k] as usize] += mass * a;
+        mass *= 1.0 - a;
+        false
+    });
+    if mass > 0.0 {
+        match residual {
+            Residual::Scratch(total) => {
+                out.iter_mut().zip(&scratch.residual).for_each(|(o, &x)| *o += mass * x / total)
+            }
+            _ => out.iter_mut().zip(p).for_each(|(o, &x)| *o += mass * x),
+        }
+    }
+    Ok(out)
+}
+
+fn check_deterministic(p: &[f64], drafts: &[TokenId]) -> Result<()> {
+    if drafts.is_empty() {
+        return Err(SamplerError::BadDrafts("no drafts".into()));
+    }
+    if let Some(&t) = drafts.iter().find(|&&t| t as usize >= p.len()) {
+        return Err(SamplerError::BadDrafts(format!("draft token {t} is outside the vocabulary of {}", p.len())));
+    }
+    debug_assert!((crate::dist::fast_sum(p) - 1.0).abs() < 1e-9, "p is not normalised");
+    Ok(())
+}
+
 impl fmt::Display for Verifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
