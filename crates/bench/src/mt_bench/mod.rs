@@ -17,7 +17,7 @@ mod questions;
 mod report;
 
 pub use methods::Method;
-pub use questions::{read_questions, Question};
+pub use questions::{read_questions, select_categories, Question};
 
 use crate::pair::PairArgs;
 use crate::run_info::{git_revision, output_paths, utc_stamp, Interrupt, Progress};
@@ -40,9 +40,12 @@ pub struct MtBenchArgs {
     /// `turns`).
     #[arg(long, default_value = "../shared/data/mt_bench_question.jsonl")]
     questions: PathBuf,
-    /// Number of questions (the first N; 0: all).
+    /// Number of questions (the first N; with --categories, the first N of each; 0: all).
     #[arg(long, default_value_t = 10)]
     limit: usize,
+    /// Comma-separated categories to ask (e.g. Spec-Bench's `summarization,rag`); default: all.
+    #[arg(long)]
+    categories: Option<String>,
     /// Ask only the first N turns of each question (0: all).
     #[arg(long, default_value_t = 0)]
     turns: usize,
@@ -259,7 +262,13 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     if let Some(t) = args.draft_temperature {
         Warp::temperature(t).check().context("--draft-temperature")?;
     }
-    let mut questions = read_questions(&args.questions, args.limit)?;
+    let mut questions = match &args.categories {
+        None => read_questions(&args.questions, args.limit)?,
+        Some(list) => {
+            let cats = parse_list(list, "category", |s| Ok(s.to_string()))?;
+            select_categories(read_questions(&args.questions, 0)?, &cats, args.limit, &args.questions)?
+        }
+    };
     if args.turns > 0 {
         questions.iter_mut().for_each(|q| q.turns.truncate(args.turns));
     }
@@ -411,6 +420,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "draft": draft.path,
         "device": args.device,
         "questions_file": args.questions,
+        "categories": args.categories,
         "questions": done_questions,
         "questions_asked": questions.len(),
         "interrupted": done_questions < questions.len(),

@@ -54,6 +54,38 @@ pub fn read_questions(path: &Path, limit: usize) -> anyhow::Result<Vec<Question>
     Ok(out)
 }
 
+/// Keeps the questions of `categories` (file order), at most `limit` of each (0: all). A
+/// category without a question is an error naming the file and the categories it has.
+pub fn select_categories(
+    all: Vec<Question>,
+    categories: &[String],
+    limit: usize,
+    path: &Path,
+) -> anyhow::Result<Vec<Question>> {
+    for c in categories {
+        if !all.iter().any(|q| &q.category == c) {
+            let mut have: Vec<&str> = Vec::new();
+            for q in &all {
+                if !have.contains(&q.category.as_str()) {
+                    have.push(&q.category);
+                }
+            }
+            bail!("{}: no question of category `{c}` (categories: {})", path.display(), have.join(", "));
+        }
+    }
+    let mut taken = vec![0usize; categories.len()];
+    Ok(all
+        .into_iter()
+        .filter(|q| match categories.iter().position(|c| c == &q.category) {
+            Some(i) if limit == 0 || taken[i] < limit => {
+                taken[i] += 1;
+                true
+            }
+            _ => false,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +107,19 @@ mod tests {
         assert_eq!(q[0], Question { id: "81".into(), category: "writing".into(), turns: vec!["a".into(), "b".into()] });
         assert_eq!(q[1].id, "line-3");
         assert_eq!(read_questions(&p, 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn categories_are_selected_with_a_limit_each() {
+        let q = |id: &str, c: &str| Question { id: id.into(), category: c.into(), turns: vec!["x".into()] };
+        let all = vec![q("1", "a"), q("2", "b"), q("3", "a"), q("4", "c"), q("5", "b"), q("6", "a")];
+        let p = Path::new("q.jsonl");
+        let ids = |v: Vec<Question>| v.into_iter().map(|q| q.id).collect::<Vec<_>>();
+        let cats = ["a".to_string(), "b".to_string()];
+        assert_eq!(ids(select_categories(all.clone(), &cats, 0, p).unwrap()), ["1", "2", "3", "5", "6"]);
+        assert_eq!(ids(select_categories(all.clone(), &cats, 1, p).unwrap()), ["1", "2"]);
+        let e = select_categories(all, &["rag".to_string()], 1, p).unwrap_err().to_string();
+        assert!(e.contains("q.jsonl") && e.contains("`rag`") && e.contains("(categories: a, b, c)"), "{e}");
     }
 
     #[test]
