@@ -18,7 +18,7 @@ fn main() {
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,
             confidence_cutoff: 0.0,
-            ngram: None,
+            source: engine::decode::DraftSource::Model,
         }),
         ..base.clone()
     };

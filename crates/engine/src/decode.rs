@@ -18,8 +18,8 @@
 //! The draft source is a draft model (above), an EAGLE head reading the target's hidden
 //! states ([`Generator::with_eagle`], `crate::eagle_draft`): the same tree, bias and
 //! verification, with the head's entries in place of draft-model tokens; or n-gram lookup in
-//! the context ([`SpecConfig::ngram`], [`crate::ngram`]), whose deterministic drafts the
-//! membership verifier checks.
+//! the context ([`DraftSource`], [`crate::ngram`]), whose deterministic drafts the membership
+//! verifier checks, alone or before the model on steps where the context has a match.
 //!
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
@@ -72,11 +72,35 @@ pub struct SpecConfig {
     /// choice depends only on the draft's distributions (never on the drawn tokens or the
     /// target), so the output stays exact.
     pub confidence_cutoff: f64,
-    /// `Some`: draft by n-gram lookup in the context ([`crate::ngram`]) instead of the draft
-    /// model or head. Those drafts are deterministic: the verifier must be
-    /// [`Verifier::TopK`] (membership), the tree fixed, and there is no q to warp or prune by;
-    /// `construction` is not used.
-    pub ngram: Option<NgramConfig>,
+    /// Where the drafts come from.
+    pub source: DraftSource,
+}
+
+/// Where a step's drafts come from. N-gram drafts are deterministic (a function of the
+/// context), so their nodes are verified by membership ([`samplers::verify_deterministic`])
+/// whatever `SpecConfig::verifier` is; which source drafts a step depends only on the context,
+/// so mixing them keeps the output exact.
+#[derive(Debug, Clone, Default)]
+pub enum DraftSource {
+    /// The generator's draft model or EAGLE head, on [`SpecConfig::tree`].
+    #[default]
+    Model,
+    /// N-gram lookup only ([`crate::ngram`]), on [`SpecConfig::tree`] (fixed): no draft model
+    /// runs. `SpecConfig::verifier` must be [`Verifier::TopK`] (membership), and there is no
+    /// q to warp or prune by.
+    Ngram(NgramConfig),
+    /// N-gram lookup on `tree` for the steps where the context has a match; the draft model or
+    /// head on [`SpecConfig::tree`] for the others.
+    NgramFirst { ngram: NgramConfig, tree: DraftTree },
+}
+
+impl DraftSource {
+    fn ngram(&self) -> Option<NgramConfig> {
+        match self {
+            Self::Model => None,
+            Self::Ngram(c) | Self::NgramFirst { ngram: c, .. } => Some(*c),
+        }
+    }
 }
 
 impl SpecConfig {
@@ -88,9 +112,13 @@ impl SpecConfig {
 
     /// The most nodes a step's tree can have.
     pub fn max_tree_len(&self, warp: Warp) -> usize {
-        match &self.tree {
+        let model = match &self.tree {
             TreeChoice::Fixed(t) => t.len(),
             TreeChoice::Auto => AutoTree::new(self.draft_samples(warp)).max_len(),
+        };
+        match &self.source {
+            DraftSource::NgramFirst { tree, .. } => model.max(tree.len()),
+            _ => model,
         }
     }
 }
@@ -131,6 +159,8 @@ pub struct Stats {
     pub total_s: f64,
     /// New tokens per second of decoding (prefill excluded).
     pub tokens_per_s: f64,
+    /// Steps drafted by n-gram lookup ([`DraftSource`]).
+    pub ngram_steps: usize,
     /// Why generation stopped: `max_new_tokens` or `stop_token`.
     pub stop_reason: String,
     /// With `--tree auto`: the acceptance estimate and the steps taken with each tree.
@@ -150,7 +180,7 @@ pub struct Generator<'a> {
     auto: Option<AutoTree>,
     /// An EAGLE head as the draft source (instead of `draft`).
     eagle: Option<EagleDraft<'a>>,
-    /// The context for n-gram drafting ([`SpecConfig::ngram`]).
+    /// The context for n-gram drafting ([`DraftSource`]).
     ngram: NgramDrafter,
 }
 
@@ -245,8 +275,9 @@ impl<'a> Generator<'a> {
         if let Some(s) = &config.speculative {
             check_ngram(s)?;
         }
-        let ngram = config.speculative.as_ref().and_then(|s| s.ngram);
-        let spec = match (&config.speculative, has_draft || ngram.is_some()) {
+        let ngram = config.speculative.as_ref().and_then(|s| s.source.ngram());
+        let ngram_only = matches!(config.speculative.as_ref().map(|s| &s.source), Some(DraftSource::Ngram(_)));
+        let spec = match (&config.speculative, has_draft || ngram_only) {
             (Some(s), true) => {
                 samplers::validate_pair(s.construction, s.verifier).map_err(|e| Error::Msg(e.to_string()))?;
                 if let Some(w) = &s.draft_warp {
@@ -284,7 +315,7 @@ impl<'a> Generator<'a> {
         let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
             cache.truncate(0);
-            if spec.is_some() && ngram.is_none() && n > 1 {
+            if spec.is_some() && !ngram_only && n > 1 {
                 run(d, &for_draft(&prompt[..n - 1], d.config().vocab_size), cache)?;
             }
         }
@@ -336,17 +367,24 @@ impl<'a> Generator<'a> {
                     stats.target_rows += 1;
                 }
                 Some(s) => {
+                    let lookup = match &s.source {
+                        DraftSource::Model => false,
+                        DraftSource::Ngram(_) => true,
+                        DraftSource::NgramFirst { .. } => self.ngram.has_match(),
+                    };
                     let chosen;
-                    let (tree, auto) = match (&s.tree, auto.as_mut()) {
-                        (TreeChoice::Fixed(t), _) => (t, None),
-                        (TreeChoice::Auto, Some(a)) => {
+                    let (tree, auto) = match (&s.source, &s.tree, auto.as_mut()) {
+                        (DraftSource::NgramFirst { tree, .. }, _, _) if lookup => (tree, None),
+                        (_, TreeChoice::Fixed(t), _) => (t, None),
+                        (_, TreeChoice::Auto, Some(a)) => {
                             let i = a.choose();
                             chosen = Arc::clone(&a.trees[i].1);
                             (&*chosen, Some(a))
                         }
-                        (TreeChoice::Auto, None) => unreachable!("auto state made above"),
+                        (_, TreeChoice::Auto, None) => unreachable!("auto state made above"),
                     };
-                    let step = StepInput { tree, pending, warp: config.warp };
+                    stats.ngram_steps += lookup as usize;
+                    let step = StepInput { tree, pending, warp: config.warp, lookup };
                     let accepted =
                         self.spec_step(s, &step, &mut draft_pending, &mut rng, &mut stats, &mut timings, auto)?;
                     if stats.accepted_at_depth.len() < tree.max_depth() {
@@ -430,7 +468,7 @@ impl<'a> Generator<'a> {
         // 1. Draft, level by level.
         let t0 = Instant::now();
         let mut level_nodes: Vec<usize> = Vec::new();
-        if spec.ngram.is_some() {
+        if step.lookup {
             self.ngram.draft_tree(tree, b);
         } else if let Some(e) = self.eagle.as_mut() {
             stats.draft_forwards +=
@@ -518,7 +556,7 @@ impl<'a> Generator<'a> {
             }
             b.drafts.clear();
             b.drafts.extend_from_slice(&b.drawn[node]);
-            let verdict = if spec.ngram.is_some() {
+            let verdict = if step.lookup {
                 samplers::verify_deterministic(&b.p, &b.drafts, rng, &mut b.verify_scratch)
             } else {
                 spec.verifier.verify(
@@ -558,9 +596,11 @@ impl<'a> Generator<'a> {
         let t3 = Instant::now();
         let rows: Vec<usize> = b.path.iter().map(|&i| b.row_of[i]).collect();
         self.target_cache.compact(tbase, &rows)?;
-        if spec.ngram.is_some() {
-            // No draft model ran: only the lookup's context grows.
+        if spec.source.ngram().is_some() {
             self.ngram.extend(&b.emitted);
+        }
+        if matches!(spec.source, DraftSource::Ngram(_)) {
+            // No draft model or head takes part in this generation.
         } else if let Some(e) = self.eagle.as_mut() {
             let mut tokens: Vec<u32> = b.path[1..].iter().map(|&i| b.token[i].expect("on the path")).collect();
             tokens.push(*b.emitted.last().expect("emitted"));
@@ -589,14 +629,20 @@ struct StepInput<'t> {
     /// The last emitted token, not yet run by the target.
     pending: u32,
     warp: Warp,
+    /// Drafted by n-gram lookup (else by the draft model or head).
+    lookup: bool,
 }
 
 /// Refuses what n-gram drafting cannot do: its drafts are deterministic (no q), so only the
 /// membership verifier is lossless, and there is no q to warp or prune by, nor an acceptance
 /// model for `--tree auto`.
 pub fn check_ngram(s: &SpecConfig) -> Result<()> {
-    let Some(c) = &s.ngram else { return Ok(()) };
+    let Some(c) = s.source.ngram() else { return Ok(()) };
     c.check().map_err(|e| Error::Msg(format!("n-gram drafting: {e}")))?;
+    if !matches!(s.source, DraftSource::Ngram(_)) {
+        // N-gram steps before a model: the model's steps use its own pair and tree.
+        return Ok(());
+    }
     if s.verifier != Verifier::TopK {
         candle_core::bail!(
             "n-gram drafts are deterministic: only the topk (membership) verifier is lossless for them, not {}",

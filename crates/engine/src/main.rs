@@ -3,7 +3,7 @@
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
-use engine::decode::{check_ngram, GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
+use engine::decode::{check_ngram, DraftSource, GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
 use engine::model::gguf::WeightFormat;
@@ -40,6 +40,7 @@ enum Command {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("lookup").args(["ngram", "ngram_first"])))]
 struct GenerateArgs {
     /// The prompt.
     #[arg(long, conflicts_with = "prompt_file")]
@@ -88,12 +89,19 @@ struct GenerateArgs {
     /// (membership), lossless for them; the tree is fixed (default chain-4).
     #[arg(long, conflicts_with_all = ["draft", "eagle", "draft_sampling", "draft_temperature", "draft_confidence", "draft_layers", "draft_vocab", "draft_weights"])]
     ngram: bool,
-    /// Shortest suffix that counts as a match for --ngram.
-    #[arg(long, default_value_t = NgramConfig::default().min, requires = "ngram")]
+    /// N-gram lookup drafts on the steps where the context has a match (tree --ngram-tree),
+    /// the draft model or head on the others (tree --tree): copies cost no draft forward.
+    #[arg(long)]
+    ngram_first: bool,
+    /// Shortest suffix that counts as a match for --ngram and --ngram-first.
+    #[arg(long, default_value_t = NgramConfig::default().min, requires = "lookup")]
     ngram_min: usize,
-    /// Longest suffix tried first for --ngram.
-    #[arg(long, default_value_t = NgramConfig::default().max, requires = "ngram")]
+    /// Longest suffix tried first for --ngram and --ngram-first.
+    #[arg(long, default_value_t = NgramConfig::default().max, requires = "lookup")]
     ngram_max: usize,
+    /// Tree of the n-gram steps of --ngram-first (a fixed tree).
+    #[arg(long, default_value = "chain-4", requires = "ngram_first")]
+    ngram_tree: String,
     /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
     /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
     /// output-layer cost; other ids get q = 0 (still exact).
@@ -245,11 +253,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             verifier,
             draft_warp,
             confidence_cutoff: args.draft_confidence,
-            ngram: args.ngram.then_some(NgramConfig { min: args.ngram_min, max: args.ngram_max }),
+            source: draft_source(&args)?,
         })
     };
     if let Some(s) = &spec {
-        check_ngram(s).context("--ngram")?;
+        check_ngram(s).context(if args.ngram { "--ngram" } else { "--ngram-first" })?;
     }
     let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     warp.check()?;
@@ -387,8 +395,20 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The target and draft files: explicit paths (or hub ids) first, the pair's manifest for
-/// the rest.
+/// `--ngram`, `--ngram-first` or the draft model (or head) alone.
+fn draft_source(args: &GenerateArgs) -> anyhow::Result<DraftSource> {
+    let ngram = NgramConfig { min: args.ngram_min, max: args.ngram_max };
+    Ok(if args.ngram {
+        DraftSource::Ngram(ngram)
+    } else if args.ngram_first {
+        let tree = DraftTree::load(&args.ngram_tree)
+            .with_context(|| format!("--ngram-tree `{}` (a preset or a TOML file)", args.ngram_tree))?;
+        DraftSource::NgramFirst { ngram, tree }
+    } else {
+        DraftSource::Model
+    })
+}
+
 /// The draft's files: a draft model, or an EAGLE head folder.
 enum DraftFiles {
     Model(PathBuf),
@@ -462,6 +482,14 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
     } else {
         let source = if args.ngram {
             format!("ngram {}-{}", args.ngram_min, args.ngram_max)
+        } else if args.ngram_first {
+            format!(
+                "ngram {}-{} on {} first, then {}",
+                args.ngram_min,
+                args.ngram_max,
+                args.ngram_tree,
+                args.construction()
+            )
         } else {
             args.construction().to_string()
         };
@@ -472,6 +500,9 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
         "new tokens {} (prompt {}) · target forwards {} · tau {:.2} · {:.2} tokens/s · stop: {}",
         s.new_tokens, s.prompt_tokens, s.target_forwards, s.tau, s.tokens_per_s, s.stop_reason
     );
+    if args.ngram_first {
+        eprintln!("n-gram steps: {} of {}", s.ngram_steps, s.target_forwards);
+    }
     if !s.acceptance_per_depth.is_empty() {
         let per: Vec<String> =
             s.acceptance_per_depth.iter().enumerate().map(|(d, a)| format!("d{}={:.2}", d + 1, a)).collect();

@@ -57,6 +57,7 @@ pub struct NgramDrafter {
     support: Vec<Vec<usize>>,
     /// `(token, count)` of one node's next tokens, in order of first (most recent) appearance.
     groups: Vec<(u32, usize)>,
+    scratch: Vec<usize>,
 }
 
 impl NgramDrafter {
@@ -78,6 +79,15 @@ impl NgramDrafter {
 
     pub fn history(&self) -> &[u32] {
         &self.history
+    }
+
+    /// Whether the context's suffix of at least `min` tokens occurred before (so that
+    /// [`NgramDrafter::draft_tree`] drafts at least the root's first child).
+    pub fn has_match(&mut self) -> bool {
+        let mut m = std::mem::take(&mut self.scratch);
+        let n = self.find_matches(&mut m);
+        self.scratch = m;
+        n > 0
     }
 
     /// The continuation starts (positions in the context, most recent first) of every earlier

@@ -82,7 +82,7 @@ fn identical_draft_accepts_whole_chains() {
             verifier: samplers::Verifier::Greedy,
             draft_warp: None,
             confidence_cutoff: 0.0,
-            ngram: None,
+            source: engine::decode::DraftSource::Model,
         }),
     };
     let (out, stats) = generator.generate(&PROMPT, &config, |_| false, |_| Ok(())).unwrap();
@@ -111,7 +111,7 @@ fn repeated_drafts_get_no_tree_nodes() {
             verifier: v,
             draft_warp: None,
             confidence_cutoff: 0.0,
-            ngram: None,
+            source: engine::decode::DraftSource::Model,
         };
         let config = GenerationConfig { speculative: Some(spec), ..plain.clone() };
         let (got, stats) = generator.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();

@@ -64,7 +64,7 @@ fn default_pair_generates_with_acceptance() {
             verifier: Verifier::Greedy,
             draft_warp: None,
             confidence_cutoff: 0.0,
-            ngram: None,
+            source: engine::decode::DraftSource::Model,
         }),
     };
     let (out, stats) = g.generate(&ids, &config, |x| target.tokenizer.is_stop(x), |_| Ok(())).unwrap();

@@ -230,7 +230,7 @@ mod decoding {
                 verifier: Verifier::Greedy,
                 draft_warp: None,
                 confidence_cutoff: 0.0,
-                ngram: None,
+                source: engine::decode::DraftSource::Model,
             }),
             ..base.clone()
         };

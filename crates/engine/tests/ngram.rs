@@ -5,7 +5,7 @@
 mod common;
 
 use common::{load_on_test_device, temp_dir, Tiny};
-use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::decode::{DraftSource, GenerationConfig, Generator, SpecConfig, TreeChoice};
 use engine::model::DecoderModel;
 use engine::ngram::NgramConfig;
 use engine::DraftTree;
@@ -23,7 +23,7 @@ fn ngram_spec(tree: impl Into<TreeChoice>, min: usize, max: usize) -> SpecConfig
         verifier: Verifier::TopK,
         draft_warp: None,
         confidence_cutoff: 0.0,
-        ngram: Some(NgramConfig { min, max }),
+        source: DraftSource::Ngram(NgramConfig { min, max }),
     }
 }
 
@@ -133,6 +133,6 @@ fn ngram_refuses_what_does_not_apply() {
     let e = run(&mut generator, ngram_spec(tree(), 3, 2));
     assert!(e.contains("n-gram") && e.contains("min"), "{e}");
     // Without n-gram drafting, a generator without a draft cannot speculate.
-    let e = run(&mut generator, SpecConfig { ngram: None, ..ngram_spec(tree(), 1, 2) });
+    let e = run(&mut generator, SpecConfig { source: engine::decode::DraftSource::Model, ..ngram_spec(tree(), 1, 2) });
     assert!(e.contains("needs a draft model"), "{e}");
 }

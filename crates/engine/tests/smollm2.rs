@@ -42,7 +42,7 @@ fn spec(tree: &str, c: DraftConstruction, v: Verifier) -> Option<SpecConfig> {
         verifier: v,
         draft_warp: None,
         confidence_cutoff: 0.0,
-        ngram: None,
+        source: engine::decode::DraftSource::Model,
     })
 }
 

@@ -13,6 +13,9 @@ pub enum Method {
     Speculative { construction: C, verifier: V },
     /// N-gram (prompt lookup) drafts, verified by membership (`mdsd generate --ngram`).
     Ngram,
+    /// N-gram drafts on the steps where the context has a match, this construction and
+    /// verifier with the draft model on the others (`mdsd generate --ngram-first`).
+    NgramFirst { construction: C, verifier: V },
 }
 
 /// The named methods (the paper's): name, construction, verifier.
@@ -36,6 +39,12 @@ impl Method {
         if matches!(s.as_str(), "ngram" | "prompt-lookup") {
             return Ok(Self::Ngram);
         }
+        if let Some(rest) = s.strip_prefix("ngram+") {
+            return match Self::parse(rest)? {
+                Self::Speculative { construction, verifier } => Ok(Self::NgramFirst { construction, verifier }),
+                _ => bail!("`{s}`: after `ngram+` comes a speculative method (e.g. `ngram+greedy`)"),
+            };
+        }
         if let Some(&(_, construction, verifier)) = NAMED.iter().find(|(n, _, _)| *n == s) {
             return Ok(Self::Speculative { construction, verifier });
         }
@@ -47,7 +56,7 @@ impl Method {
         }
         let names: Vec<&str> = NAMED.iter().map(|n| n.0).collect();
         bail!(
-            "unknown method `{s}`: expected baseline, ngram, {}, or construction+verifier (constructions: {}; verifiers: {})",
+            "unknown method `{s}`: expected baseline, ngram, {}, construction+verifier, or ngram+METHOD (constructions: {}; verifiers: {})",
             names.join(", "),
             C::NAMES,
             V::NAMES
@@ -59,6 +68,9 @@ impl Method {
         match *self {
             Self::Baseline => "baseline".into(),
             Self::Ngram => "ngram".into(),
+            Self::NgramFirst { construction, verifier } => {
+                format!("ngram+{}", Self::Speculative { construction, verifier }.name())
+            }
             Self::Speculative { construction, verifier } => NAMED
                 .iter()
                 .find(|(_, c, v)| *c == construction && *v == verifier)
@@ -96,6 +108,12 @@ mod tests {
         assert_eq!(Method::parse("no-spec").unwrap(), Method::Baseline);
         assert_eq!(Method::parse("ngram").unwrap(), Method::Ngram);
         assert_eq!(Method::Ngram.name(), "ngram");
+        let m = Method::parse("ngram+greedy").unwrap();
+        assert_eq!(m, Method::NgramFirst { construction: C::Greedy, verifier: V::Greedy });
+        assert_eq!(m.name(), "ngram+greedy");
+        assert_eq!(Method::parse("ngram+wor+topk").unwrap().name(), "ngram+wor+topk");
+        assert!(Method::parse("ngram+baseline").unwrap_err().to_string().contains("speculative method"));
+        assert!(Method::parse("ngram+ngram").is_err());
         assert_eq!(Method::parse("wor+topk").unwrap().name(), "wor+topk");
         assert_eq!(Method::parse("wr+kseq").unwrap().name(), "kseq");
         let e = Method::parse("fast").unwrap_err().to_string();

@@ -52,8 +52,9 @@ pub struct MtBenchArgs {
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
     /// Comma-separated methods: `baseline`, `rrs-wr`, `rrs-wor`, `kseq`, `greedy`,
-    /// `spechub`, `topk`, `construction+verifier` (e.g. `wor+topk`), or `ngram` (prompt-lookup
-    /// drafts, no draft model; as `mdsd generate --ngram`).
+    /// `spechub`, `topk`, `construction+verifier` (e.g. `wor+topk`), `ngram` (prompt-lookup
+    /// drafts, no draft model; as `mdsd generate --ngram`), or `ngram+METHOD` (n-gram drafts
+    /// where the context has a match, METHOD with the draft model elsewhere; `--ngram-first`).
     #[arg(long, default_value = "baseline,rrs-wr,rrs-wor,greedy")]
     methods: String,
     /// Comma-separated trees for the speculative methods: presets (`chain-N`,
@@ -75,6 +76,9 @@ pub struct MtBenchArgs {
     ngram_min: usize,
     #[arg(long, default_value_t = NgramConfig::default().max)]
     ngram_max: usize,
+    /// Tree of the n-gram steps of the `ngram+METHOD` methods (`mdsd generate --ngram-tree`).
+    #[arg(long, default_value = "chain-4")]
+    ngram_tree: String,
     /// Base seed; question i, turn t uses `seed + 1000 i + t` for every method.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -140,6 +144,9 @@ pub struct TurnRecord {
     pub draft_s: f64,
     pub target_s: f64,
     pub verify_s: f64,
+    /// Steps drafted by n-gram lookup (`ngram` and `ngram+METHOD`).
+    #[serde(default)]
+    pub ngram_steps: usize,
     pub stop_reason: String,
     /// The generated text (special tokens left out).
     pub answer: String,
@@ -180,7 +187,7 @@ pub fn cells(methods: &[Method], trees: &[(String, TreeChoice)], temperatures: &
                         out.push(Cell { method, tree: Some(tree.clone()), temperature });
                     }
                 }
-                Method::Speculative { construction, .. } => {
+                Method::Speculative { construction, .. } | Method::NgramFirst { construction, .. } => {
                     for tree in trees {
                         if let TreeChoice::Fixed(t) = &tree.1 {
                             let bad = (0..t.len())
@@ -254,6 +261,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     })?;
     let ngram = NgramConfig { min: args.ngram_min, max: args.ngram_max };
     ngram.check().map_err(anyhow::Error::msg).context("--ngram-min/--ngram-max")?;
+    let ngram_tree =
+        DraftTree::load(&args.ngram_tree).with_context(|| format!("--ngram-tree `{}`", args.ngram_tree))?;
     let temperatures = parse_list(&args.temperatures, "temperature", |s| {
         let t: f64 = s.parse().context("not a number")?;
         Warp::temperature(t).check()?;
@@ -327,7 +336,15 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     verifier,
                     draft_warp: args.draft_temperature.map(Warp::temperature),
                     confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
-                    ngram: None,
+                    source: engine::decode::DraftSource::Model,
+                },
+                Method::NgramFirst { construction, verifier } => SpecConfig {
+                    tree: tree.clone(),
+                    construction,
+                    verifier,
+                    draft_warp: args.draft_temperature.map(Warp::temperature),
+                    confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
+                    source: engine::decode::DraftSource::NgramFirst { ngram, tree: ngram_tree.clone() },
                 },
                 Method::Ngram => SpecConfig {
                     tree: tree.clone(),
@@ -335,7 +352,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     verifier: samplers::Verifier::TopK,
                     draft_warp: None,
                     confidence_cutoff: 0.0,
-                    ngram: Some(ngram),
+                    source: engine::decode::DraftSource::Ngram(ngram),
                 },
                 Method::Baseline => unreachable!("the baseline has no tree"),
             });
@@ -381,6 +398,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     draft_s: stats.draft_s,
                     target_s: stats.target_s,
                     verify_s: stats.verify_s,
+                    ngram_steps: stats.ngram_steps,
                     stop_reason: stats.stop_reason.clone(),
                     answer: answer.clone(),
                 };
@@ -428,6 +446,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "draft_vocab": args.draft_vocab,
         "draft_temperature": args.draft_temperature,
         "ngram": [args.ngram_min, args.ngram_max],
+        "ngram_tree": args.ngram_tree,
         "chat": chat,
         "seed": args.seed,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),

@@ -248,6 +248,7 @@ mod tests {
             draft_s: 0.0,
             target_s: 0.0,
             verify_s: 0.0,
+            ngram_steps: 0,
             stop_reason: "max_new_tokens".into(),
             answer: String::new(),
         }

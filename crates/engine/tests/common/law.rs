@@ -137,7 +137,14 @@ pub fn spec(
     draft_warp: Option<Warp>,
     confidence_cutoff: f64,
 ) -> SpecConfig {
-    SpecConfig { tree: tree.into(), construction: c, verifier: v, draft_warp, confidence_cutoff, ngram: None }
+    SpecConfig {
+        tree: tree.into(),
+        construction: c,
+        verifier: v,
+        draft_warp,
+        confidence_cutoff,
+        source: engine::decode::DraftSource::Model,
+    }
 }
 
 /// The configuration of the chi-square tests: two new tokens at `warp` with seed `seed`, drafted
