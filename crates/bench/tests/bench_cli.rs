@@ -74,7 +74,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         "--max-new-tokens",
         "6",
         "--methods",
-        "baseline,rrs-wr,greedy,spechub,ngram",
+        "baseline,rrs-wr,greedy,spechub,ngram,ngram+greedy",
         "--trees",
         "drafts-2-depth-2,drafts-3-depth-1",
         "--temperatures",
@@ -90,9 +90,9 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         "run",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    // Cells: baseline x 2 temperatures, rrs-wr, greedy and ngram x 2 trees x 2, spechub x 1
-    // tree x 2.
-    let cells = 2 + 4 + 4 + 4 + 2;
+    // Cells: baseline x 2 temperatures, rrs-wr, greedy, ngram and ngram+greedy x 2 trees x 2,
+    // spechub x 1 tree x 2.
+    let cells = 2 + 4 + 4 + 4 + 4 + 2;
     let records: Vec<Value> = std::fs::read_to_string(out_dir.join("run.records.jsonl"))
         .unwrap()
         .lines()
@@ -145,6 +145,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
                 [("rrs-wr", "drafts-2-depth-2"), ("greedy", "drafts-3-depth-1"), ("spechub", "drafts-2-depth-2")]
                     .into_iter()
                     .chain([("ngram", "drafts-2-depth-2"), ("ngram", "drafts-3-depth-1")])
+                    .chain([("ngram+greedy", "drafts-2-depth-2"), ("ngram+greedy", "drafts-3-depth-1")])
             {
                 assert_eq!(&find(q, turn, m, tree, 0.0)["answer"], base, "{m} on {tree}, question {q} turn {turn}");
             }

@@ -273,6 +273,17 @@ fn generate_with_ngram_lookup() {
         assert!(v["target_rows"].as_u64().unwrap() > v["target_forwards"].as_u64().unwrap(), "nothing drafted: {v}");
     }
     assert_eq!(run(&["--ngram"])["tree"], "chain-4");
+    // Lookup on the steps whose context has a match, a draft model on the others.
+    let draft = Tiny { layers: 1, ..Tiny::llama(45) }.write_hf(&dir.join("draft"));
+    let mixed = run(&["--ngram-first", "--draft", s(&draft), "--tree", "chain-2", "--ngram-tree", "drafts-2-depth-2"]);
+    assert_eq!(mixed["text"], plain["text"], "{mixed}");
+    let (steps, forwards) = (mixed["ngram_steps"].as_u64().unwrap(), mixed["target_forwards"].as_u64().unwrap());
+    assert!(steps > 0 && mixed["draft_forwards"].as_u64().unwrap() > 0, "{mixed}");
+    assert!(steps <= forwards, "{mixed}");
+    let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--ngram-first", "--ngram-tree", "chain-0"]);
+    assert!(e.contains("--ngram-tree `chain-0`"), "{e}");
+    let out = mdsd(&["generate", "--target", s(&target), "--prompt", "AB", "--ngram-min", "3"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--ngram"));
     let base = ["generate", "--target", s(&target), "--prompt", "ABAB", "--ngram"];
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
     let e = fails(&with(&["--verifier", "rrs"]));

@@ -1,16 +1,18 @@
-//! N-gram (prompt lookup) drafting on tiny random models: lossless at temperature 0 (token for
-//! token) and above (chi-square of the first two tokens against the exact law), and refused
-//! clearly where it cannot apply.
+//! N-gram (prompt lookup) drafting on tiny random models, alone and before a draft model or
+//! EAGLE head (`DraftSource::NgramFirst`): lossless at temperature 0 (token for token) and
+//! above (chi-square of the first two tokens against the exact law), and refused clearly where
+//! it cannot apply.
 
 mod common;
 
-use common::{load_on_test_device, temp_dir, Tiny};
+use common::{load_on_test_device, temp_dir, Tiny, TinyEagle};
 use engine::decode::{DraftSource, GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::model::eagle::EagleHead;
 use engine::model::DecoderModel;
 use engine::ngram::NgramConfig;
 use engine::DraftTree;
 use samplers::dist::Warp;
-use samplers::{DraftConstruction, Verifier};
+use samplers::{DraftConstruction, Verifier, VALID_PAIRS};
 
 fn model(tiny: Tiny, name: &str) -> DecoderModel {
     load_on_test_device(&tiny.write_hf(&temp_dir(name)))
@@ -78,7 +80,7 @@ fn temperature_zero_ngram_equals_plain_decoding() {
 /// cells of a 5-token vocabulary, 4,000 generations per configuration with seeds 0..3999;
 /// fails below a p-value of 1e-4. Some generations must accept a draft and some none.
 #[test]
-fn ngram_first_two_tokens_follow_the_target_law() {
+fn lookup_alone_first_two_tokens_follow_the_target_law() {
     let target = model(Tiny { vocab: 5, scale: 1.0, layers: 2, ..Tiny::qwen2(31) }, "ngram-chi");
     let prompt = [1u32, 4, 0, 3, 1, 4, 2, 3, 1, 4];
     let mut generator = Generator::new(&target, None, 64).unwrap();
@@ -135,4 +137,105 @@ fn ngram_refuses_what_does_not_apply() {
     // Without n-gram drafting, a generator without a draft cannot speculate.
     let e = run(&mut generator, SpecConfig { source: engine::decode::DraftSource::Model, ..ngram_spec(tree(), 1, 2) });
     assert!(e.contains("needs a draft model"), "{e}");
+}
+
+fn ngram_first(tree: impl Into<TreeChoice>, c: DraftConstruction, v: Verifier, ngram_tree: &str) -> SpecConfig {
+    SpecConfig {
+        tree: tree.into(),
+        construction: c,
+        verifier: v,
+        draft_warp: None,
+        confidence_cutoff: 0.0,
+        source: DraftSource::NgramFirst {
+            ngram: NgramConfig { min: 1, max: 3 },
+            tree: DraftTree::preset(ngram_tree).unwrap(),
+        },
+    }
+}
+
+/// Temperature 0, n-gram steps before a draft model and before an EAGLE head: the output
+/// equals plain decoding for every valid pair that can draw the model's trees (fixed and
+/// `auto`), with n-gram steps on a chain and on a two-way tree. Steps of both kinds must occur.
+#[test]
+fn temperature_zero_ngram_first_equals_plain_decoding() {
+    let tiny = Tiny { scale: 0.8, ..Tiny::llama(45) };
+    let target = model(tiny, "ngram-first-target");
+    let draft = model(Tiny { layers: 1, ..Tiny { scale: 0.8, ..Tiny::llama(46) } }, "ngram-first-draft");
+    let head_spec = TinyEagle { target: tiny, seed: 47, own_embedding: false, scale: 0.3 };
+    let head = EagleHead::load(&head_spec.write(&temp_dir("ngram-first-head"), false), &target).unwrap();
+    let prompt = [7u32, 3, 30, 12, 5, 7, 3, 30, 9, 7, 3];
+    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let (reference, _) =
+        Generator::new(&target, None, 200).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
+    let mut with_draft = Generator::new(&target, Some(&draft), 200).unwrap();
+    let mut with_head = Generator::with_eagle(&target, &head, 200).unwrap();
+    let (mut mixed, mut runs) = (0, 0);
+    for (source, g) in [("draft", &mut with_draft), ("eagle", &mut with_head)] {
+        for (model_tree, ngram_tree) in
+            [("chain-2", "chain-4"), ("drafts-2-depth-2", "drafts-2-depth-3"), ("auto", "chain-3")]
+        {
+            for &(c, v) in VALID_PAIRS {
+                let tree: TreeChoice = match model_tree {
+                    "auto" if c == DraftConstruction::SpecHub => continue,
+                    "auto" => TreeChoice::Auto,
+                    name => DraftTree::preset(name).unwrap().into(),
+                };
+                if c == DraftConstruction::SpecHub && model_tree == "chain-2" {
+                    continue;
+                }
+                let config =
+                    GenerationConfig { speculative: Some(ngram_first(tree, c, v, ngram_tree)), ..base.clone() };
+                let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+                assert_eq!(out, reference, "{source}: {model_tree} / ngram {ngram_tree}, {c}+{v}");
+                mixed += (stats.ngram_steps > 0 && stats.ngram_steps < stats.target_forwards) as usize;
+                runs += 1;
+            }
+        }
+    }
+    assert!(runs > 40, "{runs} runs");
+    assert!(mixed * 2 > runs, "only {mixed} of {runs} generations had both n-gram and model steps");
+}
+
+/// Temperature 1, n-gram steps before a draft model: the first two tokens follow the exact law
+/// (chi-square as in `lookup_alone_first_two_tokens_follow_the_target_law`, 4,000 generations). The
+/// prompt's suffix recurs, so the first step drafts by lookup; when its drafts are rejected
+/// the second step's context may have no match, and the draft model drafts it.
+#[test]
+fn lookup_then_model_first_two_tokens_follow_the_target_law() {
+    let target = model(Tiny { vocab: 5, scale: 1.0, layers: 2, ..Tiny::qwen2(31) }, "ngram-first-chi");
+    let draft = model(Tiny { vocab: 5, scale: 1.0, layers: 1, ..Tiny::qwen2(32) }, "ngram-first-chi-draft");
+    let prompt = [1u32, 4, 0, 3, 1, 4, 2, 3, 1, 4];
+    let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
+    let warp = Warp::temperature(1.0);
+    let law = common::two_token_law(&target, &prompt, warp);
+    for (c, v) in
+        [(DraftConstruction::WithoutReplacement, Verifier::Rrs), (DraftConstruction::Greedy, Verifier::Greedy)]
+    {
+        let tree = DraftTree::preset("drafts-2-depth-1").unwrap();
+        let (mut lookup_only, mut with_model) = (0, 0);
+        let config = |seed| GenerationConfig {
+            max_new_tokens: 2,
+            warp,
+            seed,
+            speculative: Some(SpecConfig {
+                source: DraftSource::NgramFirst {
+                    ngram: NgramConfig { min: 2, max: 2 },
+                    tree: DraftTree::preset("drafts-2-depth-2").unwrap(),
+                },
+                ..ngram_first(tree.clone(), c, v, "chain-1")
+            }),
+        };
+        let counts = common::two_token_counts(&mut generator, &prompt, 5, 4000, config, |s| {
+            if s.ngram_steps == s.target_forwards {
+                lookup_only += 1;
+            } else {
+                with_model += 1;
+            }
+        });
+        common::assert_follows_law(&counts, &law, 4000, None, &format!("ngram first, then {c}+{v}"));
+        assert!(
+            lookup_only > 100 && with_model > 100,
+            "{c}+{v}: {lookup_only} lookup-only, {with_model} with a model step"
+        );
+    }
 }
