@@ -40,7 +40,6 @@ enum Command {
 }
 
 #[derive(Args, Debug)]
-#[command(group(clap::ArgGroup::new("lookup").args(["ngram", "ngram_first"])))]
 struct GenerateArgs {
     /// The prompt.
     #[arg(long, conflicts_with = "prompt_file")]
@@ -83,24 +82,22 @@ struct GenerateArgs {
     /// Draft model: same forms as --target.
     #[arg(long)]
     draft: Option<String>,
-    /// Draft by n-gram lookup in the prompt and the text so far (prompt lookup decoding), with
-    /// no draft model: the longest suffix of --ngram-min..--ngram-max tokens that occurred
-    /// before proposes what followed it. The drafts are deterministic, so the verifier is topk
-    /// (membership), lossless for them; the tree is fixed (default chain-4).
-    #[arg(long, conflicts_with_all = ["draft", "eagle", "draft_sampling", "draft_temperature", "draft_confidence", "draft_layers", "draft_vocab", "draft_weights"])]
-    ngram: bool,
-    /// N-gram lookup drafts on the steps where the context has a match (tree --ngram-tree),
-    /// the draft model or head on the others (tree --tree): copies cost no draft forward.
-    #[arg(long)]
-    ngram_first: bool,
-    /// Shortest suffix that counts as a match for --ngram and --ngram-first.
-    #[arg(long, default_value_t = NgramConfig::default().min, requires = "lookup")]
+    /// N-gram (prompt lookup) drafts: the longest suffix of --ngram-min..--ngram-max tokens
+    /// that occurred before in the prompt or the text proposes what followed it. `first`: such
+    /// drafts (on --ngram-tree) on the steps whose context has a match, the draft model or head
+    /// (on --tree) on the others; `only`: lookup drafts alone, no draft model loaded (on --tree,
+    /// default chain-4; verifier topk, lossless for deterministic drafts); `off`: the draft
+    /// model or head alone. Exact in every mode.
+    #[arg(long, value_enum, default_value = "first")]
+    ngram: NgramMode,
+    /// Shortest suffix that counts as an n-gram match.
+    #[arg(long, default_value_t = NgramConfig::default().min)]
     ngram_min: usize,
-    /// Longest suffix tried first for --ngram and --ngram-first.
-    #[arg(long, default_value_t = NgramConfig::default().max, requires = "lookup")]
+    /// Longest suffix tried first.
+    #[arg(long, default_value_t = NgramConfig::default().max)]
     ngram_max: usize,
-    /// Tree of the n-gram steps of --ngram-first (a fixed tree).
-    #[arg(long, default_value = "chain-4", requires = "ngram_first")]
+    /// Tree of the n-gram steps of `--ngram first` (a fixed tree).
+    #[arg(long, default_value = "chain-4")]
     ngram_tree: String,
     /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
     /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
@@ -130,8 +127,8 @@ struct GenerateArgs {
     /// `drafts-2-depth-2`.
     #[arg(long)]
     tree: Option<String>,
-    /// Draft construction: wr, wor, greedy, spechub, topk, cps (default: greedy; topk with
-    /// --ngram, whose drafts are deterministic).
+    /// Draft construction of the draft model's steps: wr, wor, greedy, spechub, topk, cps
+    /// (default: greedy; topk with `--ngram only`, whose drafts are deterministic).
     #[arg(long)]
     draft_sampling: Option<DraftConstruction>,
     /// Temperature of the draft's q (default: --temperature). Any q keeps the output exact; at
@@ -144,8 +141,8 @@ struct GenerateArgs {
     /// at least this. Exact for every construction and verifier (it looks at the draft only).
     #[arg(long, default_value_t = 0.0)]
     draft_confidence: f64,
-    /// Verifier: rrs, kseq, greedy, spechub, topk (default: the construction's own; only topk
-    /// with --ngram).
+    /// Verifier of the draft model's steps: rrs, kseq, greedy, spechub, topk (default: the
+    /// construction's own; only topk with `--ngram only`). N-gram steps always use topk.
     #[arg(long)]
     verifier: Option<Verifier>,
     /// Plain autoregressive decoding of the target (no draft model is loaded).
@@ -165,6 +162,14 @@ struct GenerateArgs {
     /// Folder of the model-pair manifests.
     #[arg(long)]
     models_dir: Option<PathBuf>,
+}
+
+/// `--ngram`: where drafts come from (see the flag's help).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum NgramMode {
+    Off,
+    First,
+    Only,
 }
 
 fn main() {
@@ -216,8 +221,20 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let spec = if args.no_spec {
         None
     } else {
-        if args.ngram && verifier != Verifier::TopK {
-            bail!("--ngram drafts are deterministic: only --verifier topk (membership) is lossless for them, not {verifier}");
+        if args.ngram == NgramMode::Only {
+            let model_flags = [
+                ("--draft", args.draft.is_some()),
+                ("--eagle", args.eagle.is_some()),
+                ("--draft-sampling", args.draft_sampling.is_some()),
+                ("--draft-temperature", args.draft_temperature.is_some()),
+                ("--draft-layers", args.draft_layers.is_some()),
+            ];
+            if let Some((flag, _)) = model_flags.iter().find(|f| f.1) {
+                bail!("{flag} does not apply to --ngram only, which drafts without a draft model");
+            }
+            if verifier != Verifier::TopK {
+                bail!("--ngram only drafts are deterministic: only --verifier topk (membership) is lossless for them, not {verifier}");
+            }
         }
         samplers::validate_pair(args.construction(), verifier)?;
         let tree = if tree_name == "auto" {
@@ -257,7 +274,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         })
     };
     if let Some(s) = &spec {
-        check_ngram(s).context(if args.ngram { "--ngram" } else { "--ngram-first" })?;
+        check_ngram(s).context(format!("--ngram {}", args.ngram.name()))?;
     }
     let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     warp.check()?;
@@ -271,7 +288,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let device = parse_device(&args.device)?;
 
     // Model files: explicit paths, else the pair's manifest (cache, hub, PyPI mirror).
-    let need_draft = spec.is_some() && !args.ngram;
+    let need_draft = spec.is_some() && args.ngram != NgramMode::Only;
     let (target_path, draft_path) = model_paths(&args, need_draft)?;
     let opts = LoadOptions {
         max_layers: None,
@@ -376,12 +393,13 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         obj["draft"] = match (&draft, &eagle) {
             (Some(d), _) => d.path.display().to_string().into(),
             (None, Some(h)) => h.path().display().to_string().into(),
-            (None, None) if args.ngram && !args.no_spec => {
+            (None, None) if args.ngram == NgramMode::Only && !args.no_spec => {
                 format!("ngram {}-{}", args.ngram_min, args.ngram_max).into()
             }
             (None, None) => serde_json::Value::Null,
         };
         obj["tree"] = tree_name.clone().into();
+        obj["ngram"] = if args.no_spec { serde_json::Value::Null } else { args.ngram.name().into() };
         obj["draft_sampling"] =
             if args.no_spec { serde_json::Value::Null } else { args.construction().to_string().into() };
         obj["verifier"] = if args.no_spec { serde_json::Value::Null } else { verifier.to_string().into() };
@@ -395,18 +413,28 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--ngram`, `--ngram-first` or the draft model (or head) alone.
+/// The draft source of `--ngram`.
 fn draft_source(args: &GenerateArgs) -> anyhow::Result<DraftSource> {
     let ngram = NgramConfig { min: args.ngram_min, max: args.ngram_max };
-    Ok(if args.ngram {
-        DraftSource::Ngram(ngram)
-    } else if args.ngram_first {
-        let tree = DraftTree::load(&args.ngram_tree)
-            .with_context(|| format!("--ngram-tree `{}` (a preset or a TOML file)", args.ngram_tree))?;
-        DraftSource::NgramFirst { ngram, tree }
-    } else {
-        DraftSource::Model
+    Ok(match args.ngram {
+        NgramMode::Only => DraftSource::Ngram(ngram),
+        NgramMode::First => {
+            let tree = DraftTree::load(&args.ngram_tree)
+                .with_context(|| format!("--ngram-tree `{}` (a preset or a TOML file)", args.ngram_tree))?;
+            DraftSource::NgramFirst { ngram, tree }
+        }
+        NgramMode::Off => DraftSource::Model,
     })
+}
+
+impl NgramMode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::First => "first",
+            Self::Only => "only",
+        }
+    }
 }
 
 /// The draft's files: a draft model, or an EAGLE head folder.
@@ -454,7 +482,7 @@ impl GenerateArgs {
     fn tree_name(&self) -> String {
         match &self.tree {
             Some(t) => t.clone(),
-            None if self.ngram => "chain-4".into(),
+            None if self.ngram == NgramMode::Only => "chain-4".into(),
             None if self.construction() == DraftConstruction::SpecHub => "drafts-2-depth-2".into(),
             None => "auto".into(),
         }
@@ -464,7 +492,7 @@ impl GenerateArgs {
     fn construction(&self) -> DraftConstruction {
         match self.draft_sampling {
             Some(c) => c,
-            None if self.ngram => DraftConstruction::TopK,
+            None if self.ngram == NgramMode::Only => DraftConstruction::TopK,
             None => DraftConstruction::Greedy,
         }
     }
@@ -480,9 +508,9 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
     let mode = if args.no_spec {
         "no-spec".to_string()
     } else {
-        let source = if args.ngram {
+        let source = if args.ngram == NgramMode::Only {
             format!("ngram {}-{}", args.ngram_min, args.ngram_max)
-        } else if args.ngram_first {
+        } else if args.ngram == NgramMode::First {
             format!(
                 "ngram {}-{} on {} first, then {}",
                 args.ngram_min,
@@ -500,7 +528,7 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
         "new tokens {} (prompt {}) · target forwards {} · tau {:.2} · {:.2} tokens/s · stop: {}",
         s.new_tokens, s.prompt_tokens, s.target_forwards, s.tau, s.tokens_per_s, s.stop_reason
     );
-    if args.ngram_first {
+    if args.ngram == NgramMode::First && !args.no_spec {
         eprintln!("n-gram steps: {} of {}", s.ngram_steps, s.target_forwards);
     }
     if !s.acceptance_per_depth.is_empty() {

@@ -249,8 +249,9 @@ fn generate_with_an_eagle_head() {
     assert!(auto["auto_tree"].as_str().unwrap().starts_with("alpha "), "{auto}");
 }
 
-/// `--ngram`: prompt-lookup drafting with no draft model gives the `--no-spec` text at
-/// temperature 0; what does not apply to it is refused.
+/// `--ngram only`: prompt-lookup drafting with no draft model gives the `--no-spec` text at
+/// temperature 0, and so does `--ngram first` (the default) with a draft model; what does not
+/// apply is refused.
 #[test]
 fn generate_with_ngram_lookup() {
     let dir = temp_dir("cli-ngram");
@@ -264,7 +265,8 @@ fn generate_with_ngram_lookup() {
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let plain = run(&["--no-spec"]);
-    for extra in [&["--ngram"][..], &["--ngram", "--ngram-min", "1", "--tree", "drafts-2-depth-3"][..]] {
+    for extra in [&["--ngram", "only"][..], &["--ngram", "only", "--ngram-min", "1", "--tree", "drafts-2-depth-3"][..]]
+    {
         let v = run(extra);
         assert_eq!(v["text"], plain["text"], "{extra:?}: {v}");
         assert_eq!(v["draft_forwards"], 0, "{v}");
@@ -272,30 +274,34 @@ fn generate_with_ngram_lookup() {
         assert_eq!(v["verifier"], "topk", "{v}");
         assert!(v["target_rows"].as_u64().unwrap() > v["target_forwards"].as_u64().unwrap(), "nothing drafted: {v}");
     }
-    assert_eq!(run(&["--ngram"])["tree"], "chain-4");
+    assert_eq!(run(&["--ngram", "only"])["tree"], "chain-4");
     // Lookup on the steps whose context has a match, a draft model on the others.
     let draft = Tiny { layers: 1, ..Tiny::llama(45) }.write_hf(&dir.join("draft"));
-    let mixed = run(&["--ngram-first", "--draft", s(&draft), "--tree", "chain-2", "--ngram-tree", "drafts-2-depth-2"]);
+    let mixed = run(&["--draft", s(&draft), "--tree", "chain-2", "--ngram-tree", "drafts-2-depth-2"]);
     assert_eq!(mixed["text"], plain["text"], "{mixed}");
+    assert_eq!(mixed["ngram"], "first", "the default: {mixed}");
     let (steps, forwards) = (mixed["ngram_steps"].as_u64().unwrap(), mixed["target_forwards"].as_u64().unwrap());
     assert!(steps > 0 && mixed["draft_forwards"].as_u64().unwrap() > 0, "{mixed}");
     assert!(steps <= forwards, "{mixed}");
-    let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--ngram-first", "--ngram-tree", "chain-0"]);
+    let off = run(&["--draft", s(&draft), "--tree", "chain-2", "--ngram", "off"]);
+    assert_eq!(off["text"], plain["text"], "{off}");
+    assert_eq!(off["ngram_steps"], 0, "{off}");
+    let e =
+        fails(&["generate", "--target", s(&target), "--draft", s(&draft), "--prompt", "AB", "--ngram-tree", "chain-0"]);
     assert!(e.contains("--ngram-tree `chain-0`"), "{e}");
-    let out = mdsd(&["generate", "--target", s(&target), "--prompt", "AB", "--ngram-min", "3"]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--ngram"));
-    let base = ["generate", "--target", s(&target), "--prompt", "ABAB", "--ngram"];
+    let base = ["generate", "--target", s(&target), "--prompt", "ABAB", "--ngram", "only"];
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
     let e = fails(&with(&["--verifier", "rrs"]));
     assert!(e.contains("deterministic") && e.contains("topk"), "{e}");
     let e = fails(&with(&["--tree", "auto"]));
     assert!(e.contains("fixed tree"), "{e}");
     let e = fails(&with(&["--ngram-min", "3", "--ngram-max", "2"]));
-    assert!(e.contains("--ngram") && e.contains("min 3"), "{e}");
-    // Flags of a draft model conflict with it (a usage error from the argument parser).
+    assert!(e.contains("--ngram only") && e.contains("min 3"), "{e}");
+    // Flags of a draft model do not apply to it.
     for flag in [&["--draft", "x.gguf"][..], &["--draft-temperature", "1"][..], &["--draft-sampling", "wr"][..]] {
-        let out = mdsd(&with(flag));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains("cannot be used with"), "{flag:?}: {err}");
+        let e = fails(&with(flag));
+        assert!(e.contains(flag[0]) && e.contains("does not apply to --ngram only"), "{flag:?}: {e}");
     }
+    let out = mdsd(&["generate", "--target", s(&target), "--prompt", "AB", "--ngram", "sometimes"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("off, first, only"));
 }
