@@ -7,7 +7,7 @@ use engine::decode::{check_ngram, DraftSource, GenerationConfig, Generator, Spec
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
 use engine::model::gguf::WeightFormat;
-use engine::ngram::NgramConfig;
+use engine::ngram::NgramFlags;
 use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
 use engine::tokenizer::{check_vocabularies, TokenStream};
 use engine::DraftTree;
@@ -90,15 +90,8 @@ struct GenerateArgs {
     /// model or head alone. Exact in every mode.
     #[arg(long, value_enum, default_value = "first")]
     ngram: NgramMode,
-    /// Shortest suffix that counts as an n-gram match.
-    #[arg(long, default_value_t = NgramConfig::default().min)]
-    ngram_min: usize,
-    /// Longest suffix tried first.
-    #[arg(long, default_value_t = NgramConfig::default().max)]
-    ngram_max: usize,
-    /// Tree of the n-gram steps of `--ngram first` (a fixed tree).
-    #[arg(long, default_value = "chain-4")]
-    ngram_tree: String,
+    #[command(flatten)]
+    ngram_flags: NgramFlags,
     /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
     /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
     /// output-layer cost; other ids get q = 0 (still exact).
@@ -394,7 +387,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             (Some(d), _) => d.path.display().to_string().into(),
             (None, Some(h)) => h.path().display().to_string().into(),
             (None, None) if args.ngram == NgramMode::Only && !args.no_spec => {
-                format!("ngram {}-{}", args.ngram_min, args.ngram_max).into()
+                format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max).into()
             }
             (None, None) => serde_json::Value::Null,
         };
@@ -415,14 +408,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 
 /// The draft source of `--ngram`.
 fn draft_source(args: &GenerateArgs) -> anyhow::Result<DraftSource> {
-    let ngram = NgramConfig { min: args.ngram_min, max: args.ngram_max };
+    let flags = &args.ngram_flags;
+    let ngram = || flags.config().map_err(|e| anyhow::anyhow!("--ngram {}: {e}", args.ngram.name()));
     Ok(match args.ngram {
-        NgramMode::Only => DraftSource::Ngram(ngram),
-        NgramMode::First => {
-            let tree = DraftTree::load(&args.ngram_tree)
-                .with_context(|| format!("--ngram-tree `{}` (a preset or a TOML file)", args.ngram_tree))?;
-            DraftSource::NgramFirst { ngram, tree }
-        }
+        NgramMode::Only => DraftSource::Ngram(ngram()?),
+        NgramMode::First => DraftSource::NgramFirst { ngram: ngram()?, tree: flags.tree()? },
         NgramMode::Off => DraftSource::Model,
     })
 }
@@ -509,13 +499,13 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
         "no-spec".to_string()
     } else {
         let source = if args.ngram == NgramMode::Only {
-            format!("ngram {}-{}", args.ngram_min, args.ngram_max)
+            format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max)
         } else if args.ngram == NgramMode::First {
             format!(
                 "ngram {}-{} on {} first, then {}",
-                args.ngram_min,
-                args.ngram_max,
-                args.ngram_tree,
+                args.ngram_flags.ngram_min,
+                args.ngram_flags.ngram_max,
+                args.ngram_flags.ngram_tree,
                 args.construction()
             )
         } else {

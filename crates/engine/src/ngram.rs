@@ -35,6 +35,35 @@ impl Default for NgramConfig {
     }
 }
 
+/// The n-gram flags shared by `mdsd generate` and `bench mt-bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NgramFlags {
+    /// Shortest suffix that counts as an n-gram match.
+    #[arg(long, default_value_t = NgramConfig::default().min)]
+    pub ngram_min: usize,
+    /// Longest suffix tried first.
+    #[arg(long, default_value_t = NgramConfig::default().max)]
+    pub ngram_max: usize,
+    /// Tree of the n-gram steps when they alternate with a draft model's (a fixed tree).
+    #[arg(long, default_value = "chain-4")]
+    pub ngram_tree: String,
+}
+
+impl NgramFlags {
+    /// The suffix lengths, checked.
+    pub fn config(&self) -> Result<NgramConfig, String> {
+        let c = NgramConfig { min: self.ngram_min, max: self.ngram_max };
+        c.check().map(|()| c)
+    }
+
+    /// `--ngram-tree`, loaded.
+    pub fn tree(&self) -> candle_core::Result<DraftTree> {
+        DraftTree::load(&self.ngram_tree).map_err(|e| {
+            candle_core::Error::Msg(format!("--ngram-tree `{}` (a preset or a TOML file): {e}", self.ngram_tree))
+        })
+    }
+}
+
 impl NgramConfig {
     /// Errors unless `1 <= min <= max <= 64`.
     pub fn check(&self) -> Result<(), String> {
@@ -150,7 +179,7 @@ impl NgramDrafter {
                     }
                 }
                 // Most frequent first; the stable sort keeps recency among equals.
-                self.groups.sort_by(|a, b| b.1.cmp(&a.1));
+                self.groups.sort_by_key(|g| std::cmp::Reverse(g.1));
                 for (&child, &(t, _)) in kids.iter().zip(&self.groups) {
                     b.token[child] = Some(t);
                     b.drawn[i].push(t);

@@ -16,6 +16,17 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// `mdsd generate --json --temperature 0` on `target` with `prompt`, `max_new` tokens and
+/// `extra` flags, expecting success; returns the JSON object.
+fn generate_greedy_json(target: &Path, prompt: &str, max_new: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["generate", "--target", s(target), "--prompt", prompt, "--max-new-tokens", max_new];
+    args.extend_from_slice(&["--json", "--temperature", "0"]);
+    args.extend_from_slice(extra);
+    let out = mdsd(&args);
+    assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Runs `mdsd` expecting failure; returns stderr, checking it is an error line, not a panic.
 fn fails(args: &[&str]) -> String {
     let out = mdsd(args);
@@ -221,14 +232,7 @@ fn generate_with_an_eagle_head() {
     let target = tiny.write_hf(&dir.join("target"));
     let head =
         common::TinyEagle { target: tiny, seed: 49, own_embedding: false, scale: 0.3 }.write(&dir.join("head"), true);
-    let run = |extra: &[&str]| -> serde_json::Value {
-        let mut args = vec!["generate", "--target", s(&target), "--prompt", "ABCDEF", "--max-new-tokens", "16"];
-        args.extend_from_slice(&["--json", "--temperature", "0"]);
-        args.extend_from_slice(extra);
-        let out = mdsd(&args);
-        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let run = |extra: &[&str]| generate_greedy_json(&target, "ABCDEF", "16", extra);
     let plain = run(&["--no-spec"]);
     let eagle = run(&["--eagle", s(&head), "--tree", "drafts-2-depth-2", "--draft-sampling", "wor"]);
     assert_eq!(eagle["text"], plain["text"], "{eagle}");
@@ -256,14 +260,7 @@ fn generate_with_an_eagle_head() {
 fn generate_with_ngram_lookup() {
     let dir = temp_dir("cli-ngram");
     let target = Tiny { scale: 0.8, ..Tiny::llama(44) }.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
-    let run = |extra: &[&str]| -> serde_json::Value {
-        let mut args = vec!["generate", "--target", s(&target), "--prompt", "ABCDABCDABCDAB", "--max-new-tokens", "24"];
-        args.extend_from_slice(&["--json", "--temperature", "0"]);
-        args.extend_from_slice(extra);
-        let out = mdsd(&args);
-        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let run = |extra: &[&str]| generate_greedy_json(&target, "ABCDABCDABCDAB", "24", extra);
     let plain = run(&["--no-spec"]);
     for extra in [&["--ngram", "only"][..], &["--ngram", "only", "--ngram-min", "1", "--tree", "drafts-2-depth-3"][..]]
     {

@@ -43,20 +43,9 @@ fn temperature_zero_speculative_equals_plain_decoding() {
                 speculative: Some(common::spec(tree.clone(), c, v, draft_warp, 0.0)),
                 ..base.clone()
             };
-            let mut streamed = Vec::new();
-            let (out, stats) = generator
-                .generate(
-                    &PROMPT,
-                    &config,
-                    |_| false,
-                    |t| {
-                        streamed.extend_from_slice(t);
-                        Ok(())
-                    },
-                )
-                .unwrap();
-            assert_eq!(out, reference, "{name} {c}+{v}");
-            assert_eq!(streamed, out, "{name} {c}+{v}: streamed tokens");
+            let what = format!("{name} {c}+{v}");
+            let (out, stats) = common::generate_streamed(&mut generator, &PROMPT, &config, &what);
+            assert_eq!(out, reference, "{what}");
             assert!(stats.target_forwards <= 40, "{name} {c}+{v}: {} target forwards", stats.target_forwards);
             if stats.tau > 1.0 {
                 accepted_somewhere += 1;

@@ -48,20 +48,9 @@ fn temperature_zero_ngram_equals_plain_decoding() {
                 speculative: Some(ngram_spec(DraftTree::preset(name).unwrap(), min, max)),
                 ..base.clone()
             };
-            let mut streamed = Vec::new();
-            let (out, stats) = generator
-                .generate(
-                    &prompt,
-                    &config,
-                    |_| false,
-                    |t| {
-                        streamed.extend_from_slice(t);
-                        Ok(())
-                    },
-                )
-                .unwrap();
-            assert_eq!(out, reference, "{name} ngram {min}-{max}");
-            assert_eq!(streamed, out, "{name} ngram {min}-{max}: streamed tokens");
+            let what = format!("{name} ngram {min}-{max}");
+            let (out, stats) = common::generate_streamed(&mut generator, &prompt, &config, &what);
+            assert_eq!(out, reference, "{what}");
             assert_eq!(stats.draft_forwards, 0, "no draft model runs");
             drafted += (stats.target_rows > stats.target_forwards) as usize;
             accepted += (stats.tau > 1.0) as usize;

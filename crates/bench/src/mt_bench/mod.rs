@@ -27,7 +27,7 @@ use clap::Args;
 use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
 use engine::load::{parse_device, LoadOptions};
 use engine::model::gguf::WeightFormat;
-use engine::ngram::NgramConfig;
+use engine::ngram::NgramFlags;
 use engine::tokenizer::TextTokenizer;
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -70,15 +70,10 @@ pub struct MtBenchArgs {
     /// one draft per node, so multi-draft trees need one (e.g. 1, with `topk`).
     #[arg(long)]
     draft_temperature: Option<f64>,
-    /// Shortest and longest suffix looked up by the `ngram` method (`--ngram-min`/`--ngram-max`
-    /// of `mdsd generate`).
-    #[arg(long, default_value_t = NgramConfig::default().min)]
-    ngram_min: usize,
-    #[arg(long, default_value_t = NgramConfig::default().max)]
-    ngram_max: usize,
-    /// Tree of the n-gram steps of the `ngram+METHOD` methods (`mdsd generate --ngram-tree`).
-    #[arg(long, default_value = "chain-4")]
-    ngram_tree: String,
+    /// Suffix lengths of the `ngram` methods and the tree of `ngram+METHOD`'s lookup steps, as
+    /// in `mdsd generate`.
+    #[command(flatten)]
+    ngram: NgramFlags,
     /// Base seed; question i, turn t uses `seed + 1000 i + t` for every method.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -259,10 +254,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         let (name, _) = split_cutoff(s)?;
         Ok((s.to_string(), if name == "auto" { TreeChoice::Auto } else { DraftTree::load(name)?.into() }))
     })?;
-    let ngram = NgramConfig { min: args.ngram_min, max: args.ngram_max };
-    ngram.check().map_err(anyhow::Error::msg).context("--ngram-min/--ngram-max")?;
-    let ngram_tree =
-        DraftTree::load(&args.ngram_tree).with_context(|| format!("--ngram-tree `{}`", args.ngram_tree))?;
+    let ngram = args.ngram.config().map_err(|e| anyhow::anyhow!("--ngram-min/--ngram-max: {e}"))?;
+    let ngram_tree = args.ngram.tree()?;
     let temperatures = parse_list(&args.temperatures, "temperature", |s| {
         let t: f64 = s.parse().context("not a number")?;
         Warp::temperature(t).check()?;
@@ -330,22 +323,21 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         for k in 0..cells.len() {
             let cell = &cells[(qi + k) % cells.len()];
             let speculative = cell.tree.as_ref().map(|(name, tree)| match cell.method {
-                Method::Speculative { construction, verifier } => SpecConfig {
-                    tree: tree.clone(),
-                    construction,
-                    verifier,
-                    draft_warp: args.draft_temperature.map(Warp::temperature),
-                    confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
-                    source: engine::decode::DraftSource::Model,
-                },
-                Method::NgramFirst { construction, verifier } => SpecConfig {
-                    tree: tree.clone(),
-                    construction,
-                    verifier,
-                    draft_warp: args.draft_temperature.map(Warp::temperature),
-                    confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
-                    source: engine::decode::DraftSource::NgramFirst { ngram, tree: ngram_tree.clone() },
-                },
+                Method::Speculative { construction, verifier } | Method::NgramFirst { construction, verifier } => {
+                    SpecConfig {
+                        tree: tree.clone(),
+                        construction,
+                        verifier,
+                        draft_warp: args.draft_temperature.map(Warp::temperature),
+                        confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
+                        source: match cell.method {
+                            Method::NgramFirst { .. } => {
+                                engine::decode::DraftSource::NgramFirst { ngram, tree: ngram_tree.clone() }
+                            }
+                            _ => engine::decode::DraftSource::Model,
+                        },
+                    }
+                }
                 Method::Ngram => SpecConfig {
                     tree: tree.clone(),
                     construction: samplers::DraftConstruction::TopK,
@@ -445,8 +437,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "max_new_tokens": args.max_new_tokens,
         "draft_vocab": args.draft_vocab,
         "draft_temperature": args.draft_temperature,
-        "ngram": [args.ngram_min, args.ngram_max],
-        "ngram_tree": args.ngram_tree,
+        "ngram": [args.ngram.ngram_min, args.ngram.ngram_max],
+        "ngram_tree": args.ngram.ngram_tree,
         "chat": chat,
         "seed": args.seed,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),

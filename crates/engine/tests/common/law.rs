@@ -128,6 +128,30 @@ pub fn auto_favouring_wide_trees() -> AutoTree {
     auto
 }
 
+/// Generates after `prompt` with `config` (no stop token), asserting that the tokens streamed
+/// are the tokens returned (`what` names the configuration).
+pub fn generate_streamed(
+    generator: &mut Generator,
+    prompt: &[u32],
+    config: &GenerationConfig,
+    what: &str,
+) -> (Vec<u32>, Stats) {
+    let mut streamed = Vec::new();
+    let (out, stats) = generator
+        .generate(
+            prompt,
+            config,
+            |_| false,
+            |t| {
+                streamed.extend_from_slice(t);
+                Ok(())
+            },
+        )
+        .unwrap();
+    assert_eq!(streamed, out, "{what}: streamed tokens");
+    (out, stats)
+}
+
 /// A speculative configuration: `tree`, construction `c`, verifier `v`, the draft's own warp
 /// (`None`: the target's) and a confidence cutoff (0: no pruning).
 pub fn spec(

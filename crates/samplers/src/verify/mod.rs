@@ -79,21 +79,7 @@ impl Verifier {
         scratch: &mut VerifyScratch,
     ) -> Result<Verdict> {
         check_inputs(self, construction, n, p, q, drafts)?;
-        let mut accepted = None;
-        let residual = walk(self, construction, n, p, q, drafts, scratch, &mut |k, a| {
-            let take = a >= 1.0 || (a > 0.0 && rng.random::<f64>() < a);
-            if take {
-                accepted = Some(k);
-            }
-            take
-        });
-        let token = match (accepted, residual) {
-            (Some(k), _) => drafts[k],
-            (None, Residual::Target) => sample_weighted(p, 1.0, |_| false, rng),
-            (None, Residual::Scratch(total)) => sample_blocked(&scratch.residual, &scratch.blocks, total, rng),
-            (None, Residual::Split(split, total)) => sample_split(p, q, split, &scratch.blocks, total, rng),
-        };
-        Ok(Verdict { token, accepted: drafts.iter().position(|&d| d == token) })
+        Ok(sampled_verdict(p, q, drafts, rng, scratch, |s, visit| walk(self, construction, n, p, q, drafts, s, visit)))
     }
 
     /// The exact distribution of the output token given the drafts.
@@ -106,30 +92,68 @@ impl Verifier {
         drafts: &[TokenId],
     ) -> Result<Vec<f64>> {
         check_inputs(self, construction, n, p, q, drafts)?;
-        let mut out = vec![0.0; p.len()];
-        let mut mass = 1.0;
-        let mut scratch = VerifyScratch::default();
-        let residual = walk(self, construction, n, p, q, drafts, &mut scratch, &mut |k, a| {
-            let a = a.clamp(0.0, 1.0);
-            out[drafts[k] as usize] += mass * a;
-            mass *= 1.0 - a;
-            false
-        });
-        if mass > 0.0 {
-            match residual {
-                Residual::Target => out.iter_mut().zip(p).for_each(|(o, &x)| *o += mass * x),
-                Residual::Scratch(total) => {
-                    out.iter_mut().zip(&scratch.residual).for_each(|(o, &x)| *o += mass * x / total)
-                }
-                Residual::Split(split, total) => {
-                    for (i, o) in out.iter_mut().enumerate() {
-                        *o += mass * split.weight(p[i], q[i]) / total;
-                    }
+        Ok(exact_output(p, q, drafts, |s, visit| walk(self, construction, n, p, q, drafts, s, visit)))
+    }
+}
+
+/// Runs a walk (`walk(scratch, visit)`) with random acceptances and samples its residual
+/// after a rejection of every draft. `q` is read only by a [`Residual::Split`].
+fn sampled_verdict<R: Rng + ?Sized>(
+    p: &[f64],
+    q: &[f64],
+    drafts: &[TokenId],
+    rng: &mut R,
+    scratch: &mut VerifyScratch,
+    walk: impl FnOnce(&mut VerifyScratch, &mut dyn FnMut(usize, f64) -> bool) -> Residual,
+) -> Verdict {
+    let mut accepted = None;
+    let residual = walk(scratch, &mut |k, a| {
+        let take = a >= 1.0 || (a > 0.0 && rng.random::<f64>() < a);
+        if take {
+            accepted = Some(k);
+        }
+        take
+    });
+    let token = match (accepted, residual) {
+        (Some(k), _) => drafts[k],
+        (None, Residual::Target) => sample_weighted(p, 1.0, |_| false, rng),
+        (None, Residual::Scratch(total)) => sample_blocked(&scratch.residual, &scratch.blocks, total, rng),
+        (None, Residual::Split(split, total)) => sample_split(p, q, split, &scratch.blocks, total, rng),
+    };
+    Verdict { token, accepted: drafts.iter().position(|&d| d == token) }
+}
+
+/// The exact output distribution of a walk: each offered draft's acceptance times the mass not
+/// yet taken, then the residual's share.
+fn exact_output(
+    p: &[f64],
+    q: &[f64],
+    drafts: &[TokenId],
+    walk: impl FnOnce(&mut VerifyScratch, &mut dyn FnMut(usize, f64) -> bool) -> Residual,
+) -> Vec<f64> {
+    let mut out = vec![0.0; p.len()];
+    let mut mass = 1.0;
+    let mut scratch = VerifyScratch::default();
+    let residual = walk(&mut scratch, &mut |k, a| {
+        let a = a.clamp(0.0, 1.0);
+        out[drafts[k] as usize] += mass * a;
+        mass *= 1.0 - a;
+        false
+    });
+    if mass > 0.0 {
+        match residual {
+            Residual::Target => out.iter_mut().zip(p).for_each(|(o, &x)| *o += mass * x),
+            Residual::Scratch(total) => {
+                out.iter_mut().zip(&scratch.residual).for_each(|(o, &x)| *o += mass * x / total)
+            }
+            Residual::Split(split, total) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o += mass * split.weight(p[i], q[i]) / total;
                 }
             }
         }
-        Ok(out)
     }
+    out
 }
 
 /// Verifies drafts that are a deterministic function of the context (n-gram lookup, a fixed
@@ -148,44 +172,15 @@ pub fn verify_deterministic<R: Rng + ?Sized>(
     scratch: &mut VerifyScratch,
 ) -> Result<Verdict> {
     check_deterministic(p, drafts)?;
-    let mut accepted = None;
-    let residual = membership::walk(p, drafts, scratch, &mut |k, a| {
-        let take = a >= 1.0 || (a > 0.0 && rng.random::<f64>() < a);
-        if take {
-            accepted = Some(k);
-        }
-        take
-    });
-    let token = match (accepted, residual) {
-        (Some(k), _) => drafts[k],
-        (None, Residual::Scratch(total)) => sample_blocked(&scratch.residual, &scratch.blocks, total, rng),
-        (None, _) => sample_weighted(p, 1.0, |_| false, rng),
-    };
-    Ok(Verdict { token, accepted: drafts.iter().position(|&d| d == token) })
+    // The membership walk never splits (p, q), so `q` is not read.
+    Ok(sampled_verdict(p, p, drafts, rng, scratch, |s, visit| membership::walk(p, drafts, s, visit)))
 }
 
 /// The exact distribution of [`verify_deterministic`]'s output given the drafts (`p`, for
 /// every draft tuple; the tests enumerate them).
 pub fn deterministic_output_distribution(p: &[f64], drafts: &[TokenId]) -> Result<Vec<f64>> {
     check_deterministic(p, drafts)?;
-    let mut out = vec![0.0; p.len()];
-    let mut mass = 1.0;
-    let mut scratch = VerifyScratch::default();
-    let residual = membership::walk(p, drafts, &mut scratch, &mut |k, a| {
-        let a = a.clamp(0.0, 1.0);
-        out[drafts[k] as usize] += mass * a;
-        mass *= 1.0 - a;
-        false
-    });
-    if mass > 0.0 {
-        match residual {
-            Residual::Scratch(total) => {
-                out.iter_mut().zip(&scratch.residual).for_each(|(o, &x)| *o += mass * x / total)
-            }
-            _ => out.iter_mut().zip(p).for_each(|(o, &x)| *o += mass * x),
-        }
-    }
-    Ok(out)
+    Ok(exact_output(p, p, drafts, |s, visit| membership::walk(p, drafts, s, visit)))
 }
 
 fn check_deterministic(p: &[f64], drafts: &[TokenId]) -> Result<()> {
