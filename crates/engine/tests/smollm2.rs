@@ -3,10 +3,11 @@
 //! runs these. The draft is the same file with fewer layers, so p and q differ.
 
 use candle_core::{DType, Device};
-use engine::decode::{GenerationConfig, Generator, SpecConfig};
+use engine::decode::{DraftSource, GenerationConfig, Generator, SpecConfig};
 use engine::load::{load, LoadOptions, LoadedModel};
 use engine::model::causal_bias;
 use engine::model::gguf::WeightFormat;
+use engine::ngram::NgramConfig;
 use engine::provision::{resolve, FetchOptions, PairManifest};
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -42,7 +43,7 @@ fn spec(tree: &str, c: DraftConstruction, v: Verifier) -> Option<SpecConfig> {
         verifier: v,
         draft_warp: None,
         confidence_cutoff: 0.0,
-        source: engine::decode::DraftSource::Model,
+        source: DraftSource::Model,
     })
 }
 
@@ -67,7 +68,9 @@ fn tokenizer_and_chat_template() {
 
 /// Temperature 0 with batch-invariant target numerics (weights dequantized to f32):
 /// speculative output equals `--no-spec` output token for token, on three chat prompts, for a
-/// chain, a full tree and EAGLE's sparse tree, and several construction/verifier pairs.
+/// chain, a full tree and EAGLE's sparse tree, and several construction/verifier pairs; and
+/// for n-gram drafts alone and before the draft model (`mdsd generate`'s default).
+/// Model drafts and lookup drafts must both be accepted somewhere.
 #[test]
 fn temperature_zero_speculative_equals_plain_decoding() {
     let path = smollm2();
@@ -79,7 +82,17 @@ fn temperature_zero_speculative_equals_plain_decoding() {
         spec("chain-4", DraftConstruction::Greedy, Verifier::Greedy),
         spec("drafts-2-depth-3", DraftConstruction::WithoutReplacement, Verifier::Rrs),
         spec("mc_sim_7b_63", DraftConstruction::WithReplacement, Verifier::KSeq),
+        spec("chain-2", DraftConstruction::Greedy, Verifier::Greedy).map(|s| SpecConfig {
+            source: DraftSource::NgramFirst {
+                ngram: NgramConfig::default(),
+                tree: DraftTree::preset("chain-4").unwrap(),
+            },
+            ..s
+        }),
+        spec("chain-4", DraftConstruction::TopK, Verifier::TopK)
+            .map(|s| SpecConfig { source: DraftSource::Ngram(NgramConfig::default()), ..s }),
     ];
+    let mut lookup_accepted = 0;
     let mut accepted = 0;
     for prompt in PROMPTS {
         let ids = chat_ids(&target, prompt);
@@ -91,10 +104,15 @@ fn temperature_zero_speculative_equals_plain_decoding() {
             let name =
                 s.as_ref().map(|s| format!("{:?} {}+{}", s.max_tree_len(Warp::default()), s.construction, s.verifier));
             assert_eq!(out, reference, "{prompt:?} {name:?}");
-            accepted += stats.accepted_at_depth.first().copied().unwrap_or(0);
+            let first = stats.accepted_at_depth.first().copied().unwrap_or(0);
+            match s.as_ref().map(|s| &s.source) {
+                Some(DraftSource::Ngram(_)) => lookup_accepted += first,
+                _ => accepted += first,
+            }
         }
     }
     assert!(accepted > 0, "the 10-layer draft never matched: acceptance is not exercised");
+    assert!(lookup_accepted > 0, "no lookup draft was ever accepted");
 }
 
 /// Temperature 0 with the quantized weights as stored: candle's quantized kernels round
