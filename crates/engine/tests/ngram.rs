@@ -185,21 +185,30 @@ fn temperature_zero_ngram_first_equals_plain_decoding() {
     assert!(mixed * 2 > runs, "only {mixed} of {runs} generations had both n-gram and model steps");
 }
 
-/// Temperature 1, n-gram steps before a draft model: the first two tokens follow the exact law
-/// (chi-square as in `lookup_alone_first_two_tokens_follow_the_target_law`, 4,000 generations). The
-/// prompt's suffix recurs, so the first step drafts by lookup; when its drafts are rejected
-/// the second step's context may have no match, and the draft model drafts it.
+/// Temperature 1, n-gram steps before a draft model or an EAGLE head: the first two tokens
+/// follow the exact law (chi-square as in `lookup_alone_first_two_tokens_follow_the_target_law`,
+/// 4,000 generations per case). The prompt's suffix recurs, so the first step drafts by lookup;
+/// when its drafts are rejected the second step's context may have no match, and the draft
+/// model or head drafts it (the head from the target's features of the lookup step).
 #[test]
 fn lookup_then_model_first_two_tokens_follow_the_target_law() {
-    let target = model(Tiny { vocab: 5, scale: 1.0, layers: 2, ..Tiny::qwen2(31) }, "ngram-first-chi");
+    let tiny = Tiny { vocab: 5, scale: 1.0, layers: 2, ..Tiny::qwen2(31) };
+    let target = model(tiny, "ngram-first-chi");
     let draft = model(Tiny { vocab: 5, scale: 1.0, layers: 1, ..Tiny::qwen2(32) }, "ngram-first-chi-draft");
+    let head_spec = TinyEagle { target: tiny, seed: 74, own_embedding: true, scale: 0.1 };
+    let head = EagleHead::load(&head_spec.write(&temp_dir("ngram-first-chi-head"), false), &target).unwrap();
     let prompt = [1u32, 4, 0, 3, 1, 4, 2, 3, 1, 4];
-    let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
+    let mut with_draft = Generator::new(&target, Some(&draft), 64).unwrap();
+    let mut with_head = Generator::with_eagle(&target, &head, 64).unwrap();
     let warp = Warp::temperature(1.0);
     let law = common::two_token_law(&target, &prompt, warp);
-    for (c, v) in
-        [(DraftConstruction::WithoutReplacement, Verifier::Rrs), (DraftConstruction::Greedy, Verifier::Greedy)]
-    {
+    let cases = [
+        ("draft model", DraftConstruction::WithoutReplacement, Verifier::Rrs),
+        ("draft model", DraftConstruction::Greedy, Verifier::Greedy),
+        ("EAGLE head", DraftConstruction::WithoutReplacement, Verifier::Rrs),
+    ];
+    for (source, c, v) in cases {
+        let generator = if source == "EAGLE head" { &mut with_head } else { &mut with_draft };
         let tree = DraftTree::preset("drafts-2-depth-1").unwrap();
         let (mut lookup_only, mut with_model) = (0, 0);
         let config = |seed| GenerationConfig {
@@ -214,17 +223,18 @@ fn lookup_then_model_first_two_tokens_follow_the_target_law() {
                 ..ngram_first(tree.clone(), c, v, "chain-1")
             }),
         };
-        let counts = common::two_token_counts(&mut generator, &prompt, 5, 4000, config, |s| {
+        let counts = common::two_token_counts(generator, &prompt, 5, 4000, config, |s| {
             if s.ngram_steps == s.target_forwards {
                 lookup_only += 1;
             } else {
                 with_model += 1;
             }
         });
-        common::assert_follows_law(&counts, &law, 4000, None, &format!("ngram first, then {c}+{v}"));
+        let what = format!("ngram first, then the {source} with {c}+{v}");
+        common::assert_follows_law(&counts, &law, 4000, None, &what);
         assert!(
             lookup_only > 100 && with_model > 100,
-            "{c}+{v}: {lookup_only} lookup-only, {with_model} with a model step"
+            "{what}: {lookup_only} lookup-only, {with_model} with a model step"
         );
     }
 }
