@@ -11,10 +11,10 @@ pub enum Method {
     Baseline,
     /// Speculative decoding with this construction and verifier.
     Speculative { construction: C, verifier: V },
-    /// N-gram (prompt lookup) drafts, verified by membership (`mdsd generate --ngram`).
+    /// N-gram (prompt lookup) drafts, verified by membership (`mdsd generate --ngram only`).
     Ngram,
     /// N-gram drafts on the steps where the context has a match, this construction and
-    /// verifier with the draft model on the others (`mdsd generate --ngram-first`).
+    /// verifier with the draft model on the others (`mdsd generate --ngram first`).
     NgramFirst { construction: C, verifier: V },
 }
 

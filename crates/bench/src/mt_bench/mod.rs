@@ -53,8 +53,8 @@ pub struct MtBenchArgs {
     max_new_tokens: usize,
     /// Comma-separated methods: `baseline`, `rrs-wr`, `rrs-wor`, `kseq`, `greedy`,
     /// `spechub`, `topk`, `construction+verifier` (e.g. `wor+topk`), `ngram` (prompt-lookup
-    /// drafts, no draft model; as `mdsd generate --ngram`), or `ngram+METHOD` (n-gram drafts
-    /// where the context has a match, METHOD with the draft model elsewhere; `--ngram-first`).
+    /// drafts, no draft model; as `mdsd generate --ngram only`), or `ngram+METHOD` (n-gram drafts
+    /// where the context has a match, METHOD with the draft model elsewhere; `--ngram first`).
     #[arg(long, default_value = "baseline,rrs-wr,rrs-wor,greedy")]
     methods: String,
     /// Comma-separated trees for the speculative methods: presets (`chain-N`,
