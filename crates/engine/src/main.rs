@@ -225,11 +225,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             if let Some((flag, _)) = model_flags.iter().find(|f| f.1) {
                 bail!("{flag} does not apply to --ngram only, which drafts without a draft model");
             }
-            if verifier != Verifier::TopK {
-                bail!("--ngram only drafts are deterministic: only --verifier topk (membership) is lossless for them, not {verifier}");
-            }
         }
-        samplers::validate_pair(args.construction(), verifier)?;
         let tree = if tree_name == "auto" {
             if args.construction() == DraftConstruction::SpecHub {
                 bail!("--tree auto picks among chains and trees that --draft-sampling spechub (2 drafts per node) cannot draw; give a tree");
@@ -267,7 +263,10 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         })
     };
     if let Some(s) = &spec {
+        // The n-gram checks first: with `--ngram only` they name what its drafts need (the
+        // topk verifier) before the pair check would.
         check_ngram(s).context(format!("--ngram {}", args.ngram.name()))?;
+        samplers::validate_pair(s.construction, s.verifier)?;
     }
     let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
     warp.check()?;

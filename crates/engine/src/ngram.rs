@@ -86,19 +86,20 @@ pub struct NgramDrafter {
     support: Vec<Vec<usize>>,
     /// `(token, count)` of one node's next tokens, in order of first (most recent) appearance.
     groups: Vec<(u32, usize)>,
-    scratch: Vec<usize>,
+    /// The root's matches ([`NgramDrafter::find_matches`]) and the context length they were
+    /// found at: [`NgramDrafter::has_match`] and the step's [`NgramDrafter::draft_tree`] share
+    /// one scan of the context.
+    root: Vec<usize>,
+    root_at: Option<usize>,
 }
 
 impl NgramDrafter {
-    pub fn new(config: NgramConfig) -> Self {
-        Self { config, ..Self::default() }
-    }
-
     /// Starts a new context (the prompt; its last token is the first step's root).
     pub fn reset(&mut self, config: NgramConfig, prompt: &[u32]) {
         self.config = config;
         self.history.clear();
         self.history.extend_from_slice(prompt);
+        self.root_at = None;
     }
 
     /// Appends emitted tokens to the context.
@@ -113,10 +114,19 @@ impl NgramDrafter {
     /// Whether the context's suffix of at least `min` tokens occurred before (so that
     /// [`NgramDrafter::draft_tree`] drafts at least the root's first child).
     pub fn has_match(&mut self) -> bool {
-        let mut m = std::mem::take(&mut self.scratch);
-        let n = self.find_matches(&mut m);
-        self.scratch = m;
-        n > 0
+        !self.root_matches().is_empty()
+    }
+
+    /// The root's matches for the current context, scanned once per context length (the
+    /// context only grows between [`NgramDrafter::reset`]s).
+    fn root_matches(&mut self) -> &[usize] {
+        if self.root_at != Some(self.history.len()) {
+            let mut m = std::mem::take(&mut self.root);
+            self.find_matches(&mut m);
+            self.root = m;
+            self.root_at = Some(self.history.len());
+        }
+        &self.root
     }
 
     /// The continuation starts (positions in the context, most recent first) of every earlier
@@ -159,9 +169,8 @@ impl NgramDrafter {
             self.support.resize_with(n, Vec::new);
         }
         self.support.iter_mut().for_each(Vec::clear);
-        let mut root = std::mem::take(&mut self.support[0]);
-        self.find_matches(&mut root);
-        self.support[0] = root;
+        self.root_matches();
+        self.support[0].extend_from_slice(&self.root);
         let len = self.history.len();
         let mut drafted = 0;
         for level in tree.levels() {
@@ -199,7 +208,7 @@ mod tests {
     use super::*;
 
     fn drafter(min: usize, max: usize, history: &[u32]) -> NgramDrafter {
-        let mut d = NgramDrafter::new(NgramConfig { min, max });
+        let mut d = NgramDrafter::default();
         d.reset(NgramConfig { min, max }, history);
         d
     }
@@ -279,6 +288,13 @@ mod tests {
         assert_eq!(k, 0);
         assert!(token[1..].iter().all(Option::is_none));
         assert!(drawn.iter().all(Vec::is_empty));
+        assert!(!d.has_match());
+        // The context grows: the next lookup sees the new suffix `1 2`.
+        d.extend(&[1, 2]);
+        assert!(d.has_match());
+        let (token, _, k) = fill(&mut d, &DraftTree::load("chain-3").unwrap());
+        assert_eq!(token, vec![Some(2), Some(3), Some(4), Some(5)]);
+        assert_eq!(k, 3);
         assert!(NgramConfig { min: 0, max: 2 }.check().is_err());
         assert!(NgramConfig { min: 3, max: 2 }.check().is_err());
         assert!(NgramConfig { min: 1, max: 65 }.check().is_err());

@@ -168,41 +168,40 @@ pub fn cells(methods: &[Method], trees: &[(String, TreeChoice)], temperatures: &
     let (mut out, mut notes) = (Vec::new(), Vec::new());
     for &temperature in temperatures {
         for &method in methods {
-            match method {
-                Method::Baseline => out.push(Cell { method, tree: None, temperature }),
-                Method::Ngram => {
-                    for tree in trees {
-                        if matches!(tree.1, TreeChoice::Auto) || tree.0.contains('@') {
-                            let note = format!("ngram left out on {}: it needs a fixed tree, unpruned", tree.0);
-                            if !notes.contains(&note) {
-                                notes.push(note);
-                            }
-                            continue;
+            if method == Method::Baseline {
+                out.push(Cell { method, tree: None, temperature });
+                continue;
+            }
+            for tree in trees {
+                match why_left_out(method, tree) {
+                    Some(why) => {
+                        let note = format!("{} left out on {}: {why}", method.name(), tree.0);
+                        if !notes.contains(&note) {
+                            notes.push(note);
                         }
-                        out.push(Cell { method, tree: Some(tree.clone()), temperature });
                     }
-                }
-                Method::Speculative { construction, .. } | Method::NgramFirst { construction, .. } => {
-                    for tree in trees {
-                        if let TreeChoice::Fixed(t) = &tree.1 {
-                            let bad = (0..t.len())
-                                .map(|i| t.children(i).len())
-                                .find(|&n| n > 0 && construction.check_n(n).is_err());
-                            if let Some(n) = bad {
-                                let note = format!("{} left out on {}: a node has {n} drafts", method.name(), tree.0);
-                                if !notes.contains(&note) {
-                                    notes.push(note);
-                                }
-                                continue;
-                            }
-                        }
-                        out.push(Cell { method, tree: Some(tree.clone()), temperature });
-                    }
+                    None => out.push(Cell { method, tree: Some(tree.clone()), temperature }),
                 }
             }
         }
     }
     (out, notes)
+}
+
+/// Why a speculative `method` cannot run on `tree` (`None`: it can).
+fn why_left_out(method: Method, tree: &(String, TreeChoice)) -> Option<String> {
+    match method {
+        Method::Baseline => None,
+        Method::Ngram => (matches!(tree.1, TreeChoice::Auto) || tree.0.contains('@'))
+            .then(|| "it needs a fixed tree, unpruned".to_string()),
+        Method::Speculative { construction, .. } | Method::NgramFirst { construction, .. } => {
+            let TreeChoice::Fixed(t) = &tree.1 else { return None };
+            (0..t.len())
+                .map(|i| t.children(i).len())
+                .find(|&n| n > 0 && construction.check_n(n).is_err())
+                .map(|n| format!("a node has {n} drafts"))
+        }
+    }
 }
 
 /// The prompt of `turn` (0-based) of `question`, with the earlier `answers` in the

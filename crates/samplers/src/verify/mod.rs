@@ -171,7 +171,7 @@ pub fn verify_deterministic<R: Rng + ?Sized>(
     rng: &mut R,
     scratch: &mut VerifyScratch,
 ) -> Result<Verdict> {
-    check_deterministic(p, drafts)?;
+    check_drafts(p, drafts)?;
     // The membership walk never splits (p, q), so `q` is not read.
     Ok(sampled_verdict(p, p, drafts, rng, scratch, |s, visit| membership::walk(p, drafts, s, visit)))
 }
@@ -179,11 +179,13 @@ pub fn verify_deterministic<R: Rng + ?Sized>(
 /// The exact distribution of [`verify_deterministic`]'s output given the drafts (`p`, for
 /// every draft tuple; the tests enumerate them).
 pub fn deterministic_output_distribution(p: &[f64], drafts: &[TokenId]) -> Result<Vec<f64>> {
-    check_deterministic(p, drafts)?;
+    check_drafts(p, drafts)?;
     Ok(exact_output(p, p, drafts, |s, visit| membership::walk(p, drafts, s, visit)))
 }
 
-fn check_deterministic(p: &[f64], drafts: &[TokenId]) -> Result<()> {
+/// The draft tuple against `p`, for every verifier: not empty, inside the vocabulary, and `p`
+/// normalised (checked in debug builds).
+fn check_drafts(p: &[f64], drafts: &[TokenId]) -> Result<()> {
     if drafts.is_empty() {
         return Err(SamplerError::BadDrafts("no drafts".into()));
     }
@@ -403,13 +405,7 @@ fn check_inputs(
     if p.len() != q.len() {
         return Err(SamplerError::LengthMismatch { p: p.len(), q: q.len() });
     }
-    if drafts.is_empty() {
-        return Err(SamplerError::BadDrafts("no drafts".into()));
-    }
-    if let Some(&t) = drafts.iter().find(|&&t| t as usize >= p.len()) {
-        return Err(SamplerError::BadDrafts(format!("draft token {t} is outside the vocabulary of {}", p.len())));
-    }
-    debug_assert!((crate::dist::fast_sum(p) - 1.0).abs() < 1e-9, "p is not normalised");
+    check_drafts(p, drafts)?;
     debug_assert!((crate::dist::fast_sum(q) - 1.0).abs() < 1e-9, "q is not normalised");
     Ok(())
 }
