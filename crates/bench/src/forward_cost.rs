@@ -112,9 +112,8 @@ fn time_ours(
     let kmax = *ks.iter().max().expect("non-empty");
     let mut cache = m.new_cache(args.prefix + kmax + 1)?;
     let prefix: Vec<u32> = (0..args.prefix as u32).map(|i| 100 + i).collect();
-    let pos: Vec<u32> = (0..args.prefix as u32).collect();
     if !prefix.is_empty() {
-        m.forward(&prefix, &pos, &causal_bias(0, prefix.len(), m.dtype(), device)?, &mut cache)?;
+        m.forward_chain(&prefix, &mut cache)?;
     }
     let mut out = Vec::with_capacity(ks.len());
     let mut splits = Vec::with_capacity(ks.len());

@@ -32,7 +32,7 @@ use crate::model::eagle::EagleHead;
 use crate::model::DecoderModel;
 use crate::ngram::{NgramConfig, NgramDrafter};
 use crate::tree::DraftTree;
-use candle_core::{Error, Result, Tensor};
+use candle_core::{Error, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::construction::DraftScratch;
@@ -305,7 +305,7 @@ impl<'a> Generator<'a> {
         self.target_cache.truncate(0);
         let n = prompt.len();
         let prompt_hidden =
-            if n > 1 { Some(run(self.target, &prompt[..n - 1], &mut self.target_cache)?) } else { None };
+            if n > 1 { Some(self.target.forward_chain(&prompt[..n - 1], &mut self.target_cache)?) } else { None };
         if let Some(e) = self.eagle.as_mut() {
             e.reset(prompt_hidden, &prompt[1..]);
         }
@@ -316,7 +316,7 @@ impl<'a> Generator<'a> {
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
             cache.truncate(0);
             if spec.is_some() && !ngram_only && n > 1 {
-                run(d, &for_draft(&prompt[..n - 1], d.config().vocab_size), cache)?;
+                d.forward_chain(&for_draft(&prompt[..n - 1], d.config().vocab_size), cache)?;
             }
         }
         stats.prefill_s = start.elapsed().as_secs_f64();
@@ -356,7 +356,7 @@ impl<'a> Generator<'a> {
             match spec {
                 None => {
                     let t0 = Instant::now();
-                    let hidden = run(self.target, &[pending], &mut self.target_cache)?;
+                    let hidden = self.target.forward_chain(&[pending], &mut self.target_cache)?;
                     let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
                     timings[1] += t0.elapsed();
                     let t1 = Instant::now();
@@ -669,10 +669,3 @@ fn for_draft(tokens: &[u32], draft_vocab: usize) -> Vec<u32> {
     tokens.iter().map(|&t| if (t as usize) < draft_vocab { t } else { 0 }).collect()
 }
 
-/// Runs a chain of tokens after the cache (causal), returning the hidden states.
-fn run(model: &DecoderModel, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
-    let past = cache.len();
-    let bias = crate::model::causal_bias(past, tokens.len(), model.dtype(), model.device())?;
-    let pos: Vec<u32> = (past..past + tokens.len()).map(|p| p as u32).collect();
-    model.forward(tokens, &pos, &bias, cache)
-}

@@ -207,3 +207,32 @@ fn tree_nodes_match_their_paths_and_compaction_keeps_a_path() {
         }
     }
 }
+
+/// A prompt prefilled in chunks (`forward_chain`: 256 tokens per forward on the CPU, through
+/// the in-place attention) gives the hidden states of one forward over the whole prompt
+/// (candle's GEMM attention) to 1e-4, and the caches it leaves decode the next token alike.
+/// Head size 16, so the attention takes its sixteen-key blocks.
+#[test]
+fn a_prompt_prefilled_in_chunks_equals_one_forward() {
+    let tiny = Tiny { hidden: 64, context: 800, ..Tiny::qwen2(21) };
+    let model = load_cpu(&tiny.write_hf(&temp_dir("chunked-prefill")));
+    let mut rng = StdRng::seed_from_u64(5);
+    let n = 2 * engine::model::PREFILL_CHUNK_CPU + 88;
+    let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..tiny.vocab as u32)).collect();
+    let mut chunked = model.new_cache(n + 1).unwrap();
+    let got = model.forward_chain(&tokens, &mut chunked).unwrap();
+    let mut once = model.new_cache(n + 1).unwrap();
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let want = model.forward(&tokens, &pos, &causal_bias(0, n, DType::F32, &Device::Cpu).unwrap(), &mut once).unwrap();
+    assert_eq!(got.dims(), [n, tiny.hidden]);
+    let d = max_diff(&got, &want);
+    assert!(d < 1e-4, "hidden states: max |diff| = {d}");
+    assert_eq!(chunked.len(), n);
+    let next = |cache: &mut engine::kv_cache::KvCache| {
+        let bias = causal_bias(n, 1, DType::F32, &Device::Cpu).unwrap();
+        model.logits(&model.forward(&[7], &[n as u32], &bias, cache).unwrap()).unwrap()
+    };
+    let d = max_diff(&next(&mut chunked), &next(&mut once));
+    assert!(d < 1e-4, "next token's logits: max |diff| = {d}");
+    assert!(model.forward_chain(&[], &mut chunked).is_err());
+}

@@ -4,15 +4,18 @@
 //! and values into contiguous tensors, allocates the score matrix, and asks the OS for the
 //! core count on each GEMM; at one to a few new rows (decoding, draft trees) that overhead is
 //! larger than the arithmetic. Here each (KV head, new row) pair is one task on candle's thread
-//! pool, for all the query heads that share the KV head: scores against the cache rows as stored, the additive bias, a softmax, and the weighted sum
-//! of values, written straight into the `[1, t, heads * head_dim]` layout the output
-//! projection reads. Each row is computed alone, so a row's result does not depend on how
+//! pool, for all the query heads that share the KV head: scores against the cache rows as
+//! stored (sixteen keys at a time, [`super::attention_kernels`]), the additive bias, a softmax,
+//! and the weighted sum of values, written straight into the `[1, t, heads * head_dim]` layout
+//! the output projection reads. Each row is computed alone, so a row's result does not depend on how
 //! many rows share the forward.
 
+use super::attention_kernels::{exp_nonpositive, key_dots, visible_sum, LANES};
 use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
 
-/// Forwards of up to this many new rows take this path; longer ones (prefill) use GEMM.
-pub const MAX_ROWS: usize = 32;
+/// Forwards of up to this many new rows take this path; longer ones use candle's GEMM.
+/// Prompts are prefilled in chunks of this size ([`super::DecoderModel::forward_chain`]).
+pub const MAX_ROWS: usize = 256;
 
 /// `softmax(q k^T * scale + bias) v` for `q` `[1, heads, t, head_dim]`, `k`/`v`
 /// `[1, kv_heads, total, head_dim]` (views of the cache with unit stride along `head_dim`),
@@ -51,36 +54,19 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
         // `h` of KV head `g`, and every item is run exactly once; `out` outlives the dispatch.
         let out = unsafe { std::slice::from_raw_parts_mut(out_addr as *mut f32, out_len) };
         let mut scores = vec![0f32; groups * total];
+        let mut queries = vec![0f32; groups * hd];
+        let mut dots = vec![0f32; groups * LANES];
         for item in items {
             let (g, r) = (item / t, item % t);
             let brow = &b[r * total..][..total];
-            let query = |i: usize| &q[((g * groups + i) * t + r) * hd..][..hd];
-            for (j, &bias) in brow.iter().enumerate() {
-                if bias == f32::NEG_INFINITY {
-                    for i in 0..groups {
-                        scores[i * total + j] = f32::NEG_INFINITY;
-                    }
-                    continue;
-                }
-                let krow = kv_k.row(kc, g, j);
-                for i in 0..groups {
-                    scores[i * total + j] = dot(query(i), krow) * scale + bias;
-                }
-            }
             for i in 0..groups {
-                let s = &mut scores[i * total..][..total];
-                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                if max == f32::NEG_INFINITY {
-                    s.fill(0.0);
-                    continue;
-                }
-                let mut sum = 0f32;
-                for x in s.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
-                let inv = 1.0 / sum;
-                s.iter_mut().for_each(|x| *x *= inv);
+                queries[i * hd..][..hd].copy_from_slice(&q[((g * groups + i) * t + r) * hd..][..hd]);
+            }
+            key_scores(&queries, hd, brow, scale, |j| kv_k.row(kc, g, j), &mut dots, &mut scores);
+            // Columns before the first masked one are all visible (the cache, for every row).
+            let prefix = brow.iter().position(|&x| x == f32::NEG_INFINITY).unwrap_or(total);
+            for i in 0..groups {
+                softmax(&mut scores[i * total..][..total], brow, prefix);
             }
             for i in 0..groups {
                 out[(r * heads + g * groups + i) * hd..][..hd].fill(0.0);
@@ -143,6 +129,73 @@ impl CacheView {
     fn row<'a>(&self, data: &'a [f32], g: usize, j: usize) -> &'a [f32] {
         &data[self.offset + g * self.head_stride + j * self.row_stride..][..self.hd]
     }
+}
+
+/// `scores[i * total + j] = dot(query i, key j) * scale + bias[j]` for the `groups` query rows
+/// in `queries`, -inf where `bias[j]` is. Head sizes that are a multiple of 16 take sixteen
+/// keys at a time ([`key_dots`]; a key's dot is the same at every place in a block, so the
+/// last, partial block repeats its last key); others the plain [`dot`].
+fn key_scores<'a>(
+    queries: &[f32],
+    hd: usize,
+    bias: &[f32],
+    scale: f32,
+    key: impl Fn(usize) -> &'a [f32],
+    dots: &mut [f32],
+    scores: &mut [f32],
+) {
+    let (total, groups) = (bias.len(), queries.len() / hd);
+    if hd % LANES != 0 {
+        for (j, &b) in bias.iter().enumerate() {
+            for (i, q) in queries.chunks_exact(hd).enumerate() {
+                scores[i * total + j] = if b == f32::NEG_INFINITY { b } else { dot(q, key(j)) * scale + b };
+            }
+        }
+        return;
+    }
+    for start in (0..total).step_by(LANES) {
+        let end = (start + LANES).min(total);
+        let block = &bias[start..end];
+        if block.iter().all(|&b| b == f32::NEG_INFINITY) {
+            for i in 0..groups {
+                scores[i * total + start..][..end - start].fill(f32::NEG_INFINITY);
+            }
+            continue;
+        }
+        let keys: [&[f32]; LANES] = std::array::from_fn(|l| key((start + l).min(end - 1)));
+        key_dots(queries, hd, &keys, dots);
+        for i in 0..groups {
+            let s = &mut scores[i * total + start..][..end - start];
+            for ((s, &d), &b) in s.iter_mut().zip(&dots[i * LANES..]).zip(block) {
+                *s = if b == f32::NEG_INFINITY { b } else { d * scale + b };
+            }
+        }
+    }
+}
+
+/// Scores to softmax weights in place: `exp(s - max) / sum`, 0 where masked. The maximum is
+/// exact in any order, `exp` is [`exp_nonpositive`] and the sum is [`visible_sum`], so the
+/// weights depend on the visible scores only, not on where masked columns sit. `prefix`:
+/// the columns before it are all visible.
+fn softmax(s: &mut [f32], bias: &[f32], prefix: usize) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = s.chunks_exact(LANES);
+    let rest = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(c[l]);
+        }
+    }
+    let max = lanes.iter().copied().fold(rest, f32::max);
+    if max == f32::NEG_INFINITY {
+        s.fill(0.0);
+        return;
+    }
+    for x in s.iter_mut() {
+        *x = exp_nonpositive(*x - max);
+    }
+    let inv = 1.0 / visible_sum(s, prefix, |j| bias[j] != f32::NEG_INFINITY);
+    s.iter_mut().for_each(|x| *x *= inv);
 }
 
 /// Dot product with eight independent partial sums (vectorizes).
@@ -253,27 +306,47 @@ mod tests {
         }
     }
 
-    /// The blocked weighted sum of values is the row-by-row `axpy` loop with the sums held in
-    /// registers: bit for bit the same output, for head sizes 64 and 128 (the blocked kernels)
-    /// and 48 (the plain loop), several blocks of cached rows, and a tree-shaped mask. A row's
-    /// output is also bit for bit the same computed alone (one row against its own columns).
+    /// Each row's output is the attention written out over its visible columns, bit for bit:
+    /// scores by `lane_dot` (`dot` for head sizes that are not a multiple of 16), `exp` by
+    /// `exp_nonpositive`, the sum of the compacted row by `visible_sum`, and the values added
+    /// row by row with `axpy` (the blocked kernels hold the sums in registers). Head sizes 40
+    /// (plain dot), 64 and 128 (AVX-512 key blocks where present) and 80 (portable key blocks);
+    /// a past that ends inside a block of sixteen; a tree-shaped mask. A row's output is also
+    /// bit for bit the same computed alone, as plain decoding does: one new row against the
+    /// cache plus its visible tree columns, gathered without the masked ones.
     #[test]
-    fn blocked_values_equal_the_row_by_row_loop_bit_for_bit() {
+    fn rows_equal_the_written_out_attention_and_themselves_alone_bit_for_bit() {
+        use super::super::attention_kernels::lane_dot;
         let dev = Device::Cpu;
-        for hd in [48usize, 64, 128] {
-            let (heads, kv_heads, past, t) = (6, 2, 150, 4);
+        for (hd, past) in [(40usize, 150usize), (64, 150), (128, 150), (128, 33), (80, 17)] {
+            let (heads, kv_heads, t) = (6, 2, 5);
             let total = past + t;
             let k = Tensor::from_vec(values(kv_heads * total * hd, 5), (1, kv_heads, total, hd), &dev).unwrap();
             let v = Tensor::from_vec(values(kv_heads * total * hd, 6), (1, kv_heads, total, hd), &dev).unwrap();
             let q = Tensor::from_vec(values(heads * t * hd, 7), (1, heads, t, hd), &dev).unwrap();
-            let visible = |r: usize, c: usize| c < past || c == past + r || c == past;
+            // Rows 0 and 1 a chain, rows 2..5 children of row 1 or row 0.
+            let parent = [usize::MAX, 0, 1, 1, 0];
+            let visible = |r: usize, c: usize| {
+                if c < past {
+                    return true;
+                }
+                let mut n = r;
+                loop {
+                    if c == past + n {
+                        return true;
+                    }
+                    if parent[n] == usize::MAX {
+                        return false;
+                    }
+                    n = parent[n];
+                }
+            };
             let bias: Vec<f32> =
                 (0..t * total).map(|i| if visible(i / total, i % total) { 0.0 } else { f32::NEG_INFINITY }).collect();
             let scale = 1.0 / (hd as f32).sqrt();
             let bias_t = Tensor::from_vec(bias.clone(), (t, total), &dev).unwrap();
             let got = attend(&q, &k, &v, &bias_t, scale).unwrap().unwrap().flatten_all().unwrap();
             let got = got.to_vec1::<f32>().unwrap();
-            // The row-by-row loop, written out.
             let (qv, kv, vv) = (
                 q.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
                 k.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
@@ -281,44 +354,31 @@ mod tests {
             );
             let groups = heads / kv_heads;
             for r in 0..t {
+                let cols: Vec<usize> = (0..total).filter(|&c| visible(r, c)).collect();
                 for h in 0..heads {
                     let g = h / groups;
                     let query = &qv[(h * t + r) * hd..][..hd];
-                    let mut s: Vec<f32> = (0..total)
-                        .map(|j| {
-                            let b = bias[r * total + j];
-                            if b == f32::NEG_INFINITY {
-                                b
-                            } else {
-                                dot(query, &kv[(g * total + j) * hd..][..hd]) * scale + b
-                            }
-                        })
+                    let key = |j: usize| &kv[(g * total + j) * hd..][..hd];
+                    let s: Vec<f32> = cols
+                        .iter()
+                        .map(|&j| if hd % 16 == 0 { lane_dot(query, key(j)) } else { dot(query, key(j)) } * scale)
                         .collect();
                     let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for x in s.iter_mut() {
-                        *x = (*x - max).exp();
-                        sum += *x;
-                    }
-                    let inv = 1.0 / sum;
-                    s.iter_mut().for_each(|x| *x *= inv);
+                    let e: Vec<f32> = s.iter().map(|&x| exp_nonpositive(x - max)).collect();
+                    let inv = 1.0 / visible_sum(&e, e.len(), |_| true);
                     let mut o = vec![0f32; hd];
-                    for j in 0..total {
-                        if bias[r * total + j] != f32::NEG_INFINITY {
-                            axpy(s[j], &vv[(g * total + j) * hd..][..hd], &mut o);
-                        }
+                    for (&j, &e) in cols.iter().zip(&e) {
+                        axpy(e * inv, &vv[(g * total + j) * hd..][..hd], &mut o);
                     }
                     assert_eq!(&got[(r * heads + h) * hd..][..hd], &o[..], "hd {hd}, row {r}, head {h}");
                 }
-                // Row r alone: the cache up to its own column, its bias row cut to match.
-                let cols: Vec<usize> = (0..total).filter(|&c| visible(r, c)).collect();
-                let last = *cols.last().unwrap() + 1;
-                let alone_bias: Vec<f32> = bias[r * total..][..last].to_vec();
+                // Row r alone: its visible key and value rows gathered, no mask.
+                let idx = Tensor::from_vec(cols.iter().map(|&c| c as u32).collect::<Vec<_>>(), cols.len(), &dev).unwrap();
                 let alone = attend(
                     &q.narrow(2, r, 1).unwrap(),
-                    &k.narrow(2, 0, last).unwrap(),
-                    &v.narrow(2, 0, last).unwrap(),
-                    &Tensor::from_vec(alone_bias, (1, last), &dev).unwrap(),
+                    &k.index_select(&idx, 2).unwrap(),
+                    &v.index_select(&idx, 2).unwrap(),
+                    &Tensor::zeros((1, cols.len()), DType::F32, &dev).unwrap(),
                     scale,
                 )
                 .unwrap()

@@ -13,6 +13,7 @@
 //! files they come from; both load from Hugging Face safetensors ([`hf`]) and from GGUF
 //! ([`gguf`]), dense or quantized (candle's quantized matmul).
 
+pub mod attention_kernels;
 pub mod cpu_attention;
 pub mod eagle;
 pub mod embedding;
@@ -433,6 +434,29 @@ impl DecoderModel {
         candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)
     }
 
+    /// Runs a chain of tokens after the cache with causal attention (a prompt), in chunks of
+    /// [`PREFILL_CHUNK_CPU`] tokens on the CPU ([`PREFILL_CHUNK_GPU`] elsewhere), and returns
+    /// the final hidden states of every token, `[t, hidden]`. Chunks keep each forward's
+    /// intermediate tensors small (on the CPU a whole 700-token prompt at once spent a third of
+    /// its time faulting in fresh pages) and its attention on the in-place kernel.
+    pub fn forward_chain(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        if tokens.is_empty() {
+            candle_core::bail!("forward: 0 tokens");
+        }
+        let chunk = if self.device.is_cpu() { PREFILL_CHUNK_CPU } else { PREFILL_CHUNK_GPU };
+        let mut parts = Vec::with_capacity(tokens.len().div_ceil(chunk));
+        for c in tokens.chunks(chunk) {
+            let past = cache.len();
+            let bias = causal_bias(past, c.len(), self.dtype, &self.device)?;
+            let pos: Vec<u32> = (past..past + c.len()).map(|p| p as u32).collect();
+            parts.push(self.forward(c, &pos, &bias, cache)?);
+        }
+        match parts.len() {
+            1 => Ok(parts.pop().expect("one part")),
+            _ => Tensor::cat(&parts, 0),
+        }
+    }
+
     /// Logits (`[rows, vocab]`, f32) of hidden states `[rows, hidden]`.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let _span = tracing::trace_span!("lm_head").entered();
@@ -543,6 +567,16 @@ pub fn attention_bias(
     }
     Tensor::cat(&[&Tensor::zeros((rows, prefix), dtype, device)?, &tail], D::Minus1)
 }
+
+/// Prompt tokens per forward of [`DecoderModel::forward_chain`] on the CPU: the largest
+/// forward that [`cpu_attention`] takes. A 708-token prefill of the default target took
+/// 2.0-2.1 s in chunks of 64 to 256 tokens, 2.3 s in chunks of 512 and 2.4 s in one forward
+/// through the same attention (`benches/RESULTS.md`).
+pub const PREFILL_CHUNK_CPU: usize = cpu_attention::MAX_ROWS;
+
+/// Prompt tokens per forward of [`DecoderModel::forward_chain`] on a GPU, which wants large
+/// forwards; the bound keeps the attention scores of long prompts in memory.
+pub const PREFILL_CHUNK_GPU: usize = 2048;
 
 /// Causal bias for a chain of `t` new tokens after `past` cached ones.
 pub fn causal_bias(past: usize, t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
