@@ -1,7 +1,9 @@
 //! Per-cell statistics of a speed run and its Markdown tables.
 //!
 //! Per question the turns are pooled (tokens/s = new tokens / decode seconds of all turns;
-//! tau = new tokens / target forwards; alpha at depth d = accepted-at-depth-d steps / steps).
+//! with prefill = new tokens / (prefill + decode seconds); prefill tokens/s = prompt tokens /
+//! prefill seconds, the draft's prefill included; tau = new tokens / target forwards; alpha at
+//! depth d = accepted-at-depth-d steps / steps).
 //! Means and standard errors are then taken over questions; speed ratios are per question
 //! (method and reference measured back to back on it), then averaged.
 
@@ -26,8 +28,12 @@ pub struct CellSummary {
     /// Acceptance rate at tree depth d (index d - 1): accepted steps / verification steps.
     pub alpha_per_depth: Vec<MeanSe>,
     pub tokens_per_s: MeanSe,
+    /// Prompt tokens per second of prefill (the target's and, when one runs, the draft's).
+    pub prefill_tokens_per_s: MeanSe,
     /// Per-question ratio to the baseline at the same temperature.
     pub speedup_vs_baseline: Option<MeanSe>,
+    /// The same with the prefill counted: new tokens over prefill plus decode seconds.
+    pub speedup_with_prefill_vs_baseline: Option<MeanSe>,
     /// Per-question ratio to `rrs-wr` on the same tree and temperature.
     pub speedup_vs_rrs_wr: Option<MeanSe>,
 }
@@ -44,6 +50,8 @@ pub struct Summary {
 struct PerQuestion {
     new_tokens: usize,
     decode_s: f64,
+    prompt_tokens: usize,
+    prefill_s: f64,
     forwards: usize,
     rows: usize,
     accepted: Vec<f64>,
@@ -51,11 +59,23 @@ struct PerQuestion {
 
 impl PerQuestion {
     fn tps(&self) -> f64 {
-        if self.decode_s > 0.0 {
-            self.new_tokens as f64 / self.decode_s
-        } else {
-            0.0
-        }
+        per_second(self.new_tokens, self.decode_s)
+    }
+
+    fn tps_with_prefill(&self) -> f64 {
+        per_second(self.new_tokens, self.prefill_s + self.decode_s)
+    }
+
+    fn prefill_tps(&self) -> f64 {
+        per_second(self.prompt_tokens, self.prefill_s)
+    }
+}
+
+fn per_second(n: usize, s: f64) -> f64 {
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
     }
 }
 
@@ -71,6 +91,8 @@ fn pooled(records: &[TurnRecord]) -> BTreeMap<String, BTreeMap<String, PerQuesti
             out.entry(key(&r.method, &r.tree, r.temperature)).or_default().entry(r.question_id.clone()).or_default();
         e.new_tokens += r.new_tokens;
         e.decode_s += r.decode_s;
+        e.prompt_tokens += r.prompt_tokens;
+        e.prefill_s += r.prefill_s;
         e.forwards += r.target_forwards;
         e.rows += r.target_rows;
         if e.accepted.len() < r.acceptance_per_depth.len() {
@@ -83,10 +105,13 @@ fn pooled(records: &[TurnRecord]) -> BTreeMap<String, BTreeMap<String, PerQuesti
     out
 }
 
-fn ratio(a: &BTreeMap<String, PerQuestion>, b: Option<&BTreeMap<String, PerQuestion>>) -> Option<MeanSe> {
+fn ratio(
+    a: &BTreeMap<String, PerQuestion>,
+    b: Option<&BTreeMap<String, PerQuestion>>,
+    tps: fn(&PerQuestion) -> f64,
+) -> Option<MeanSe> {
     let b = b?;
-    let v: Vec<f64> =
-        a.iter().filter_map(|(q, x)| b.get(q).filter(|y| y.tps() > 0.0).map(|y| x.tps() / y.tps())).collect();
+    let v: Vec<f64> = a.iter().filter_map(|(q, x)| b.get(q).filter(|y| tps(y) > 0.0).map(|y| tps(x) / tps(y))).collect();
     (!v.is_empty()).then(|| MeanSe::of(&v))
 }
 
@@ -125,8 +150,14 @@ fn summarize_group(cells: &[Cell], records: &[TurnRecord], category: Option<&str
             rows_per_forward: MeanSe::of(&rows),
             alpha_per_depth,
             tokens_per_s: MeanSe::of(&tps),
-            speedup_vs_baseline: if c.method == Method::Baseline { None } else { ratio(qs, baseline) },
-            speedup_vs_rrs_wr: if m == "rrs-wr" { None } else { ratio(qs, rrs_wr) },
+            prefill_tokens_per_s: MeanSe::of(&qs.values().map(PerQuestion::prefill_tps).collect::<Vec<_>>()),
+            speedup_vs_baseline: if c.method == Method::Baseline { None } else { ratio(qs, baseline, PerQuestion::tps) },
+            speedup_with_prefill_vs_baseline: if c.method == Method::Baseline {
+                None
+            } else {
+                ratio(qs, baseline, PerQuestion::tps_with_prefill)
+            },
+            speedup_vs_rrs_wr: if m == "rrs-wr" { None } else { ratio(qs, rrs_wr, PerQuestion::tps) },
         });
     }
     out
@@ -180,18 +211,19 @@ pub fn markdown(meta: &Value, summary: &Summary) -> String {
         "\nMean ± standard error over questions. τ: new tokens per target forward; α: fraction of \
          verification steps that accepted a draft at depth 1 (then per depth); tokens/s: decode \
          only; ratios per question against the baseline and RRS with replacement measured back \
-         to back.\n",
+         to back; prefill tokens/s: prompt tokens per second of prefill (the draft's included); \
+         with prefill: the ratio of new tokens per second of prefill plus decode.\n",
     );
     let mut temps: Vec<f64> = summary.cells.iter().map(|c| c.temperature).collect();
     temps.dedup();
     for t in temps {
         s.push_str(&format!(
-            "\n## T = {t}\n\n| method | tree | τ | α (depth 1) | α per depth | target rows / step | tokens/s | × baseline | × rrs-wr |\n|---|---|---|---|---|---|---|---|---|\n"
+            "\n## T = {t}\n\n| method | tree | τ | α (depth 1) | α per depth | target rows / step | tokens/s | × baseline | × rrs-wr | prefill tokens/s | × baseline, with prefill |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
         ));
         for c in summary.cells.iter().filter(|c| c.temperature == t) {
             let per_depth: Vec<String> = c.alpha_per_depth.iter().map(|a| format!("{:.2}", a.mean)).collect();
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} |\n",
                 c.method,
                 c.tree,
                 c.tau.show(1.0, 2),
@@ -201,6 +233,8 @@ pub fn markdown(meta: &Value, summary: &Summary) -> String {
                 c.tokens_per_s.show(1.0, 2),
                 opt(&c.speedup_vs_baseline),
                 opt(&c.speedup_vs_rrs_wr),
+                c.prefill_tokens_per_s.show(1.0, 1),
+                opt(&c.speedup_with_prefill_vs_baseline),
             ));
         }
     }
@@ -286,8 +320,14 @@ mod tests {
         assert!((g.tau.mean - 1.5).abs() < 1e-12);
         assert!((g.alpha_per_depth[0].mean - 0.625).abs() < 1e-12);
         assert!(s.cells[0].speedup_vs_baseline.is_none() && s.cells[1].speedup_vs_rrs_wr.is_none());
+        // With the 0.1 s prefill of every turn: q1 10 / 0.35 s against 10 / 1.1 s (22/7); q2
+        // 20 / 2.2 s against 10 / 2.1 s (21/11). Prefill: 5 prompt tokens per 0.1 s.
+        let w = g.speedup_with_prefill_vs_baseline.unwrap();
+        assert!((w.mean - (22.0 / 7.0 + 21.0 / 11.0) / 2.0).abs() < 1e-12, "{w:?}");
+        assert!((g.prefill_tokens_per_s.mean - 50.0).abs() < 1e-9 && s.cells[0].speedup_with_prefill_vs_baseline.is_none());
         assert_eq!(s.by_category.len(), 6);
         let md = markdown(&serde_json::json!({"pair": "p", "notes": []}), &s);
         assert!(md.contains("| greedy | chain-1 | 1.50 ± 0.50 |") && md.contains("3.00 ± 1.00×"), "{md}");
+        assert!(md.contains("| 50.0 ± 0.0 | 2.53 ± 0.62×"), "{md}");
     }
 }
