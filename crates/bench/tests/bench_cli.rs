@@ -29,7 +29,12 @@ fn s(p: &Path) -> &str {
 }
 
 fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bench")).args(args).env("MDSD_OFFLINE", "1").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(args)
+        .env("MDSD_OFFLINE", "1")
+        .env("MDSD_CACHE", test_cache())
+        .output()
+        .unwrap()
 }
 
 fn stderr(o: &Output) -> String {
@@ -221,6 +226,7 @@ fn mt_bench_ctrl_c_keeps_finished_questions() {
             "--name",
             "int",
         ])
+        .env("MDSD_CACHE", test_cache())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -370,4 +376,9 @@ fn acceptance_rejects_bad_input_clearly() {
     assert!(e.contains("imdb"), "{e}");
     let e = run(&["--dataset", "alpaca", "--drafts", "0"]);
     assert!(e.contains("0 drafts"), "{e}");
+}
+
+/// A cache of this test process's own (converted model copies of the temporary test models).
+fn test_cache() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
 }

@@ -668,4 +668,3 @@ pub fn check_ngram(s: &SpecConfig) -> Result<()> {
 fn for_draft(tokens: &[u32], draft_vocab: usize) -> Vec<u32> {
     tokens.iter().map(|&t| if (t as usize) < draft_vocab { t } else { 0 }).collect()
 }
-

@@ -152,12 +152,17 @@ pub struct FetchOptions {
     pub hub: bool,
 }
 
+/// The local cache: `$MDSD_CACHE`, default `~/.cache/mdsd`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("MDSD_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+        home.join(".cache").join("mdsd")
+    })
+}
+
 impl Default for FetchOptions {
     fn default() -> Self {
-        let cache = std::env::var_os("MDSD_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-            home.join(".cache").join("mdsd")
-        });
+        let cache = cache_dir();
         let pip_args = std::env::var("MDSD_PIP_ARGS").map(|s| s.split_whitespace().map(String::from).collect());
         Self {
             cache,

@@ -9,7 +9,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn mdsd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mdsd")).args(args).env("MDSD_OFFLINE", "1").output().expect("run mdsd")
+    Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(args)
+        .env("MDSD_OFFLINE", "1")
+        .env("MDSD_CACHE", test_cache())
+        .output()
+        .expect("run mdsd")
 }
 
 fn s(p: &Path) -> &str {
@@ -301,4 +306,9 @@ fn generate_with_ngram_lookup() {
     }
     let out = mdsd(&["generate", "--target", s(&target), "--prompt", "AB", "--ngram", "sometimes"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("off, first, only"));
+}
+
+/// A cache of this test process's own (converted model copies of the temporary test models).
+fn test_cache() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
 }

@@ -236,3 +236,70 @@ fn a_prompt_prefilled_in_chunks_equals_one_forward() {
     assert!(d < 1e-4, "next token's logits: max |diff| = {d}");
     assert!(model.forward_chain(&[], &mut chunked).is_err());
 }
+
+/// `fast-cpu` weights from the converted copy on disk (written on the first load, read on the
+/// next) give the logits of the conversion done in memory, bit for bit: LLaMA (untied) and
+/// Qwen2 (tied, so the copy gains a converted `output.weight`), Q8_0 matrices 64 wide (padded
+/// to 256), also with fewer layers and a truncated head. A damaged copy is deleted and the
+/// model converted in memory instead.
+#[test]
+fn converted_copies_on_disk_equal_the_conversion_in_memory() {
+    use engine::model::gguf::{load_in, WeightFormat};
+    let dir = temp_dir("converted");
+    let cache = dir.join("cache");
+    let cpu = Device::Cpu;
+    for tiny in [Tiny { hidden: 64, ..Tiny::llama(31) }, Tiny { hidden: 64, ..Tiny::qwen2(32) }] {
+        let src = tiny.write_gguf(&dir.join(format!("{}.gguf", tiny.arch)), GgmlDType::Q8_0, &[]);
+        // The tiny writer keeps embeddings in f32; a Q8_0 one makes the tied head converted too.
+        {
+            let mut f = engine::model::gguf::GgufFile::open(&src).unwrap();
+            let meta: Vec<(String, candle_core::quantized::gguf_file::Value)> =
+                f.metadata().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let names: Vec<String> = f.tensor_names().map(String::from).collect();
+            let mut tensors = Vec::new();
+            for n in names {
+                let t = f.tensor(&n, &cpu).unwrap();
+                let t = if n == "token_embd.weight" {
+                    candle_core::quantized::QTensor::quantize(&t.dequantize(&cpu).unwrap(), GgmlDType::Q8_0).unwrap()
+                } else {
+                    t
+                };
+                tensors.push((n, t));
+            }
+            let meta_refs: Vec<_> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+            let tensor_refs: Vec<_> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+            let mut out = std::fs::File::create(&src).unwrap();
+            candle_core::quantized::gguf_file::write(&mut out, &meta_refs, &tensor_refs).unwrap();
+        }
+        for (layers, rows) in [(None, None), (Some(1), Some(32))] {
+            let load = |cache: Option<&std::path::Path>| {
+                load_in(&src, &cpu, layers, rows, WeightFormat::FastCpu, cache).unwrap().0
+            };
+            let want = logits_all(&load(None), &PROMPT).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for round in ["written", "read back"] {
+                let got = logits_all(&load(Some(&cache)), &PROMPT).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} {layers:?} {rows:?}: {round} copy differs",
+                    tiny.arch
+                );
+            }
+        }
+        let copy = engine::model::converted::path_for(&src, &cache).unwrap();
+        assert!(copy.exists(), "{}", copy.display());
+        let mut f = engine::model::gguf::GgufFile::open(&copy).unwrap();
+        assert_eq!(f.uint("mdsd.fast_cpu.cols.blk.0.attn_q.weight").unwrap(), Some(64));
+        assert_eq!(f.tensor("blk.0.attn_q.weight", &cpu).unwrap().dtype(), GgmlDType::Q4K);
+        assert_eq!(f.tensor("output.weight", &cpu).unwrap().shape().dims(), [tiny.vocab, 256]);
+        assert_eq!(f.tensor("token_embd.weight", &cpu).unwrap().dtype(), GgmlDType::Q8_0, "the embedding as stored");
+        let len = std::fs::metadata(&copy).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&copy).unwrap().set_len(len / 2).unwrap();
+        let (model, file) = load_in(&src, &cpu, None, None, WeightFormat::FastCpu, Some(&cache)).unwrap();
+        assert_eq!(file.path(), src.as_path());
+        assert!(!copy.exists(), "the damaged copy is deleted");
+        let want = logits_all(&load_in(&src, &cpu, None, None, WeightFormat::FastCpu, None).unwrap().0, &PROMPT);
+        assert_eq!(max_diff(&logits_all(&model, &PROMPT), &want), 0.0);
+    }
+    let converted: Vec<_> = std::fs::read_dir(cache.join("converted")).unwrap().collect();
+    assert_eq!(converted.len(), 0, "both damaged copies deleted, no temporary files left");
+}

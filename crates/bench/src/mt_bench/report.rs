@@ -111,7 +111,8 @@ fn ratio(
     tps: fn(&PerQuestion) -> f64,
 ) -> Option<MeanSe> {
     let b = b?;
-    let v: Vec<f64> = a.iter().filter_map(|(q, x)| b.get(q).filter(|y| tps(y) > 0.0).map(|y| tps(x) / tps(y))).collect();
+    let v: Vec<f64> =
+        a.iter().filter_map(|(q, x)| b.get(q).filter(|y| tps(y) > 0.0).map(|y| tps(x) / tps(y))).collect();
     (!v.is_empty()).then(|| MeanSe::of(&v))
 }
 
@@ -151,7 +152,11 @@ fn summarize_group(cells: &[Cell], records: &[TurnRecord], category: Option<&str
             alpha_per_depth,
             tokens_per_s: MeanSe::of(&tps),
             prefill_tokens_per_s: MeanSe::of(&qs.values().map(PerQuestion::prefill_tps).collect::<Vec<_>>()),
-            speedup_vs_baseline: if c.method == Method::Baseline { None } else { ratio(qs, baseline, PerQuestion::tps) },
+            speedup_vs_baseline: if c.method == Method::Baseline {
+                None
+            } else {
+                ratio(qs, baseline, PerQuestion::tps)
+            },
             speedup_with_prefill_vs_baseline: if c.method == Method::Baseline {
                 None
             } else {
@@ -324,7 +329,9 @@ mod tests {
         // 20 / 2.2 s against 10 / 2.1 s (21/11). Prefill: 5 prompt tokens per 0.1 s.
         let w = g.speedup_with_prefill_vs_baseline.unwrap();
         assert!((w.mean - (22.0 / 7.0 + 21.0 / 11.0) / 2.0).abs() < 1e-12, "{w:?}");
-        assert!((g.prefill_tokens_per_s.mean - 50.0).abs() < 1e-9 && s.cells[0].speedup_with_prefill_vs_baseline.is_none());
+        assert!(
+            (g.prefill_tokens_per_s.mean - 50.0).abs() < 1e-9 && s.cells[0].speedup_with_prefill_vs_baseline.is_none()
+        );
         assert_eq!(s.by_category.len(), 6);
         let md = markdown(&serde_json::json!({"pair": "p", "notes": []}), &s);
         assert!(md.contains("| greedy | chain-1 | 1.50 ± 0.50 |") && md.contains("3.00 ± 1.00×"), "{md}");

@@ -45,7 +45,7 @@ pub fn reduce_lanes(x: &[f32; LANES]) -> f32 {
 /// `out[i * LANES + j] = lane_dot(queries[i], keys[j])` for the query rows `queries` (each
 /// `hd` long, `queries.len() == n * hd`) and sixteen key rows. Requires `hd % LANES == 0`.
 pub fn key_dots(queries: &[f32], hd: usize, keys: &[&[f32]; LANES], out: &mut [f32]) {
-    debug_assert!(hd % LANES == 0 && queries.len() % hd == 0);
+    debug_assert!(hd.is_multiple_of(LANES) && queries.len().is_multiple_of(hd));
     debug_assert!(out.len() >= queries.len() / hd * LANES);
     #[cfg(target_arch = "x86_64")]
     if avx512_available() {
@@ -119,8 +119,9 @@ const EXP_UNDERFLOW: f32 = -87.33654;
 
 /// `e^x` for `x <= 0` (softmax's `score - max`), to within 2 ulp; 0 below -87.34 and at
 /// `-inf`; NaN stays NaN. A Cody-Waite reduction `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a
-/// degree-6 polynomial for `e^r` (Cephes' `expf` coefficients), and `2^n` built from its
-/// exponent bits. Branch-free, so loops over it vectorize; a function of `x` alone.
+/// degree-6 polynomial for `e^r` (Cephes' `expf` coefficients; the last, 0.50000001, is 0.5 in
+/// `f32`), and `2^n` built from its exponent bits. Branch-free, so loops over it vectorize; a
+/// function of `x` alone.
 #[inline(always)]
 pub fn exp_nonpositive(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -136,7 +137,7 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    p = p.mul_add(r, 0.5);
     let y = p.mul_add(r * r, r) + 1.0;
     // n is in [-126, 0] for the inputs kept; NaN converts to 0 and y is NaN.
     let scale = f32::from_bits(((n as i32).wrapping_add(127) as u32) << 23);

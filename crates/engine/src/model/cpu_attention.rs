@@ -145,7 +145,7 @@ fn key_scores<'a>(
     scores: &mut [f32],
 ) {
     let (total, groups) = (bias.len(), queries.len() / hd);
-    if hd % LANES != 0 {
+    if !hd.is_multiple_of(LANES) {
         for (j, &b) in bias.iter().enumerate() {
             for (i, q) in queries.chunks_exact(hd).enumerate() {
                 scores[i * total + j] = if b == f32::NEG_INFINITY { b } else { dot(q, key(j)) * scale + b };
@@ -373,7 +373,8 @@ mod tests {
                     assert_eq!(&got[(r * heads + h) * hd..][..hd], &o[..], "hd {hd}, row {r}, head {h}");
                 }
                 // Row r alone: its visible key and value rows gathered, no mask.
-                let idx = Tensor::from_vec(cols.iter().map(|&c| c as u32).collect::<Vec<_>>(), cols.len(), &dev).unwrap();
+                let idx =
+                    Tensor::from_vec(cols.iter().map(|&c| c as u32).collect::<Vec<_>>(), cols.len(), &dev).unwrap();
                 let alone = attend(
                     &q.narrow(2, r, 1).unwrap(),
                     &k.index_select(&idx, 2).unwrap(),

@@ -55,6 +55,12 @@ impl GgufFile {
         &self.path
     }
 
+    /// The same file, named `path` in messages (a converted copy, named after its source).
+    pub fn shown_as(mut self, path: &Path) -> Self {
+        self.path = path.to_path_buf();
+        self
+    }
+
     /// A metadata value.
     pub fn meta(&self, key: &str) -> Option<&Value> {
         self.content.metadata.get(key)
@@ -143,6 +149,21 @@ impl GgufFile {
                 .map(Some),
             Some(other) => Err(err(&self.path, format!("`{key}` is {:?}, expected an array", other.value_type()))),
         }
+    }
+
+    /// The names of every tensor in the file.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
+    }
+
+    /// The format and shape (`[rows, cols]` for a matrix) of a tensor.
+    pub fn tensor_info(&self, name: &str) -> Option<(candle_core::quantized::GgmlDType, &[usize])> {
+        self.content.tensor_infos.get(name).map(|i| (i.ggml_dtype, i.shape.dims()))
+    }
+
+    /// Every metadata entry.
+    pub fn metadata(&self) -> &std::collections::HashMap<String, Value> {
+        &self.content.metadata
     }
 
     pub fn has_tensor(&self, name: &str) -> bool {
@@ -255,29 +276,42 @@ pub enum WeightFormat {
 impl WeightFormat {
     /// The matmul of a stored matrix `[rows, cols]`, and the zero columns its input needs.
     fn matmul(self, t: Arc<QTensor>, device: &Device) -> Result<(QMatMul, usize)> {
-        use candle_core::quantized::GgmlDType as G;
         match self {
             Self::AsStored => Ok((QMatMul::from_arc(t)?, 0)),
             Self::Dequantized => Ok((QMatMul::Tensor(t.dequantize(device)?), 0)),
-            Self::FastCpu => {
-                // Formats without a fast CPU kernel go to Q4_K, which `Linear` then repacks
-                // for our kernel (`q4k_interleaved`; candle's on other CPUs). Q4_K blocks span
-                // 256 columns: shorter rows are padded with zero columns. Q4_0 and Q8_0 were
-                // measured too: no faster, and no faster per token in batches.
-                let slow = matches!(t.dtype(), G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::Q8_1);
-                let dims = t.shape().dims().to_vec();
-                if !(slow && device.is_cpu() && dims.len() == 2 && dims[0].is_multiple_of(16)) {
-                    return Ok((QMatMul::from_arc(t)?, 0));
-                }
-                let (rows, cols) = (dims[0], dims[1]);
-                let pad = cols.next_multiple_of(256) - cols;
-                let dense = t.dequantize(device)?;
-                let dense = if pad > 0 { dense.pad_with_zeros(1, 0, pad)? } else { dense };
-                debug_assert_eq!(dense.dims(), [rows, cols + pad]);
-                Ok((QMatMul::from_qtensor(quantize_rows_in_parallel(&dense, G::Q4K)?)?, pad))
+            Self::FastCpu if fast_cpu_converts(&t, device) => {
+                let (q, pad) = fast_cpu(&t, device)?;
+                Ok((QMatMul::from_qtensor(q)?, pad))
             }
+            Self::FastCpu => Ok((QMatMul::from_arc(t)?, 0)),
         }
     }
+}
+
+/// Whether [`WeightFormat::FastCpu`] converts `t` on `device`: a 2-D matrix on the CPU in a
+/// format without a fast batched CPU kernel, whose rows fill whole Q4_K tiles.
+pub(crate) fn fast_cpu_converts(t: &QTensor, device: &Device) -> bool {
+    device.is_cpu() && fast_cpu_converts_on_cpu(t.dtype(), t.shape().dims())
+}
+
+/// [`fast_cpu_converts`] on the CPU, from a tensor's format and shape.
+pub(crate) fn fast_cpu_converts_on_cpu(dtype: candle_core::quantized::GgmlDType, dims: &[usize]) -> bool {
+    use candle_core::quantized::GgmlDType as G;
+    let slow = matches!(dtype, G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::Q8_1);
+    slow && dims.len() == 2 && dims[0].is_multiple_of(16)
+}
+
+/// [`WeightFormat::FastCpu`]'s conversion of a matrix `[rows, cols]` it converts: to Q4_K,
+/// which `Linear` then repacks for our kernel (`q4k_interleaved`; candle's on other CPUs).
+/// Q4_K blocks span 256 columns: shorter rows are padded with zero columns, whose count is
+/// returned. Q4_0 and Q8_0 were measured too: no faster, and no faster per token in batches.
+pub(crate) fn fast_cpu(t: &QTensor, device: &Device) -> Result<(QTensor, usize)> {
+    let (rows, cols) = t.shape().dims2()?;
+    let pad = cols.next_multiple_of(256) - cols;
+    let dense = t.dequantize(device)?;
+    let dense = if pad > 0 { dense.pad_with_zeros(1, 0, pad)? } else { dense };
+    debug_assert_eq!(dense.dims(), [rows, cols + pad]);
+    Ok((quantize_rows_in_parallel(&dense, candle_core::quantized::GgmlDType::Q4K)?, pad))
 }
 
 /// `QTensor::quantize` of a 2-D CPU tensor, its rows split over the cores (candle's quantizer
@@ -323,6 +357,10 @@ fn quantize_rows_in_parallel(dense: &Tensor, dtype: candle_core::quantized::Ggml
 /// head: byte-level BPE ids follow merge order, roughly frequency; the other ids get q = 0,
 /// which keeps speculative decoding exact). Activations are f32 (the quantized matmul takes
 /// f32 inputs).
+///
+/// [`WeightFormat::FastCpu`] on the CPU loads the file's converted copy
+/// ([`super::converted`]), converting and keeping it first when there is none; when the copy
+/// cannot be written or read, the conversion is done in memory.
 pub fn load(
     path: &Path,
     device: &Device,
@@ -330,7 +368,55 @@ pub fn load(
     output_rows: Option<usize>,
     format: WeightFormat,
 ) -> Result<(DecoderModel, GgufFile)> {
-    let mut file = GgufFile::open(path)?;
+    load_in(path, device, max_layers, output_rows, format, Some(&crate::provision::cache_dir()))
+}
+
+/// [`load`] with converted copies kept under `cache` (`None`: converted in memory, every time).
+pub fn load_in(
+    path: &Path,
+    device: &Device,
+    max_layers: Option<usize>,
+    output_rows: Option<usize>,
+    format: WeightFormat,
+    cache: Option<&Path>,
+) -> Result<(DecoderModel, GgufFile)> {
+    if let (WeightFormat::FastCpu, true, Some(cache)) = (format, device.is_cpu(), cache) {
+        // Problems of the source itself are reported as such, before any conversion.
+        let source = GgufFile::open(path)?;
+        match super::converted::ensure(source, cache) {
+            // Nothing to convert: the file as stored is what `FastCpu` would load.
+            Ok(None) => {
+                return load_file(GgufFile::open(path), device, max_layers, output_rows, WeightFormat::AsStored)
+            }
+            Ok(Some(copy)) => {
+                match load_file(GgufFile::open(&copy), device, max_layers, output_rows, WeightFormat::AsStored) {
+                    Ok((model, file)) => return Ok((model, file.shown_as(path))),
+                    Err(e) => {
+                        eprintln!(
+                            "mdsd: the converted copy {} is unusable ({}); deleting it and converting in memory",
+                            copy.display(),
+                            crate::plain_error(&e)
+                        );
+                        let _ = std::fs::remove_file(&copy);
+                    }
+                }
+            }
+            Err(e) => eprintln!("mdsd: {}; converting {} in memory instead", crate::plain_error(&e), path.display()),
+        }
+    }
+    load_file(GgufFile::open(path), device, max_layers, output_rows, format)
+}
+
+fn load_file(
+    file: Result<GgufFile>,
+    device: &Device,
+    max_layers: Option<usize>,
+    output_rows: Option<usize>,
+    format: WeightFormat,
+) -> Result<(DecoderModel, GgufFile)> {
+    let mut file = file?;
+    let path = file.path().to_path_buf();
+    let path = path.as_path();
     let mut config = file.config()?;
     if let Some(n) = max_layers {
         config.num_layers = config.num_layers.min(n.max(1));
@@ -353,7 +439,12 @@ pub fn load(
     for i in 0..config.num_layers {
         let p = |s: &str| format!("blk.{i}.{s}");
         let linear = |file: &mut GgufFile, name: &str, with_bias: bool| -> Result<Linear> {
-            let (w, pad) = format.matmul(Arc::new(file.tensor(&p(&format!("{name}.weight")), device)?), device)?;
+            let weight_name = p(&format!("{name}.weight"));
+            let w = file.tensor(&weight_name, device)?;
+            let converted_pad =
+                super::converted::padding(file, &weight_name, w.shape().dims().last().copied().unwrap_or(0))?;
+            let (w, pad) = format.matmul(Arc::new(w), device)?;
+            let pad = pad + converted_pad;
             let bias_name = p(&format!("{name}.bias"));
             let b = if with_bias && file.has_tensor(&bias_name) {
                 Some(file.tensor(&bias_name, device)?.dequantize(device)?)
@@ -385,7 +476,9 @@ pub fn load(
         _ => Arc::new(file.tensor(head_name, device)?),
     };
     let embed = super::embedding::TokenEmbedding::from_qtensor(embed_q, device)?;
+    let converted_pad = super::converted::padding(&file, head_name, head.shape().dims().last().copied().unwrap_or(0))?;
     let (lm_head, pad) = format.matmul(head, device)?;
+    let pad = pad + converted_pad;
     let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad)?, dtype, device)?;
     Ok((model, file))
 }

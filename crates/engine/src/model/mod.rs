@@ -14,6 +14,7 @@
 //! ([`gguf`]), dense or quantized (candle's quantized matmul).
 
 pub mod attention_kernels;
+pub mod converted;
 pub mod cpu_attention;
 pub mod eagle;
 pub mod embedding;
