@@ -57,8 +57,7 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedMo
         let tokenizer = TextTokenizer::from_file(&tok_path)?;
         return Ok(LoadedModel { model, tokenizer, path: path.to_path_buf() });
     }
-    let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) || has_gguf_magic(path);
-    if !is_gguf {
+    if !is_gguf_file(path) {
         return Err(Error::Msg(format!(
             "{}: not a GGUF file nor a model folder (expected a .gguf file, or a folder with config.json)",
             path.display()
@@ -70,6 +69,11 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedMo
         None => TextTokenizer::from_gguf(&file)?,
     };
     Ok(LoadedModel { model, tokenizer, path: path.to_path_buf() })
+}
+
+/// Whether `path` is a GGUF file: by its extension, or else by its magic bytes.
+pub fn is_gguf_file(path: &Path) -> bool {
+    path.is_file() && (path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) || has_gguf_magic(path))
 }
 
 fn has_gguf_magic(path: &Path) -> bool {

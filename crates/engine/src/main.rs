@@ -201,6 +201,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             for (role, source) in [("target", &manifest.target), ("draft", &manifest.draft)] {
                 let path = resolve(source, None, &opts).with_context(|| format!("fetching the {role} of {pair}"))?;
                 println!("{role}: {}", path.display());
+                // A GGUF draft is loaded `fast-cpu` by default: convert it now, not at the
+                // first `generate` (see `engine::model::converted`).
+                if role == "draft" && source.kind == ModelKind::Model && engine::load::is_gguf_file(&path) {
+                    let file = engine::model::gguf::GgufFile::open(&path)?;
+                    if let Some(copy) = engine::model::converted::ensure(file, &opts.cache)
+                        .with_context(|| format!("converting the draft {} for the CPU", path.display()))?
+                    {
+                        println!("draft, converted for the CPU: {}", copy.display());
+                    }
+                }
             }
             Ok(())
         }

@@ -312,3 +312,39 @@ fn generate_with_ngram_lookup() {
 fn test_cache() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
 }
+
+/// `mdsd fetch` resolves a pair from the cache and converts its GGUF draft for the CPU, once:
+/// a second fetch finds the copy.
+#[test]
+fn fetch_resolves_a_pair_and_converts_its_draft_once() {
+    let dir = temp_dir("fetch");
+    let (cache, models) = (dir.join("cache"), dir.join("models"));
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::create_dir_all(&models).unwrap();
+    let tiny = Tiny { hidden: 64, ..Tiny::llama(41) };
+    tiny.write_gguf(&cache.join("t.gguf"), GgmlDType::F32, &[]);
+    tiny.write_gguf(&cache.join("d.gguf"), GgmlDType::Q8_0, &[]);
+    std::fs::write(
+        models.join("tiny.toml"),
+        "name = \"tiny\"\n[target]\nhub_repo = \"x/t\"\nfile = \"t.gguf\"\n[draft]\nhub_repo = \"x/d\"\nfile = \"d.gguf\"\n",
+    )
+    .unwrap();
+    let fetch = || {
+        Command::new(env!("CARGO_BIN_EXE_mdsd"))
+            .args(["fetch", "tiny", "--models-dir", models.to_str().unwrap()])
+            .env("MDSD_OFFLINE", "1")
+            .env("MDSD_CACHE", &cache)
+            .output()
+            .unwrap()
+    };
+    let converted = || std::fs::read_dir(cache.join("converted")).map_or(0, |d| d.count());
+    for round in 0..2 {
+        let out = fetch();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "round {round}: {stderr}");
+        assert!(stdout.contains("target: ") && stdout.contains("t.gguf"), "{stdout}");
+        assert!(stdout.contains("draft, converted for the CPU: "), "{stdout}");
+        assert_eq!(stderr.contains("converting"), round == 0, "round {round}: {stderr}");
+        assert_eq!(converted(), 1);
+    }
+}
