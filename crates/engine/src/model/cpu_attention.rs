@@ -13,6 +13,9 @@
 use super::attention_kernels::{exp_nonpositive, key_dots, visible_sum, LANES};
 use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
 
+/// New rows per task at most: each task reads its KV head's cache once for all of them.
+const ROWS_PER_TASK: usize = 8;
+
 /// Forwards of up to this many new rows take this path; longer ones use candle's GEMM.
 /// Prompts are prefilled in chunks of this size ([`super::DecoderModel::forward_chain`]).
 pub const MAX_ROWS: usize = 256;
@@ -47,45 +50,84 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
     let mut out = vec![0f32; t * heads * hd];
     let out_addr = out.as_mut_ptr() as usize;
     let out_len = out.len();
-    // One task per (KV head, row): the `groups` query heads sharing that KV head are done
-    // together, so each cached key and value row is read once per new row, not once per head.
-    candle_core::utils::barrier_pool().execute_chunked(kv_heads * t, |items| {
-        // SAFETY: item (g, r) writes only `out[r, h * hd..(h + 1) * hd]` for the query heads
-        // `h` of KV head `g`, and every item is run exactly once; `out` outlives the dispatch.
+    // One task per (KV head, group of rows): the `groups` query heads sharing that KV head
+    // and up to `per_task` new rows are done together, so each block of cached keys and values
+    // is read once per task and reused from L1 by every (row, head) of it. Fewer rows per
+    // task when that leaves threads idle.
+    // (The pool's size, not `get_num_threads`, which asks the OS on every call.)
+    let pool = candle_core::utils::barrier_pool();
+    let per_task = (t * kv_heads).div_ceil(pool.n_workers() + 1).clamp(1, ROWS_PER_TASK);
+    let row_groups = t.div_ceil(per_task);
+    pool.execute_chunked(kv_heads * row_groups, |items| {
+        // SAFETY: item (g, rg) writes only `out[r, h * hd..(h + 1) * hd]` for its rows `r` and
+        // the query heads `h` of KV head `g`, and every item is run exactly once; `out`
+        // outlives the dispatch.
         let out = unsafe { std::slice::from_raw_parts_mut(out_addr as *mut f32, out_len) };
-        let mut scores = vec![0f32; groups * total];
-        let mut queries = vec![0f32; groups * hd];
-        let mut dots = vec![0f32; groups * LANES];
+        let mut scores = vec![0f32; per_task * groups * total];
+        let mut queries = vec![0f32; per_task * groups * hd];
+        let mut dots = vec![0f32; per_task * groups * LANES];
+        let mut prefixes = [0usize; ROWS_PER_TASK];
         for item in items {
-            let (g, r) = (item / t, item % t);
-            let brow = &b[r * total..][..total];
-            for i in 0..groups {
-                queries[i * hd..][..hd].copy_from_slice(&q[((g * groups + i) * t + r) * hd..][..hd]);
+            let (g, rg) = (item / row_groups, item % row_groups);
+            let rows = rg * per_task..(rg * per_task + per_task).min(t);
+            let n = rows.len();
+            // (row ri, head i) is query row ri * groups + i of the task.
+            for (ri, r) in rows.clone().enumerate() {
+                for i in 0..groups {
+                    queries[(ri * groups + i) * hd..][..hd]
+                        .copy_from_slice(&q[((g * groups + i) * t + r) * hd..][..hd]);
+                }
             }
-            key_scores(&queries, hd, brow, scale, |j| kv_k.row(kc, g, j), &mut dots, &mut scores);
-            // Columns before the first masked one are all visible (the cache, for every row).
-            let prefix = brow.iter().position(|&x| x == f32::NEG_INFINITY).unwrap_or(total);
-            for i in 0..groups {
-                softmax(&mut scores[i * total..][..total], brow, prefix);
+            let brow = |ri: usize| &b[(rows.start + ri) * total..][..total];
+            let qn = n * groups;
+            key_scores(&queries[..qn * hd], groups, hd, &brow, scale, |j| kv_k.row(kc, g, j), &mut dots, &mut scores);
+            for ri in 0..n {
+                // Columns before the first masked one are all visible (the cache, for every row).
+                let bias = brow(ri);
+                prefixes[ri] = bias.iter().position(|&x| x == f32::NEG_INFINITY).unwrap_or(total);
+                for i in 0..groups {
+                    softmax(&mut scores[(ri * groups + i) * total..][..total], bias, prefixes[ri]);
+                }
+                for i in 0..groups {
+                    out[((rows.start + ri) * heads + g * groups + i) * hd..][..hd].fill(0.0);
+                }
             }
-            for i in 0..groups {
-                out[(r * heads + g * groups + i) * hd..][..hd].fill(0.0);
-            }
-            // Blocks of cached rows: a block of values stays in L1 while every head of the
-            // group adds it up, each head's sum held in registers across the block. The sum
-            // for each head runs over the rows in order, as the plain loop does.
+            // Blocks of cached rows: a block of values stays in L1 while every (row, head) of
+            // the task adds it up, each sum held in registers across the block. The sum for each
+            // (row, head) runs over the cached rows in order, as the plain loop does.
             for start in (0..total).step_by(VALUE_BLOCK) {
                 let end = (start + VALUE_BLOCK).min(total);
-                for i in 0..groups {
-                    let o = &mut out[(r * heads + g * groups + i) * hd..][..hd];
-                    let w = &scores[i * total..][..total];
-                    match hd {
-                        64 => weighted_sum::<64>(o, w, brow, start..end, |j| kv_v.row(vc, g, j)),
-                        128 => weighted_sum::<128>(o, w, brow, start..end, |j| kv_v.row(vc, g, j)),
-                        _ => {
-                            for j in start..end {
-                                if brow[j] != f32::NEG_INFINITY {
-                                    axpy(w[j], kv_v.row(vc, g, j), o);
+                for ri in 0..n {
+                    let bias = brow(ri);
+                    if bias[start..end].iter().all(|&x| x == f32::NEG_INFINITY) {
+                        continue;
+                    }
+                    let mut i = 0;
+                    while i < groups {
+                        let o = &mut out[((rows.start + ri) * heads + g * groups + i) * hd..];
+                        let w = &scores[(ri * groups + i) * total..];
+                        let v = |j| kv_v.row(vc, g, j);
+                        // Two heads at a time: each value row loaded once for both.
+                        if i + 1 < groups && (hd == 64 || hd == 128) {
+                            let (o0, o1) = o[..2 * hd].split_at_mut(hd);
+                            let (w0, w1) = (&w[..total], &w[total..2 * total]);
+                            match hd {
+                                64 => weighted_sum_pair::<64>([o0, o1], [w0, w1], bias, start..end, v),
+                                _ => weighted_sum_pair::<128>([o0, o1], [w0, w1], bias, start..end, v),
+                            }
+                            i += 2;
+                            continue;
+                        }
+                        let (o, w) = (&mut o[..hd], &w[..total]);
+                        i += 1;
+                        match hd {
+                            64 => weighted_sum::<64>(o, w, bias, start..end, v),
+                            128 => weighted_sum::<128>(o, w, bias, start..end, v),
+                            _ => {
+                                for j in start..end {
+                                    if bias[j] != f32::NEG_INFINITY {
+                                        axpy(w[j], kv_v.row(vc, g, j), o);
+                                    }
                                 }
                             }
                         }
@@ -131,42 +173,48 @@ impl CacheView {
     }
 }
 
-/// `scores[i * total + j] = dot(query i, key j) * scale + bias[j]` for the `groups` query rows
-/// in `queries`, -inf where `bias[j]` is. Head sizes that are a multiple of 16 take sixteen
-/// keys at a time ([`key_dots`]; a key's dot is the same at every place in a block, so the
-/// last, partial block repeats its last key); others the plain [`dot`].
-fn key_scores<'a>(
+/// `scores[m * total + j] = dot(query m, key j) * scale + bias_m[j]` for the query rows in
+/// `queries` (`hd` each; query `m` belongs to new row `m / groups`, whose bias row is
+/// `bias(m / groups)`), -inf where the bias is. Head sizes that are a multiple of 16 take
+/// sixteen keys at a time for every query ([`key_dots`]; a key's dot is the same at every place
+/// in a block, so the last, partial block repeats its last key); others the plain [`dot`].
+#[allow(clippy::too_many_arguments)]
+fn key_scores<'a, 'b>(
     queries: &[f32],
+    groups: usize,
     hd: usize,
-    bias: &[f32],
+    bias: &dyn Fn(usize) -> &'b [f32],
     scale: f32,
     key: impl Fn(usize) -> &'a [f32],
     dots: &mut [f32],
     scores: &mut [f32],
 ) {
-    let (total, groups) = (bias.len(), queries.len() / hd);
+    let qn = queries.len() / hd;
+    let total = bias(0).len();
     if !hd.is_multiple_of(LANES) {
-        for (j, &b) in bias.iter().enumerate() {
-            for (i, q) in queries.chunks_exact(hd).enumerate() {
-                scores[i * total + j] = if b == f32::NEG_INFINITY { b } else { dot(q, key(j)) * scale + b };
+        for (m, q) in queries.chunks_exact(hd).enumerate() {
+            for (j, &b) in bias(m / groups).iter().enumerate() {
+                scores[m * total + j] = if b == f32::NEG_INFINITY { b } else { dot(q, key(j)) * scale + b };
             }
         }
         return;
     }
+    let rows = qn / groups;
     for start in (0..total).step_by(LANES) {
         let end = (start + LANES).min(total);
-        let block = &bias[start..end];
-        if block.iter().all(|&b| b == f32::NEG_INFINITY) {
-            for i in 0..groups {
-                scores[i * total + start..][..end - start].fill(f32::NEG_INFINITY);
+        let masked = |ri: usize| bias(ri)[start..end].iter().all(|&b| b == f32::NEG_INFINITY);
+        if (0..rows).all(masked) {
+            for m in 0..qn {
+                scores[m * total + start..][..end - start].fill(f32::NEG_INFINITY);
             }
             continue;
         }
         let keys: [&[f32]; LANES] = std::array::from_fn(|l| key((start + l).min(end - 1)));
         key_dots(queries, hd, &keys, dots);
-        for i in 0..groups {
-            let s = &mut scores[i * total + start..][..end - start];
-            for ((s, &d), &b) in s.iter_mut().zip(&dots[i * LANES..]).zip(block) {
+        for m in 0..qn {
+            let block = &bias(m / groups)[start..end];
+            let s = &mut scores[m * total + start..][..end - start];
+            for ((s, &d), &b) in s.iter_mut().zip(&dots[m * LANES..]).zip(block) {
                 *s = if b == f32::NEG_INFINITY { b } else { d * scale + b };
             }
         }
@@ -240,6 +288,34 @@ fn weighted_sum<'a, const HD: usize>(
     o[..HD].copy_from_slice(&acc);
 }
 
+/// [`weighted_sum`] for two heads reading the same value rows: each head's sum is the same
+/// operations in the same order, and each row is loaded once for both.
+#[inline(always)]
+fn weighted_sum_pair<'a, const HD: usize>(
+    o: [&mut [f32]; 2],
+    w: [&[f32]; 2],
+    bias: &[f32],
+    rows: std::ops::Range<usize>,
+    row: impl Fn(usize) -> &'a [f32],
+) {
+    let mut a0 = [0f32; HD];
+    let mut a1 = [0f32; HD];
+    a0.copy_from_slice(&o[0][..HD]);
+    a1.copy_from_slice(&o[1][..HD]);
+    for j in rows {
+        if bias[j] == f32::NEG_INFINITY {
+            continue;
+        }
+        let (x, w0, w1) = (&row(j)[..HD], w[0][j], w[1][j]);
+        for d in 0..HD {
+            a0[d] = w0.mul_add(x[d], a0[d]);
+            a1[d] = w1.mul_add(x[d], a1[d]);
+        }
+    }
+    o[0][..HD].copy_from_slice(&a0);
+    o[1][..HD].copy_from_slice(&a1);
+}
+
 /// `o += w * x`.
 #[inline]
 fn axpy(w: f32, x: &[f32], o: &mut [f32]) {
@@ -311,21 +387,23 @@ mod tests {
     /// `exp_nonpositive`, the sum of the compacted row by `visible_sum`, and the values added
     /// row by row with `axpy` (the blocked kernels hold the sums in registers). Head sizes 40
     /// (plain dot), 64 and 128 (AVX-512 key blocks where present) and 80 (portable key blocks);
-    /// a past that ends inside a block of sixteen; a tree-shaped mask. A row's output is also
+    /// a past that ends inside a block of sixteen; trees of 5 and 13 rows (one task, and several
+    /// tasks of up to `ROWS_PER_TASK` rows). A row's output is also
     /// bit for bit the same computed alone, as plain decoding does: one new row against the
     /// cache plus its visible tree columns, gathered without the masked ones.
     #[test]
     fn rows_equal_the_written_out_attention_and_themselves_alone_bit_for_bit() {
         use super::super::attention_kernels::lane_dot;
         let dev = Device::Cpu;
-        for (hd, past) in [(40usize, 150usize), (64, 150), (128, 150), (128, 33), (80, 17)] {
-            let (heads, kv_heads, t) = (6, 2, 5);
+        for (hd, past, t) in [(40usize, 150usize, 5usize), (64, 150, 5), (128, 150, 13), (128, 33, 5), (80, 17, 13)] {
+            let (heads, kv_heads) = (6, 2);
             let total = past + t;
             let k = Tensor::from_vec(values(kv_heads * total * hd, 5), (1, kv_heads, total, hd), &dev).unwrap();
             let v = Tensor::from_vec(values(kv_heads * total * hd, 6), (1, kv_heads, total, hd), &dev).unwrap();
             let q = Tensor::from_vec(values(heads * t * hd, 7), (1, heads, t, hd), &dev).unwrap();
-            // Rows 0 and 1 a chain, rows 2..5 children of row 1 or row 0.
-            let parent = [usize::MAX, 0, 1, 1, 0];
+            // A binary tree: row n's parent is row (n - 1) / 2. Thirteen rows are more than one
+            // task takes.
+            let parent: Vec<usize> = (0..t).map(|n| if n == 0 { usize::MAX } else { (n - 1) / 2 }).collect();
             let visible = |r: usize, c: usize| {
                 if c < past {
                     return true;
