@@ -1,12 +1,12 @@
 //! The arithmetic of [`super::cpu_attention`]: query-key dot products sixteen keys at a time,
-//! an `exp` for softmax that vectorizes, and a softmax sum that does not depend on where the
+//! an `exp` that vectorizes, and a softmax sum that does not depend on where the
 //! masked columns are.
 //!
 //! Each function has one definition of its result, written out in scalar code, and the fast
 //! paths compute exactly that, bit for bit (the tests compare them). What makes a new row's
 //! attention output independent of the other rows in its forward is kept:
 //! - a key's dot product is the same whatever its place in a block of sixteen;
-//! - `exp` is a function of its one input;
+//! - [`exp`] is a function of its one input (the SiLU gate uses it too);
 //! - the softmax sum adds the visible columns in the order they come, *compacted*: the `k`-th
 //!   visible column goes to lane `k % 16` whatever masked columns lie between. A tree row and
 //!   the same row decoded alone see the same visible columns in the same order, so they get the
@@ -114,23 +114,28 @@ unsafe fn key_dots_avx512<const C: usize>(queries: &[f32], keys: &[&[f32]; LANES
     }
 }
 
-/// Inputs below this give `exp_nonpositive` 0 (`exp` would be below `f32`'s normal range).
+/// Inputs below this give [`exp`] 0 (`e^x` would be below `f32`'s normal range).
 const EXP_UNDERFLOW: f32 = -87.33654;
 
-/// `e^x` for `x <= 0` (softmax's `score - max`), to within 2 ulp; 0 below -87.34 and at
-/// `-inf`; NaN stays NaN. A Cody-Waite reduction `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a
-/// degree-6 polynomial for `e^r` (Cephes' `expf` coefficients; the last, 0.50000001, is 0.5 in
-/// `f32`), and `2^n` built from its exponent bits. Branch-free, so loops over it vectorize; a
-/// function of `x` alone.
+/// Inputs above this give [`exp`] +inf (`e^x` would be above `f32::MAX`).
+const EXP_OVERFLOW: f32 = 88.72284;
+
+/// `e^x` in `f32`, to within 2 ulp, for softmax (`score - max <= 0`) and the SiLU gate: 0 below
+/// -87.34 and at `-inf` (no subnormals), +inf above 88.72, NaN stays NaN. A Cody-Waite reduction
+/// `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a degree-6 polynomial for `e^r` (Cephes' `expf`
+/// coefficients; the last, 0.50000001, is 0.5 in `f32`), and `2^n` applied as two exact powers
+/// of two, `2^(n >> 1)` then `2^(n - (n >> 1))`, so that `n = 128` does not overflow the exponent
+/// bits early. Branch-free, so loops over it vectorize; a function of `x` alone.
 #[inline(always)]
-pub fn exp_nonpositive(x: f32) -> f32 {
+pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // Inputs below the cut-off (and -inf) compute garbage that the final select discards; a
-    // clamp with `max` would turn NaN into a number.
-    let n = (x * LOG2E).round_ties_even();
-    let r = n.mul_add(-LN2_HI, x);
+    // Outside the range the final selects decide; the clamp keeps `n` small there (`clamp`, not
+    // `max`/`min`, keeps NaN).
+    let xc = x.clamp(EXP_UNDERFLOW, EXP_OVERFLOW);
+    let n = (xc * LOG2E).round_ties_even();
+    let r = n.mul_add(-LN2_HI, xc);
     let r = n.mul_add(-LN2_LO, r);
     let mut p = 1.987_569_1e-4f32;
     p = p.mul_add(r, 1.398_199_9e-3);
@@ -139,11 +144,14 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let y = p.mul_add(r * r, r) + 1.0;
-    // n is in [-126, 0] for the inputs kept; NaN converts to 0 and y is NaN.
-    let scale = f32::from_bits(((n as i32).wrapping_add(127) as u32) << 23);
-    let v = y * scale;
+    // n is in [-126, 128]; NaN converts to 0 and y is NaN.
+    let n = n as i32;
+    let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    let v = y * pow2(n >> 1) * pow2(n - (n >> 1));
     if x < EXP_UNDERFLOW {
         0.0
+    } else if x > EXP_OVERFLOW {
+        f32::INFINITY
     } else {
         v
     }
@@ -208,21 +216,24 @@ mod tests {
     #[test]
     fn exp_is_within_two_ulp_and_handles_the_edges() {
         let mut worst = 0f64;
-        let mut x = 0f32;
+        let mut x = EXP_OVERFLOW;
         while x > EXP_UNDERFLOW {
-            let got = exp_nonpositive(x) as f64;
+            let got = exp(x) as f64;
             let want = (x as f64).exp();
             let ulp = (want as f32).next_up() as f64 - want as f32 as f64;
             worst = worst.max((got - want).abs() / ulp);
             x -= 0.000_731;
         }
         assert!(worst <= 2.0, "worst error {worst} ulp");
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert_eq!(exp_nonpositive(-0.0), 1.0);
-        assert_eq!(exp_nonpositive(-88.0), 0.0);
-        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
-        assert!(exp_nonpositive(f32::NAN).is_nan());
-        assert!(exp_nonpositive(-87.3).is_normal());
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+        assert_eq!(exp(-88.0), 0.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(88.8), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert!(exp(88.72).is_finite() && exp(88.72) > 3.3e38);
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(-87.3).is_normal());
     }
 
     /// The sum depends on the visible values only: holes anywhere (before, inside and after

@@ -10,7 +10,7 @@
 //! the output projection reads. Each row is computed alone, so a row's result does not depend on how
 //! many rows share the forward.
 
-use super::attention_kernels::{exp_nonpositive, key_dots, visible_sum, LANES};
+use super::attention_kernels::{exp, key_dots, visible_sum, LANES};
 use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
 
 /// New rows per task at most: each task reads its KV head's cache once for all of them.
@@ -222,7 +222,7 @@ fn key_scores<'a, 'b>(
 }
 
 /// Scores to softmax weights in place: `exp(s - max) / sum`, 0 where masked. The maximum is
-/// exact in any order, `exp` is [`exp_nonpositive`] and the sum is [`visible_sum`], so the
+/// exact in any order, `exp` is [`exp`] and the sum is [`visible_sum`], so the
 /// weights depend on the visible scores only, not on where masked columns sit. `prefix`:
 /// the columns before it are all visible.
 fn softmax(s: &mut [f32], bias: &[f32], prefix: usize) {
@@ -240,7 +240,7 @@ fn softmax(s: &mut [f32], bias: &[f32], prefix: usize) {
         return;
     }
     for x in s.iter_mut() {
-        *x = exp_nonpositive(*x - max);
+        *x = exp(*x - max);
     }
     let inv = 1.0 / visible_sum(s, prefix, |j| bias[j] != f32::NEG_INFINITY);
     s.iter_mut().for_each(|x| *x *= inv);
@@ -384,7 +384,7 @@ mod tests {
 
     /// Each row's output is the attention written out over its visible columns, bit for bit:
     /// scores by `lane_dot` (`dot` for head sizes that are not a multiple of 16), `exp` by
-    /// `exp_nonpositive`, the sum of the compacted row by `visible_sum`, and the values added
+    /// `exp`, the sum of the compacted row by `visible_sum`, and the values added
     /// row by row with `axpy` (the blocked kernels hold the sums in registers). Head sizes 40
     /// (plain dot), 64 and 128 (AVX-512 key blocks where present) and 80 (portable key blocks);
     /// a past that ends inside a block of sixteen; trees of 5 and 13 rows (one task, and several
@@ -442,7 +442,7 @@ mod tests {
                         .map(|&j| if hd % 16 == 0 { lane_dot(query, key(j)) } else { dot(query, key(j)) } * scale)
                         .collect();
                     let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let e: Vec<f32> = s.iter().map(|&x| exp_nonpositive(x - max)).collect();
+                    let e: Vec<f32> = s.iter().map(|&x| exp(x - max)).collect();
                     let inv = 1.0 / visible_sum(&e, e.len(), |_| true);
                     let mut o = vec![0f32; hd];
                     for (&j, &e) in cols.iter().zip(&e) {

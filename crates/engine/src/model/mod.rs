@@ -291,7 +291,7 @@ fn silu_gate(g: &mut [f32], u: &[f32]) {
     const PARALLEL_MIN: usize = 16_384;
     fn apply(g: &mut [f32], u: &[f32]) {
         for (a, b) in g.iter_mut().zip(u) {
-            *a = *a / (1.0 + (-*a).exp()) * b;
+            *a = *a / (1.0 + attention_kernels::exp(-*a)) * b;
         }
     }
     if g.len() < PARALLEL_MIN {
@@ -595,7 +595,7 @@ mod gate_tests {
             let u: Vec<f32> = (0..len).map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.31).collect();
             let mut want = g0.clone();
             for (a, b) in want.iter_mut().zip(&u) {
-                *a = *a / (1.0 + (-*a).exp()) * b;
+                *a = *a / (1.0 + super::attention_kernels::exp(-*a)) * b;
             }
             let mut got = g0;
             super::silu_gate(&mut got, &u);
