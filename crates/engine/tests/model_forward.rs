@@ -240,8 +240,8 @@ fn a_prompt_prefilled_in_chunks_equals_one_forward() {
 /// `fast-cpu` weights from the converted copy on disk (written on the first load, read on the
 /// next) give the logits of the conversion done in memory, bit for bit: LLaMA (untied) and
 /// Qwen2 (tied, so the copy gains a converted `output.weight`), Q8_0 matrices 64 wide (padded
-/// to 256), also with fewer layers and a truncated head. A damaged copy is deleted and the
-/// model converted in memory instead.
+/// to 256), also with fewer layers and a truncated head. A damaged copy is deleted, and a cache
+/// that cannot be written is skipped: the model is converted in memory instead.
 #[test]
 fn converted_copies_on_disk_equal_the_conversion_in_memory() {
     use engine::model::gguf::{load_in, WeightFormat};
@@ -302,4 +302,11 @@ fn converted_copies_on_disk_equal_the_conversion_in_memory() {
     }
     let converted: Vec<_> = std::fs::read_dir(cache.join("converted")).unwrap().collect();
     assert_eq!(converted.len(), 0, "both damaged copies deleted, no temporary files left");
+    // A cache that cannot be written (under a plain file): converted in memory, same logits.
+    let src = dir.join("llama.gguf");
+    let blocked = dir.join("plain-file");
+    std::fs::write(&blocked, b"x").unwrap();
+    let got = load_in(&src, &cpu, None, None, WeightFormat::FastCpu, Some(&blocked.join("cache"))).unwrap().0;
+    let want = load_in(&src, &cpu, None, None, WeightFormat::FastCpu, None).unwrap().0;
+    assert_eq!(max_diff(&logits_all(&got, &PROMPT), &logits_all(&want, &PROMPT)), 0.0);
 }

@@ -74,7 +74,6 @@ pub fn ensure(source: GgufFile, cache: &Path) -> Result<Option<PathBuf>> {
     if dest.exists() {
         return Ok(Some(dest));
     }
-    eprintln!("mdsd: converting {} for the CPU (once; kept as {})", source.path().display(), dest.display());
     write(source, &dest)?;
     Ok(Some(dest))
 }
@@ -82,6 +81,25 @@ pub fn ensure(source: GgufFile, cache: &Path) -> Result<Option<PathBuf>> {
 /// Converts `source` into `dest` (through a temporary file renamed into place, so a reader
 /// never sees half a file).
 pub fn write(mut file: GgufFile, dest: &Path) -> Result<()> {
+    // The temporary file first: a cache that cannot be written fails before seconds of work.
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let tmp = parent.join(format!(
+        ".{}.{}.tmp",
+        dest.file_name().map_or("x".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let out = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+    eprintln!("mdsd: converting {} for the CPU (once; kept as {})", file.path().display(), dest.display());
+    let result = convert_into(&mut file, out, &tmp).and_then(|()| std::fs::rename(&tmp, dest).map_err(io(dest)));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The converted tensors and metadata of `file`, written as GGUF to `out` (at `path`).
+fn convert_into(file: &mut GgufFile, out: std::fs::File, path: &Path) -> Result<()> {
     let mut names: Vec<String> = file.tensor_names().map(String::from).collect();
     names.sort();
     let tied = !file.has_tensor("output.weight") && file.has_tensor("token_embd.weight");
@@ -115,28 +133,14 @@ pub fn write(mut file: GgufFile, dest: &Path) -> Result<()> {
         .collect();
     metadata.push((VERSION_KEY.into(), Value::U32(VERSION)));
     metadata.extend(cols);
-    let parent = dest.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let tmp = parent.join(format!(
-        ".{}.{}.tmp",
-        dest.file_name().map_or("x".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    let result = (|| -> Result<()> {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?);
-        let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
-        candle_core::quantized::gguf_file::write(&mut out, &meta_refs, &tensor_refs).map_err(|e| {
-            Error::Msg(format!("{}: writing the converted model: {}", tmp.display(), crate::plain_error(&e)))
-        })?;
-        use std::io::Write;
-        out.flush().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, dest).map_err(io(dest))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    let mut out = std::io::BufWriter::new(out);
+    let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    candle_core::quantized::gguf_file::write(&mut out, &meta_refs, &tensor_refs).map_err(|e| {
+        Error::Msg(format!("{}: writing the converted model: {}", path.display(), crate::plain_error(&e)))
+    })?;
+    use std::io::Write;
+    out.flush().map_err(io(path))
 }
 
 fn io(p: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
