@@ -12,7 +12,7 @@
 //!   the same row decoded alone see the same visible columns in the same order, so they get the
 //!   same sum.
 
-/// Keys per block of [`key_dots`], and lanes of [`VisibleSum`].
+/// Keys per block of [`key_dots`], and lanes of [`visible_sum`].
 pub const LANES: usize = 16;
 
 /// The dot product of `q` and `k` (equal lengths, a multiple of [`LANES`]) as every kernel here
@@ -179,13 +179,17 @@ pub fn visible_sum(values: &[f32], visible_prefix: usize, visible: impl Fn(usize
     reduce_lanes(&acc)
 }
 
+/// Deterministic test inputs in [-1, 1): `n` values from `seed` (this module's tests and
+/// [`super::cpu_attention`]'s).
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0).collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_values as values;
     use super::*;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2003) as f32 / 1001.0 - 1.0).collect()
-    }
 
     /// Every key's dot equals `lane_dot` bit for bit at every place in the block, for the head
     /// sizes with a fast path (64, 128) and others (48, 80).

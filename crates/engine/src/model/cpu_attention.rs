@@ -3,12 +3,13 @@
 //! The generic path (candle's f32 GEMM for `q k^T` and `w v`) copies every layer's cached keys
 //! and values into contiguous tensors, allocates the score matrix, and asks the OS for the
 //! core count on each GEMM; at one to a few new rows (decoding, draft trees) that overhead is
-//! larger than the arithmetic. Here each (KV head, new row) pair is one task on candle's thread
-//! pool, for all the query heads that share the KV head: scores against the cache rows as
-//! stored (sixteen keys at a time, [`super::attention_kernels`]), the additive bias, a softmax,
-//! and the weighted sum of values, written straight into the `[1, t, heads * head_dim]` layout
-//! the output projection reads. Each row is computed alone, so a row's result does not depend on how
-//! many rows share the forward.
+//! larger than the arithmetic. Here each KV head and group of up to `ROWS_PER_TASK` (8) new rows
+//! is one task on candle's thread pool, for all the query heads that share the KV head: scores
+//! against the cache rows as stored (sixteen keys at a time, [`super::attention_kernels`]), the
+//! additive bias, a softmax, and the weighted sum of values, written straight into the
+//! `[1, t, heads * head_dim]` layout the output projection reads. Every (row, head) does the
+//! same operations in the same order whatever rows share its task or forward, so a row's result
+//! does not depend on how many rows share the forward.
 
 use super::attention_kernels::{exp, key_dots, visible_sum, LANES};
 use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
@@ -66,7 +67,6 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
         let mut scores = vec![0f32; per_task * groups * total];
         let mut queries = vec![0f32; per_task * groups * hd];
         let mut dots = vec![0f32; per_task * groups * LANES];
-        let mut prefixes = [0usize; ROWS_PER_TASK];
         for item in items {
             let (g, rg) = (item / row_groups, item % row_groups);
             let rows = rg * per_task..(rg * per_task + per_task).min(t);
@@ -84,17 +84,15 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
             for ri in 0..n {
                 // Columns before the first masked one are all visible (the cache, for every row).
                 let bias = brow(ri);
-                prefixes[ri] = bias.iter().position(|&x| x == f32::NEG_INFINITY).unwrap_or(total);
+                let prefix = bias.iter().position(|&x| x == f32::NEG_INFINITY).unwrap_or(total);
                 for i in 0..groups {
-                    softmax(&mut scores[(ri * groups + i) * total..][..total], bias, prefixes[ri]);
-                }
-                for i in 0..groups {
-                    out[((rows.start + ri) * heads + g * groups + i) * hd..][..hd].fill(0.0);
+                    softmax(&mut scores[(ri * groups + i) * total..][..total], bias, prefix);
                 }
             }
             // Blocks of cached rows: a block of values stays in L1 while every (row, head) of
-            // the task adds it up, each sum held in registers across the block. The sum for each
-            // (row, head) runs over the cached rows in order, as the plain loop does.
+            // the task adds it up into its (zeroed) output, each sum held in registers across
+            // the block. The sum for each (row, head) runs over the cached rows in order, as the
+            // plain loop does.
             for start in (0..total).step_by(VALUE_BLOCK) {
                 let end = (start + VALUE_BLOCK).min(total);
                 for ri in 0..n {
@@ -110,10 +108,10 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
                         // Two heads at a time: each value row loaded once for both.
                         if i + 1 < groups && (hd == 64 || hd == 128) {
                             let (o0, o1) = o[..2 * hd].split_at_mut(hd);
-                            let (w0, w1) = (&w[..total], &w[total..2 * total]);
+                            let w = [&w[..total], &w[total..2 * total]];
                             match hd {
-                                64 => weighted_sum_pair::<64>([o0, o1], [w0, w1], bias, start..end, v),
-                                _ => weighted_sum_pair::<128>([o0, o1], [w0, w1], bias, start..end, v),
+                                64 => weighted_sum::<64, 2>([o0, o1], w, bias, start..end, v),
+                                _ => weighted_sum::<128, 2>([o0, o1], w, bias, start..end, v),
                             }
                             i += 2;
                             continue;
@@ -121,8 +119,8 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
                         let (o, w) = (&mut o[..hd], &w[..total]);
                         i += 1;
                         match hd {
-                            64 => weighted_sum::<64>(o, w, bias, start..end, v),
-                            128 => weighted_sum::<128>(o, w, bias, start..end, v),
+                            64 => weighted_sum::<64, 1>([o], [w], bias, start..end, v),
+                            128 => weighted_sum::<128, 1>([o], [w], bias, start..end, v),
                             _ => {
                                 for j in start..end {
                                     if bias[j] != f32::NEG_INFINITY {
@@ -263,57 +261,37 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Cached rows per block of [`weighted_sum`].
 const VALUE_BLOCK: usize = 64;
 
-/// `o += sum_j w[j] * row(j)` over the unmasked `j` of `rows`, in order, for rows of `HD`
-/// values: the same operations as [`axpy`] row after row, with `o` kept in a local array
-/// (registers) across the block.
+/// `o[h] += sum_j w[h][j] * row(j)` for `H` heads reading the same value rows, over the
+/// unmasked `j` of `rows`, in order, for rows of `HD` values: for each head the same operations
+/// as [`axpy`] row after row, with the sums kept in local arrays (registers) across the block
+/// and each row loaded once for all the heads.
 #[inline(always)]
-fn weighted_sum<'a, const HD: usize>(
-    o: &mut [f32],
-    w: &[f32],
+fn weighted_sum<'a, const HD: usize, const H: usize>(
+    o: [&mut [f32]; H],
+    w: [&[f32]; H],
     bias: &[f32],
     rows: std::ops::Range<usize>,
     row: impl Fn(usize) -> &'a [f32],
 ) {
-    let mut acc = [0f32; HD];
-    acc.copy_from_slice(&o[..HD]);
+    let mut acc = [[0f32; HD]; H];
+    for (a, o) in acc.iter_mut().zip(&o) {
+        a.copy_from_slice(&o[..HD]);
+    }
     for j in rows {
         if bias[j] == f32::NEG_INFINITY {
             continue;
         }
-        let (x, wj) = (&row(j)[..HD], w[j]);
+        let x = &row(j)[..HD];
+        let wj: [f32; H] = std::array::from_fn(|h| w[h][j]);
         for d in 0..HD {
-            acc[d] = wj.mul_add(x[d], acc[d]);
+            for h in 0..H {
+                acc[h][d] = wj[h].mul_add(x[d], acc[h][d]);
+            }
         }
     }
-    o[..HD].copy_from_slice(&acc);
-}
-
-/// [`weighted_sum`] for two heads reading the same value rows: each head's sum is the same
-/// operations in the same order, and each row is loaded once for both.
-#[inline(always)]
-fn weighted_sum_pair<'a, const HD: usize>(
-    o: [&mut [f32]; 2],
-    w: [&[f32]; 2],
-    bias: &[f32],
-    rows: std::ops::Range<usize>,
-    row: impl Fn(usize) -> &'a [f32],
-) {
-    let mut a0 = [0f32; HD];
-    let mut a1 = [0f32; HD];
-    a0.copy_from_slice(&o[0][..HD]);
-    a1.copy_from_slice(&o[1][..HD]);
-    for j in rows {
-        if bias[j] == f32::NEG_INFINITY {
-            continue;
-        }
-        let (x, w0, w1) = (&row(j)[..HD], w[0][j], w[1][j]);
-        for d in 0..HD {
-            a0[d] = w0.mul_add(x[d], a0[d]);
-            a1[d] = w1.mul_add(x[d], a1[d]);
-        }
+    for (o, a) in o.into_iter().zip(&acc) {
+        o[..HD].copy_from_slice(a);
     }
-    o[0][..HD].copy_from_slice(&a0);
-    o[1][..HD].copy_from_slice(&a1);
 }
 
 /// `o += w * x`.
@@ -326,12 +304,9 @@ fn axpy(w: f32, x: &[f32], o: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::attention_kernels::test_values as values;
     use super::*;
     use candle_core::{Device, D};
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0).collect()
-    }
 
     /// Against the same attention written with candle ops (repeat KV heads, matmul, softmax).
     #[test]

@@ -438,8 +438,9 @@ impl DecoderModel {
     /// Runs a chain of tokens after the cache with causal attention (a prompt), in chunks of
     /// [`PREFILL_CHUNK_CPU`] tokens on the CPU ([`PREFILL_CHUNK_GPU`] elsewhere), and returns
     /// the final hidden states of every token, `[t, hidden]`. Chunks keep each forward's
-    /// intermediate tensors small (on the CPU a whole 700-token prompt at once spent a third of
-    /// its time faulting in fresh pages) and its attention on the in-place kernel.
+    /// intermediate tensors small and its attention on the in-place kernel: on the CPU a whole
+    /// 708-token prompt in one forward took 634,000 page faults for its fresh temporaries
+    /// (2,800 in chunks) and 2.9 s (2.0 s in chunks; `benches/RESULTS.md`).
     pub fn forward_chain(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
         if tokens.is_empty() {
             candle_core::bail!("forward: 0 tokens");
