@@ -204,8 +204,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 // A GGUF draft is loaded `fast-cpu` by default: convert it now, not at the
                 // first `generate` (see `engine::model::converted`).
                 if role == "draft" && source.kind == ModelKind::Model && engine::load::is_gguf_file(&path) {
-                    let file = engine::model::gguf::GgufFile::open(&path)?;
-                    if let Some(copy) = engine::model::converted::ensure(file, &opts.cache)
+                    let mut file = engine::model::gguf::GgufFile::open(&path)?;
+                    if let Some(copy) = engine::model::converted::ensure(&mut file, &opts.cache)
                         .with_context(|| format!("converting the draft {} for the CPU", path.display()))?
                     {
                         println!("draft, converted for the CPU: {}", copy.display());

@@ -54,6 +54,11 @@ pub fn path_for(source: &Path, cache: &Path) -> Result<PathBuf> {
     Ok(cache.join("converted").join(format!("{stem}-{id}.gguf")))
 }
 
+/// The copy of `source` under `cache` when one was made before.
+pub fn existing(source: &Path, cache: &Path) -> Option<PathBuf> {
+    path_for(source, cache).ok().filter(|p| p.exists())
+}
+
 /// Whether the conversion changes anything in `file`: a matmul matrix it converts, or a tied
 /// head that is one.
 pub fn converts_any(file: &GgufFile) -> bool {
@@ -66,8 +71,8 @@ pub fn converts_any(file: &GgufFile) -> bool {
 /// The converted copy of the opened `source` under `cache`, written first when missing; `None`
 /// when the conversion would change nothing (no copy is made). Progress goes to stderr (the
 /// conversion takes seconds).
-pub fn ensure(source: GgufFile, cache: &Path) -> Result<Option<PathBuf>> {
-    if !converts_any(&source) {
+pub fn ensure(source: &mut GgufFile, cache: &Path) -> Result<Option<PathBuf>> {
+    if !converts_any(source) {
         return Ok(None);
     }
     let dest = path_for(source.path(), cache)?;
@@ -80,7 +85,7 @@ pub fn ensure(source: GgufFile, cache: &Path) -> Result<Option<PathBuf>> {
 
 /// Converts `source` into `dest` (through a temporary file renamed into place, so a reader
 /// never sees half a file).
-pub fn write(mut file: GgufFile, dest: &Path) -> Result<()> {
+pub fn write(file: &mut GgufFile, dest: &Path) -> Result<()> {
     // The temporary file first: a cache that cannot be written fails before seconds of work.
     let parent = dest.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
@@ -91,7 +96,7 @@ pub fn write(mut file: GgufFile, dest: &Path) -> Result<()> {
     ));
     let out = std::fs::File::create(&tmp).map_err(io(&tmp))?;
     eprintln!("mdsd: converting {} for the CPU (once; kept as {})", file.path().display(), dest.display());
-    let result = convert_into(&mut file, out, &tmp).and_then(|()| std::fs::rename(&tmp, dest).map_err(io(dest)));
+    let result = convert_into(file, out, &tmp).and_then(|()| std::fs::rename(&tmp, dest).map_err(io(dest)));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

@@ -381,28 +381,46 @@ pub fn load_in(
     cache: Option<&Path>,
 ) -> Result<(DecoderModel, GgufFile)> {
     if let (WeightFormat::FastCpu, true, Some(cache)) = (format, device.is_cpu(), cache) {
-        // Problems of the source itself are reported as such, before any conversion.
-        let source = GgufFile::open(path)?;
-        match super::converted::ensure(source, cache) {
-            // Nothing to convert: the file as stored is what `FastCpu` would load.
-            Ok(None) => {
-                return load_file(GgufFile::open(path), device, max_layers, output_rows, WeightFormat::AsStored)
+        // The copy as stored; a copy that does not load is deleted (`None`), and this load
+        // converts in memory.
+        let from_copy = |copy: &Path| match load_file(
+            GgufFile::open(copy),
+            device,
+            max_layers,
+            output_rows,
+            WeightFormat::AsStored,
+        ) {
+            Ok((model, file)) => Some((model, file.shown_as(path))),
+            Err(e) => {
+                eprintln!(
+                    "mdsd: the converted copy {} is unusable ({}); deleting it and converting in memory",
+                    copy.display(),
+                    crate::plain_error(&e)
+                );
+                let _ = std::fs::remove_file(copy);
+                None
             }
+        };
+        // A copy made earlier is read without parsing the source's header as well.
+        if let Some(copy) = super::converted::existing(path, cache) {
+            return match from_copy(&copy) {
+                Some(loaded) => Ok(loaded),
+                None => load_file(GgufFile::open(path), device, max_layers, output_rows, format),
+            };
+        }
+        // Problems of the source itself are reported as such, before any conversion.
+        let mut source = GgufFile::open(path)?;
+        match super::converted::ensure(&mut source, cache) {
+            // Nothing to convert: the file as stored is what `FastCpu` would load.
+            Ok(None) => return load_file(Ok(source), device, max_layers, output_rows, WeightFormat::AsStored),
             Ok(Some(copy)) => {
-                match load_file(GgufFile::open(&copy), device, max_layers, output_rows, WeightFormat::AsStored) {
-                    Ok((model, file)) => return Ok((model, file.shown_as(path))),
-                    Err(e) => {
-                        eprintln!(
-                            "mdsd: the converted copy {} is unusable ({}); deleting it and converting in memory",
-                            copy.display(),
-                            crate::plain_error(&e)
-                        );
-                        let _ = std::fs::remove_file(&copy);
-                    }
+                if let Some(loaded) = from_copy(&copy) {
+                    return Ok(loaded);
                 }
             }
             Err(e) => eprintln!("mdsd: {}; converting {} in memory instead", crate::plain_error(&e), path.display()),
         }
+        return load_file(Ok(source), device, max_layers, output_rows, format);
     }
     load_file(GgufFile::open(path), device, max_layers, output_rows, format)
 }
