@@ -25,6 +25,7 @@
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
 
 use crate::auto_tree::AutoTree;
+use crate::draft_window::{DraftContext, DraftWindow};
 use crate::drafting::{draw_children, expandable, nan_error, tree_bias};
 use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
@@ -182,6 +183,8 @@ pub struct Generator<'a> {
     eagle: Option<EagleDraft<'a>>,
     /// The context for n-gram drafting ([`DraftSource`]).
     ngram: NgramDrafter,
+    /// Which part of the context the draft model's cache holds ([`DraftWindow`]).
+    draft_context: DraftContext,
 }
 
 /// Per-step buffers, reused across steps.
@@ -239,6 +242,7 @@ impl<'a> Generator<'a> {
             auto: None,
             eagle: None,
             ngram: NgramDrafter::default(),
+            draft_context: DraftContext::default(),
         })
     }
 
@@ -248,6 +252,18 @@ impl<'a> Generator<'a> {
         let mut g = Self::new(target, None, capacity)?;
         g.eagle = Some(EagleDraft::new(head, g.target_cache.capacity())?);
         Ok(g)
+    }
+
+    /// Lets the draft model attend to only the first and the last tokens of the context
+    /// ([`DraftWindow`]; `None`, the default: all of it). Applies from the next generation;
+    /// the output stays exact either way.
+    pub fn set_draft_window(&mut self, window: Option<DraftWindow>) {
+        self.draft_context = DraftContext::new(window);
+    }
+
+    /// The draft window set with [`Self::set_draft_window`].
+    pub fn draft_window(&self) -> Option<DraftWindow> {
+        self.draft_context.window()
     }
 
     /// The `--tree auto` state (costs measured so far, acceptance); `None` before the first
@@ -314,10 +330,8 @@ impl<'a> Generator<'a> {
         }
         let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
-            cache.truncate(0);
-            if spec.is_some() && !ngram_only && n > 1 {
-                d.forward_chain(&for_draft(&prompt[..n - 1], d.config().vocab_size), cache)?;
-            }
+            let context = if spec.is_some() && !ngram_only { &prompt[..n - 1] } else { &[] };
+            self.draft_context.prefill(d, cache, &for_draft(context, d.config().vocab_size))?;
         }
         stats.prefill_s = start.elapsed().as_secs_f64();
         let decode_start = Instant::now();
@@ -468,6 +482,7 @@ impl<'a> Generator<'a> {
         // 1. Draft, level by level.
         let t0 = Instant::now();
         let mut level_nodes: Vec<usize> = Vec::new();
+        let mut draft_committed = 0;
         if step.lookup {
             self.ngram.draft_tree(tree, b);
         } else if let Some(e) = self.eagle.as_mut() {
@@ -477,24 +492,28 @@ impl<'a> Generator<'a> {
             let draft = self.draft.expect("checked by generate");
             let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
             // Catch up on the tokens the draft never ran, then the root.
+            self.draft_context.slide(dcache)?;
             let m = draft_pending.len();
             let dbase = dcache.len();
-            if dbase + m != root_pos + 1 {
-                candle_core::bail!("internal: draft cache at {dbase} + {m} pending, target at {root_pos}");
+            let dpos = dbase + self.draft_context.skipped();
+            if dpos + m != root_pos + 1 {
+                candle_core::bail!("internal: draft cache at position {dpos} + {m} pending, target at {root_pos}");
             }
             let bias = crate::model::causal_bias(dbase, m, draft.dtype(), draft.device())?;
-            let pos: Vec<u32> = (dbase..dbase + m).map(|p| p as u32).collect();
+            let pos: Vec<u32> = (dpos..dpos + m).map(|p| p as u32).collect();
             let fed = for_draft(draft_pending, draft.config().vocab_size);
             let hidden = draft.forward(&fed, &pos, &bias, dcache)?;
             stats.draft_forwards += 1;
-            b.draft_slot[0] = Some(root_pos);
+            b.draft_slot[0] = Some(dbase + m - 1);
             level_nodes.push(0);
             let logits = draft.logits(&hidden.narrow(0, m - 1, 1)?)?;
             draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
             if let Some(a) = auto.as_deref_mut() {
                 a.draft.record(m, t0.elapsed().as_secs_f64());
             }
-            let committed = root_pos + 1;
+            // Draft cache rows up to the root's (its positions may skip part of the context).
+            let committed = dbase + m;
+            draft_committed = committed;
             for level in tree.levels().iter().skip(1) {
                 expandable(tree, level.clone(), &b.token, &mut level_nodes);
                 if level_nodes.is_empty() {
@@ -607,7 +626,7 @@ impl<'a> Generator<'a> {
             e.commit(&hidden, &rows, &tokens)?;
         } else {
             let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
-            let committed = root_pos + 1;
+            let committed = draft_committed;
             let fed: Vec<usize> = b.path[1..].iter().map_while(|&i| b.draft_slot[i]).map(|s| s - committed).collect();
             if b.draft_slot[0].is_some() {
                 dcache.compact(committed, &fed)?;

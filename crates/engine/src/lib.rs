@@ -6,6 +6,7 @@
 
 pub mod auto_tree;
 pub mod decode;
+pub mod draft_window;
 mod drafting;
 mod eagle_draft;
 pub mod kv_cache;

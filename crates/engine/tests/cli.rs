@@ -50,6 +50,8 @@ fn generate_json_on_tiny_models() {
         &["--tree", "mc_sim_7b_63", "--draft-sampling", "wor"][..],
         &["--no-spec"][..],
         &["--tree", "auto", "--draft-sampling", "wor"][..],
+        // The draft sees the first token and the last three (the prompt has seven).
+        &["--tree", "chain-2", "--draft-window", "3", "--draft-sinks", "1"][..],
         &[
             "--tree",
             "drafts-2-depth-2",
@@ -91,6 +93,13 @@ fn generate_json_on_tiny_models() {
         assert!(v["text"].as_str().unwrap().chars().count() == 20, "{v}");
         for key in ["tokens_per_s", "draft_s", "target_s", "verify_s", "acceptance_per_depth", "stop_reason"] {
             assert!(v.get(key).is_some(), "missing {key}: {v}");
+        }
+        if extra.contains(&"--draft-window") {
+            assert_eq!(v["draft_window"], serde_json::json!({ "sinks": 1, "recent": 3 }), "{v}");
+        } else if extra.contains(&"--no-spec") {
+            assert!(v["draft_window"].is_null(), "{v}");
+        } else {
+            assert_eq!(v["draft_window"], serde_json::json!({ "sinks": 4, "recent": 256 }), "{v}");
         }
         if extra.contains(&"auto") {
             assert!(v["auto_tree"].as_str().unwrap().starts_with("alpha "), "{v}");

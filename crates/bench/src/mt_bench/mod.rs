@@ -25,6 +25,7 @@ use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Args;
 use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::draft_window::DraftWindow;
 use engine::load::{parse_device, LoadOptions};
 use engine::model::gguf::WeightFormat;
 use engine::ngram::NgramFlags;
@@ -59,7 +60,9 @@ pub struct MtBenchArgs {
     methods: String,
     /// Comma-separated trees for the speculative methods: presets (`chain-N`,
     /// `drafts-K-depth-D`, `mc_sim_7b_63`, ...), TOML files, or `auto`; `TREE@C` prunes the
-    /// tree by draft confidence C (`mdsd generate --draft-confidence`), e.g. `chain-4@0.5`.
+    /// tree by draft confidence C (`mdsd generate --draft-confidence`), e.g. `chain-4@0.5`;
+    /// `TREE~W` lets the draft model see only a window of W recent tokens (after the sinks,
+    /// `mdsd generate --draft-window`; `~0`: the whole context), e.g. `chain-2~512`.
     #[arg(long, default_value = "drafts-2-depth-4")]
     trees: String,
     /// Comma-separated sampling temperatures (0: argmax).
@@ -79,6 +82,13 @@ pub struct MtBenchArgs {
     seed: u64,
     #[command(flatten)]
     models: PairArgs,
+    /// The draft model's window of recent tokens for trees without `~W` (0: the whole
+    /// context); as `mdsd generate --draft-window`.
+    #[arg(long, default_value_t = 256)]
+    draft_window: usize,
+    /// Sink tokens kept before a draft window; as `mdsd generate --draft-sinks`.
+    #[arg(long, default_value_t = DraftWindow::DEFAULT_SINKS)]
+    draft_sinks: usize,
     /// Draft logits only for the first N ids (0: all); as `mdsd generate --draft-vocab`.
     #[arg(long, default_value_t = 32768)]
     draft_vocab: usize,
@@ -192,8 +202,8 @@ pub fn cells(methods: &[Method], trees: &[(String, TreeChoice)], temperatures: &
 fn why_left_out(method: Method, tree: &(String, TreeChoice)) -> Option<String> {
     match method {
         Method::Baseline => None,
-        Method::Ngram => (matches!(tree.1, TreeChoice::Auto) || tree.0.contains('@'))
-            .then(|| "it needs a fixed tree, unpruned".to_string()),
+        Method::Ngram => (matches!(tree.1, TreeChoice::Auto) || tree.0.contains('@') || tree.0.contains('~'))
+            .then(|| "it needs a fixed tree, unpruned, and no draft model".to_string()),
         Method::Speculative { construction, .. } | Method::NgramFirst { construction, .. } => {
             let TreeChoice::Fixed(t) = &tree.1 else { return None };
             (0..t.len())
@@ -233,24 +243,42 @@ fn turn_prompt(
     Ok(tok.apply_chat_conversation(&conv, None)?)
 }
 
-/// `TREE@C` into the tree and the confidence cutoff C (0 without `@`).
-fn split_cutoff(s: &str) -> anyhow::Result<(&str, f64)> {
-    match s.rsplit_once('@') {
-        None => Ok((s, 0.0)),
+/// A `--trees` entry: `TREE[@C][~W]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct TreeSpec<'a> {
+    name: &'a str,
+    /// Confidence cutoff C (0 without `@`).
+    cutoff: f64,
+    /// Draft window W (`None` without `~`: the run's `--draft-window`).
+    window: Option<usize>,
+}
+
+fn parse_tree_spec(s: &str) -> anyhow::Result<TreeSpec<'_>> {
+    // A `~` followed by anything but digits belongs to a file name.
+    let (rest, window) = match s.rsplit_once('~') {
+        Some((rest, w)) if !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()) => {
+            let w: usize = w.parse().with_context(|| format!("draft window of `{s}` is too large"))?;
+            (rest, Some(w))
+        }
+        _ => (s, None),
+    };
+    let (name, cutoff) = match rest.rsplit_once('@') {
+        None => (rest, 0.0),
         Some((name, c)) => {
             let c: f64 = c.parse().with_context(|| format!("confidence cutoff of `{s}` is not a number"))?;
             if !(0.0..=1.0).contains(&c) {
                 anyhow::bail!("confidence cutoff of `{s}` must be in [0, 1]");
             }
-            Ok((name, c))
+            (name, c)
         }
-    }
+    };
+    Ok(TreeSpec { name, cutoff, window })
 }
 
 pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     let methods = methods::parse_methods(&args.methods)?;
     let trees = parse_list(&args.trees, "tree", |s| {
-        let (name, _) = split_cutoff(s)?;
+        let name = parse_tree_spec(s)?.name;
         Ok((s.to_string(), if name == "auto" { TreeChoice::Auto } else { DraftTree::load(name)?.into() }))
     })?;
     let ngram = args.ngram.config().map_err(|e| anyhow::anyhow!("--ngram-min/--ngram-max: {e}"))?;
@@ -328,7 +356,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                         construction,
                         verifier,
                         draft_warp: args.draft_temperature.map(Warp::temperature),
-                        confidence_cutoff: split_cutoff(name).map_or(0.0, |(_, c)| c),
+                        confidence_cutoff: parse_tree_spec(name).map_or(0.0, |t| t.cutoff),
                         source: match cell.method {
                             Method::NgramFirst { .. } => {
                                 engine::decode::DraftSource::NgramFirst { ngram, tree: ngram_tree.clone() }
@@ -346,6 +374,13 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     source: engine::decode::DraftSource::Ngram(ngram),
                 },
                 Method::Baseline => unreachable!("the baseline has no tree"),
+            });
+            let window = cell.tree.as_ref().and_then(|(name, _)| parse_tree_spec(name).ok()?.window);
+            let window = window.unwrap_or(args.draft_window);
+            generator.set_draft_window(if window > 0 {
+                Some(DraftWindow::new(args.draft_sinks, window)?)
+            } else {
+                None
             });
             let mut answers: Vec<String> = Vec::with_capacity(q.turns.len());
             for turn in 0..q.turns.len() {
@@ -442,6 +477,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "seed": args.seed,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),
         "trees": trees.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        "draft_window": args.draft_window,
+        "draft_sinks": args.draft_sinks,
         "temperatures": temperatures,
         "notes": notes,
     });
@@ -459,16 +496,22 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_cutoff;
+    use super::{parse_tree_spec, TreeSpec};
 
     #[test]
-    fn tree_names_take_an_optional_confidence_cutoff() {
-        assert_eq!(split_cutoff("chain-4").unwrap(), ("chain-4", 0.0));
-        assert_eq!(split_cutoff("chain-4@0.6").unwrap(), ("chain-4", 0.6));
-        assert_eq!(split_cutoff("configs/trees/x.toml@1").unwrap(), ("configs/trees/x.toml", 1.0));
-        for bad in ["chain-2@x", "chain-2@1.5", "chain-2@-0.1", "chain-2@NaN"] {
-            let e = split_cutoff(bad).unwrap_err().to_string();
+    fn tree_names_take_an_optional_confidence_cutoff_and_draft_window() {
+        let spec = |name, cutoff, window| TreeSpec { name, cutoff, window };
+        assert_eq!(parse_tree_spec("chain-4").unwrap(), spec("chain-4", 0.0, None));
+        assert_eq!(parse_tree_spec("chain-4@0.6").unwrap(), spec("chain-4", 0.6, None));
+        assert_eq!(parse_tree_spec("configs/trees/x.toml@1").unwrap(), spec("configs/trees/x.toml", 1.0, None));
+        assert_eq!(parse_tree_spec("chain-2~512").unwrap(), spec("chain-2", 0.0, Some(512)));
+        assert_eq!(parse_tree_spec("chain-4@0.5~0").unwrap(), spec("chain-4", 0.5, Some(0)));
+        assert_eq!(parse_tree_spec("a~b/x.toml").unwrap(), spec("a~b/x.toml", 0.0, None));
+        for bad in ["chain-2@x", "chain-2@1.5", "chain-2@-0.1", "chain-2@NaN", "chain-2@x~5"] {
+            let e = parse_tree_spec(bad).unwrap_err().to_string();
             assert!(e.contains(bad) && e.contains("confidence cutoff"), "{bad}: {e}");
         }
+        let e = parse_tree_spec("chain-2~99999999999999999999999").unwrap_err().to_string();
+        assert!(e.contains("draft window"), "{e}");
     }
 }

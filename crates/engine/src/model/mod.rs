@@ -442,15 +442,23 @@ impl DecoderModel {
     /// 708-token prompt in one forward took 634,000 page faults for its fresh temporaries
     /// (2,800 in chunks) and 2.9 s (2.0 s in chunks; `benches/RESULTS.md`).
     pub fn forward_chain(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
+        self.forward_chain_from(tokens, cache.len(), cache)
+    }
+
+    /// [`Self::forward_chain`] with the chain's first token at position `first` instead of
+    /// `cache.len()`: for a cache that skips part of the context (a draft window,
+    /// `crate::draft_window`). Every cached row stays visible.
+    pub fn forward_chain_from(&self, tokens: &[u32], first: usize, cache: &mut KvCache) -> Result<Tensor> {
         if tokens.is_empty() {
             candle_core::bail!("forward: 0 tokens");
         }
         let chunk = if self.device.is_cpu() { PREFILL_CHUNK_CPU } else { PREFILL_CHUNK_GPU };
         let mut parts = Vec::with_capacity(tokens.len().div_ceil(chunk));
-        for c in tokens.chunks(chunk) {
+        for (i, c) in tokens.chunks(chunk).enumerate() {
             let past = cache.len();
             let bias = causal_bias(past, c.len(), self.dtype, &self.device)?;
-            let pos: Vec<u32> = (past..past + c.len()).map(|p| p as u32).collect();
+            let start = first + i * chunk;
+            let pos: Vec<u32> = (start..start + c.len()).map(|p| p as u32).collect();
             parts.push(self.forward(c, &pos, &bias, cache)?);
         }
         match parts.len() {

@@ -1,0 +1,108 @@
+//! A bounded context for the draft model: the first tokens ("attention sinks") and the most
+//! recent ones, as StreamingLLM keeps them and as MagicDec drafts long contexts with.
+//!
+//! The target always attends to the whole context; only the draft's view shrinks. A draft
+//! that sees less proposes worse tokens, which costs acceptance, never exactness: the
+//! verifier checks every draft against the target's p and the q it was drawn from. What it
+//! saves grows with the context: the draft's prompt pass covers `sinks + recent` tokens
+//! instead of the whole prompt, and each draft forward attends to at most
+//! `sinks + recent + slack` cached rows.
+//!
+//! The cached rows keep their real positions (rotary embeddings are applied at the position
+//! each token has in the full context), so a row's position is its cache index plus the
+//! number of tokens skipped between the sinks and the recent rows.
+
+use candle_core::Result;
+
+use crate::kv_cache::KvCache;
+use crate::model::DecoderModel;
+
+/// Which part of the context the draft model attends to: the first `sinks` tokens and the
+/// last `recent` ones (at least; up to `recent + slack()` between slides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftWindow {
+    pub sinks: usize,
+    pub recent: usize,
+}
+
+impl DraftWindow {
+    /// Sinks kept by default: StreamingLLM finds four enough.
+    pub const DEFAULT_SINKS: usize = 4;
+
+    /// A window of `recent` tokens (at least 1) after `sinks` sink tokens.
+    pub fn new(sinks: usize, recent: usize) -> Result<Self> {
+        if recent == 0 {
+            candle_core::bail!("the draft window needs at least one recent token");
+        }
+        Ok(Self { sinks, recent })
+    }
+
+    /// Rows the cache may grow by past `sinks + recent` before the middle is dropped: half
+    /// the window (at least 16), so that sliding (one copy of the recent rows) happens once
+    /// per that many tokens.
+    pub fn slack(&self) -> usize {
+        (self.recent / 2).max(16)
+    }
+}
+
+/// The draft cache's rows against the context's positions.
+#[derive(Debug, Clone, Default)]
+pub struct DraftContext {
+    window: Option<DraftWindow>,
+    /// Context tokens between the sinks and the first recent row, not in the cache.
+    skipped: usize,
+}
+
+impl DraftContext {
+    pub fn new(window: Option<DraftWindow>) -> Self {
+        Self { window, skipped: 0 }
+    }
+
+    pub fn window(&self) -> Option<DraftWindow> {
+        self.window
+    }
+
+    /// Context positions not in the cache: a cached row `r` past the sinks holds position
+    /// `r + skipped()`.
+    pub fn skipped(&self) -> usize {
+        self.skipped
+    }
+
+    /// Empties `cache` and runs `tokens` (context positions `0..tokens.len()`) through the
+    /// draft: all of them, or with a window only the sinks and the last `recent`.
+    pub fn prefill(&mut self, draft: &DecoderModel, cache: &mut KvCache, tokens: &[u32]) -> Result<()> {
+        cache.truncate(0);
+        self.skipped = 0;
+        let n = tokens.len();
+        match self.window {
+            Some(w) if n > w.sinks + w.recent => {
+                if w.sinks > 0 {
+                    draft.forward_chain(&tokens[..w.sinks], cache)?;
+                }
+                let first = n - w.recent;
+                draft.forward_chain_from(&tokens[first..], first, cache)?;
+                self.skipped = first - w.sinks;
+            }
+            _ if n > 0 => {
+                draft.forward_chain(tokens, cache)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Drops the rows between the sinks and the last `recent` once the cache holds more than
+    /// `sinks + recent + slack` rows. Call between steps (every cached row committed).
+    pub fn slide(&mut self, cache: &mut KvCache) -> Result<()> {
+        let Some(w) = self.window else { return Ok(()) };
+        let len = cache.len();
+        if len <= w.sinks + w.recent + w.slack() {
+            return Ok(());
+        }
+        let drop = len - w.sinks - w.recent;
+        let kept: Vec<usize> = (drop..len - w.sinks).collect();
+        cache.compact(w.sinks, &kept)?;
+        self.skipped += drop;
+        Ok(())
+    }
+}
