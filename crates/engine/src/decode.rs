@@ -20,6 +20,9 @@
 //! verification, with the head's entries in place of draft-model tokens; or n-gram lookup in
 //! the context ([`DraftSource`], [`crate::ngram`]), whose deterministic drafts the membership
 //! verifier checks, alone or before the model on steps where the context has a match.
+//! The draft model may see only a window of the context ([`Generator::set_draft_window`],
+//! [`crate::draft_window`]): its cache then skips positions, and its rows are counted apart
+//! from the target's.
 //!
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
