@@ -112,7 +112,7 @@ impl NgramDrafter {
     }
 
     /// Whether the context's suffix of at least `min` tokens occurred before (so that
-    /// [`NgramDrafter::draft_tree`] drafts at least the root's first child).
+    /// `NgramDrafter::draft_tree` drafts at least the root's first child).
     pub fn has_match(&mut self) -> bool {
         !self.root_matches().is_empty()
     }
