@@ -65,6 +65,9 @@ struct GenerateArgs {
     /// Nucleus sampling mass (1: off).
     #[arg(long, default_value_t = 1.0)]
     top_p: f64,
+    /// Seed of every random draw. With a fixed --tree the same command gives the same text;
+    /// `--tree auto` picks each step's tree from forward times measured as it runs, so at
+    /// temperature > 0 its texts can differ between runs (each an exact sample).
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
     /// An EAGLE-1 draft head (a folder with config.json and pytorch_model.bin or

@@ -30,7 +30,7 @@ pub mod qgemv;
 mod repack_test_support;
 
 use crate::kv_cache::KvCache;
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 
 /// The model families the engine runs.
@@ -120,20 +120,57 @@ impl Linear {
         };
         let repacked = match &weight {
             QMatMul::QTensor(w) if few_rows_max > 0 && repack_from_env() => {
-                if let Some(m) = q4k_tiled::Q4KTiledMatrix::from_qtensor(w)? {
-                    Some(Repacked::Q4KTiled(std::sync::Arc::new(m)))
-                } else if let Some(m) = q4k_interleaved::Q4KMatrix::from_qtensor(w)? {
-                    Some(Repacked::Q4K(std::sync::Arc::new(m)))
-                } else if let Some(m) = q6k_tiled::Q6KTiledMatrix::from_qtensor(w)? {
-                    Some(Repacked::Q6KTiled(std::sync::Arc::new(m)))
-                } else {
-                    q6k_interleaved::Q6KMatrix::from_qtensor(w)?.map(|m| Repacked::Q6K(std::sync::Arc::new(m)))
-                }
+                Repacked::from_raw(w.dtype(), w.shape().dims(), &w.data()?)?
             }
             _ => None,
         };
         let weight = if repacked.is_some() { None } else { Some(weight) };
         Ok(Self { weight, repacked, bias, pad_input, few_rows_max })
+    }
+
+    /// The CPU matrix of a stored ggml tensor (`dtype`, `dims`, its raw `bytes`) when our
+    /// kernels take it: repacked straight from the bytes (mapped from a GGUF file), with no
+    /// `QTensor` copy first. `None` when [`Self::padded`] would keep candle's form; the caller
+    /// then builds the `QTensor`.
+    pub fn repacked_from_raw(
+        dtype: GgmlDType,
+        dims: &[usize],
+        bytes: &[u8],
+        bias: Option<Tensor>,
+        pad_input: usize,
+    ) -> Result<Option<Self>> {
+        let supported = q4k_interleaved::cpu_supported()
+            && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
+            && dims.len() == 2
+            && dims[1].is_multiple_of(qgemv::QK_K);
+        let few_rows_max = few_rows_max_from_env();
+        if !supported || few_rows_max == 0 || !repack_from_env() {
+            return Ok(None);
+        }
+        Ok(Repacked::from_raw(dtype, dims, bytes)?.map(|r| Self {
+            weight: None,
+            repacked: Some(r),
+            bias,
+            pad_input,
+            few_rows_max,
+        }))
+    }
+}
+
+impl Repacked {
+    /// The layout our kernels take for a ggml matrix on this CPU: 16-row tiles with AVX-512
+    /// VNNI, else interleaved blocks with AVX2; `None` for other types and CPUs.
+    fn from_raw(dtype: GgmlDType, dims: &[usize], bytes: &[u8]) -> Result<Option<Self>> {
+        use std::sync::Arc;
+        Ok(if let Some(m) = q4k_tiled::Q4KTiledMatrix::from_raw(dtype, dims, bytes)? {
+            Some(Self::Q4KTiled(Arc::new(m)))
+        } else if let Some(m) = q4k_interleaved::Q4KMatrix::from_raw(dtype, dims, bytes)? {
+            Some(Self::Q4K(Arc::new(m)))
+        } else if let Some(m) = q6k_tiled::Q6KTiledMatrix::from_raw(dtype, dims, bytes)? {
+            Some(Self::Q6KTiled(Arc::new(m)))
+        } else {
+            q6k_interleaved::Q6KMatrix::from_raw(dtype, dims, bytes)?.map(|m| Self::Q6K(Arc::new(m)))
+        })
     }
 }
 
@@ -609,6 +646,55 @@ mod gate_tests {
             let mut got = g0;
             super::silu_gate(&mut got, &u);
             assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "length {len}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod raw_repack_tests {
+    use super::*;
+    use candle_core::quantized::QTensor;
+
+    /// A matrix repacked straight from its bytes (how GGUF matrices load from the mapped file)
+    /// computes what the same matrix built from a `QTensor` does, bit for bit: Q4_K and Q6_K,
+    /// 1 and 5 input rows, all rows and a prefix of rows (a cut output head). A byte count that
+    /// does not fit the shape is an error. On CPUs without our kernels both keep candle's form
+    /// and `repacked_from_raw` declines.
+    #[test]
+    fn repacked_from_raw_equals_the_qtensor_path() {
+        let dev = Device::Cpu;
+        let (rows, cols) = (48, 512);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.8).collect();
+        let w = Tensor::from_vec(w, (rows, cols), &dev).unwrap();
+        let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 613 % 211) as f32 / 211.0 - 0.5) * 2.0).collect();
+        let x = Tensor::from_vec(x, (1, 5, cols), &dev).unwrap();
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let bytes = q.data().unwrap().to_vec();
+            let row_bytes = bytes.len() / rows;
+            for kept in [rows, 32] {
+                let raw = Linear::repacked_from_raw(dtype, &[kept, cols], &bytes[..kept * row_bytes], None, 0).unwrap();
+                let Some(raw) = raw else {
+                    assert!(!q4k_interleaved::cpu_supported(), "{dtype:?}: our kernels exist but were not used");
+                    continue;
+                };
+                let prefix = QTensor::quantize(&w.narrow(0, 0, kept).unwrap(), dtype).unwrap();
+                let via = Linear::padded(QMatMul::from_qtensor(prefix).unwrap(), None, 0).unwrap();
+                assert!(via.repacked.is_some(), "{dtype:?}: the QTensor path was not repacked");
+                for n in [1, 5] {
+                    let xs = x.narrow(1, 0, n).unwrap();
+                    let a = raw.forward(&xs).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    let b = via.forward(&xs).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    assert_eq!(a.len(), n * kept);
+                    assert!(
+                        a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{dtype:?}, {kept} rows, {n} inputs"
+                    );
+                }
+            }
+            if q4k_interleaved::cpu_supported() {
+                assert!(Linear::repacked_from_raw(dtype, &[rows, cols], &bytes[..bytes.len() - 1], None, 0).is_err());
+            }
         }
     }
 }

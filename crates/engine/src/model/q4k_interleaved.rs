@@ -112,13 +112,23 @@ impl<B: Repacks> RepackedMatrix<B> {
     /// The repacked copy of `w` when our kernel can take it: a 2-D tensor of type `B::DTYPE` on
     /// the CPU, whole super-blocks per row, on an x86-64 CPU with AVX2, FMA and F16C.
     pub fn from_qtensor(w: &QTensor) -> Result<Option<Self>> {
-        let dims = w.shape().dims();
-        let fit = w.dtype() == B::DTYPE && w.device().is_cpu() && dims.len() == 2 && dims[1].is_multiple_of(QK_K);
+        if !w.device().is_cpu() {
+            return Ok(None);
+        }
+        Self::from_raw(w.dtype(), w.shape().dims(), &w.data()?)
+    }
+
+    /// [`Self::from_qtensor`] from the raw bytes of a ggml tensor of type `dtype` and shape
+    /// `dims` (for the CPU; e.g. mapped from a GGUF file, without a `QTensor` copy first).
+    pub fn from_raw(dtype: GgmlDType, dims: &[usize], bytes: &[u8]) -> Result<Option<Self>> {
+        let fit = dtype == B::DTYPE && dims.len() == 2 && dims[1].is_multiple_of(QK_K);
         if !fit || !cpu_supported() {
             return Ok(None);
         }
-        let blocks = B::repack(&w.data()?)?;
-        debug_assert_eq!(blocks.len(), dims[0] * dims[1] / QK_K);
+        let blocks = B::repack(bytes)?;
+        if blocks.len() != dims[0] * dims[1] / QK_K {
+            candle_core::bail!("{dtype:?} matrix {dims:?}: {} bytes is not its size", bytes.len());
+        }
         Ok(Some(Self { blocks, rows: dims[0], cols: dims[1] }))
     }
 }
@@ -207,33 +217,42 @@ pub fn repack(bytes: &[u8]) -> Result<Vec<BlockQ4KI>> {
     if !bytes.len().is_multiple_of(SIZE) {
         candle_core::bail!("q4k-repack: {} bytes is not a whole number of Q4_K blocks", bytes.len());
     }
-    let zero = BlockQ4KI { d: 0, dmin: 0, scales: [0; 8], mins: [0; 8], qs: [0; 128] };
-    Ok(repack_parallel(bytes, SIZE, zero, repack_block))
+    Ok(repack_parallel(bytes, SIZE, repack_block))
 }
 
 /// `out[i] = f(bytes[i * size..(i + 1) * size])`, split over the machine's cores (a 1.5B
 /// model's matrices are several million blocks: ~1 s on one core).
-pub(crate) fn repack_parallel<T: Copy + Send>(bytes: &[u8], size: usize, zero: T, f: fn(&[u8]) -> T) -> Vec<T> {
-    repack_parallel_by(bytes.len() / size, zero, |i| f(&bytes[i * size..(i + 1) * size]))
+pub(crate) fn repack_parallel<T: Copy + Send>(bytes: &[u8], size: usize, f: fn(&[u8]) -> T) -> Vec<T> {
+    repack_parallel_by(bytes.len() / size, |i| f(&bytes[i * size..(i + 1) * size]))
 }
 
 /// `out[i] = f(i)` for `i < n`, split over the machine's cores.
-pub(crate) fn repack_parallel_by<T: Copy + Send>(n: usize, zero: T, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let mut out = vec![zero; n];
+///
+/// The output is written once, by the threads, straight into uninitialized memory: no serial
+/// zeroing pass first, and the pages are first touched (faulted in) on every core. Chunks are
+/// at least [`MIN_BLOCKS_PER_THREAD`] blocks, so every matrix of a small model is split too.
+pub(crate) fn repack_parallel_by<T: Copy + Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(n);
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, 16);
-    let per = n.div_ceil(threads).max(4096);
+    let per = n.div_ceil(threads).max(MIN_BLOCKS_PER_THREAD);
     let f = &f;
     std::thread::scope(|scope| {
-        for (c, dst) in out.chunks_mut(per).enumerate() {
+        for (c, dst) in out.spare_capacity_mut()[..n].chunks_mut(per).enumerate() {
             scope.spawn(move || {
                 for (j, d) in dst.iter_mut().enumerate() {
-                    *d = f(c * per + j);
+                    d.write(f(c * per + j));
                 }
             });
         }
     });
+    // SAFETY: the chunks cover slots 0..n and each thread wrote every slot of its chunk (a
+    // panicking thread makes `scope` panic before this line); `T: Copy` has no drop to skip.
+    unsafe { out.set_len(n) };
     out
 }
+
+/// Fewest blocks a repacking thread takes (64 Q4_K tiles are 148 KiB).
+const MIN_BLOCKS_PER_THREAD: usize = 64;
 
 /// The weights of a repacked block as `f32` (for tests).
 pub fn dequantize(b: &BlockQ4KI) -> [f32; QK_K] {
@@ -561,7 +580,7 @@ mod tests {
     fn parallel_repacking_keeps_the_order() {
         let n = 3 * 4096 + 17; // several chunks on any machine with more than one core
         let bytes: Vec<u8> = (0..n * 2).map(|i| (i / 2 % 251) as u8).collect();
-        let out = repack_parallel(&bytes, 2, 0u8, |raw| raw[0]);
+        let out = repack_parallel(&bytes, 2, |raw| raw[0]);
         assert_eq!(out, (0..n).map(|i| (i % 251) as u8).collect::<Vec<_>>());
     }
 

@@ -97,16 +97,21 @@ impl<T: Tiled> TiledMatrix<T> {
     /// the CPU, whole super-blocks per row and whole tiles of rows, on a CPU where
     /// [`vnni_enabled`].
     pub fn from_qtensor(w: &QTensor) -> Result<Option<Self>> {
-        let dims = w.shape().dims();
-        let fit = w.dtype() == T::DTYPE
-            && w.device().is_cpu()
-            && dims.len() == 2
-            && dims[0].is_multiple_of(TILE_ROWS)
-            && dims[1].is_multiple_of(QK_K);
+        if !w.device().is_cpu() {
+            return Ok(None);
+        }
+        Self::from_raw(w.dtype(), w.shape().dims(), &w.data()?)
+    }
+
+    /// [`Self::from_qtensor`] from the raw bytes of a ggml tensor of type `dtype` and shape
+    /// `dims` (for the CPU; e.g. mapped from a GGUF file, without a `QTensor` copy first).
+    pub fn from_raw(dtype: GgmlDType, dims: &[usize], bytes: &[u8]) -> Result<Option<Self>> {
+        let fit =
+            dtype == T::DTYPE && dims.len() == 2 && dims[0].is_multiple_of(TILE_ROWS) && dims[1].is_multiple_of(QK_K);
         if !fit || !vnni_enabled() {
             return Ok(None);
         }
-        Ok(Some(Self { tiles: T::tile(&w.data()?, dims[0], dims[1])?, rows: dims[0], cols: dims[1] }))
+        Ok(Some(Self { tiles: T::tile(bytes, dims[0], dims[1])?, rows: dims[0], cols: dims[1] }))
     }
 }
 
@@ -118,14 +123,13 @@ pub(crate) fn tile_with<T: Copy + Send>(
     bytes: &[u8],
     (rows, cols): (usize, usize),
     block: usize,
-    zero: T,
     f: impl Fn([&[u8]; TILE_ROWS]) -> T + Sync,
 ) -> Result<Vec<T>> {
     let kb = cols / QK_K;
     if !rows.is_multiple_of(TILE_ROWS) || !cols.is_multiple_of(QK_K) || bytes.len() != rows * kb * block {
         candle_core::bail!("{name}: {} bytes is not a [{rows}, {cols}] matrix in tiles of 16 rows", bytes.len());
     }
-    Ok(repack_parallel_by(rows / TILE_ROWS * kb, zero, |index| {
+    Ok(repack_parallel_by(rows / TILE_ROWS * kb, |index| {
         let (t, i) = (index / kb, index % kb);
         f(std::array::from_fn(|r| {
             let at = ((TILE_ROWS * t + r) * kb + i) * block;
@@ -149,7 +153,7 @@ impl Tiled for Q4KTile {
 /// Tiles the raw bytes of a `[rows, cols]` ggml Q4_K tensor, on all cores.
 pub fn tile(bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<Q4KTile>> {
     const SIZE: usize = std::mem::size_of::<BlockQ4K>();
-    tile_with("q4k-tile", bytes, (rows, cols), SIZE, Q4KTile::ZERO, |raw| {
+    tile_with("q4k-tile", bytes, (rows, cols), SIZE, |raw| {
         let mut out = Q4KTile::ZERO;
         for (r, raw) in raw.into_iter().enumerate() {
             // SAFETY: `BlockQ4K` is `repr(C)` of byte arrays and two u16s, 144 bytes, any bit

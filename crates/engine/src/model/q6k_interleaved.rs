@@ -107,8 +107,7 @@ pub fn repack(bytes: &[u8]) -> Result<Vec<BlockQ6KI>> {
     if !bytes.len().is_multiple_of(SIZE) {
         candle_core::bail!("q6k-repack: {} bytes is not a whole number of Q6_K blocks", bytes.len());
     }
-    let zero = BlockQ6KI { d: 0, scales: [0; 16], ql: [0; 128], qh: [0; 64] };
-    Ok(super::q4k_interleaved::repack_parallel(bytes, SIZE, zero, repack_block))
+    Ok(super::q4k_interleaved::repack_parallel(bytes, SIZE, repack_block))
 }
 
 /// The weights of a repacked block as `f32` (for tests): `d * scale * (q - 32)`.

@@ -51,7 +51,7 @@ pub type Q6KTiledMatrix = TiledMatrix<Q6KTile>;
 /// Tiles the raw bytes of a `[rows, cols]` ggml Q6_K tensor, on all cores.
 pub fn tile(bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<Q6KTile>> {
     const SIZE: usize = std::mem::size_of::<BlockQ6K>();
-    tile_with("q6k-tile", bytes, (rows, cols), SIZE, Q6KTile::ZERO, |raw| {
+    tile_with("q6k-tile", bytes, (rows, cols), SIZE, |raw| {
         let mut out = Q6KTile::ZERO;
         for (r, raw) in raw.into_iter().enumerate() {
             // SAFETY: `BlockQ6K` is `repr(C)` of byte arrays and a u16, 210 bytes, any bit
