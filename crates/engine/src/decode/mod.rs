@@ -8,11 +8,12 @@
 //! 1. **Draft**, one batched forward per tree depth: the pending token (after the draft's
 //!    missing tokens) gives `q` at the root; every expandable node at depth `d` runs at once
 //!    with the tree attention bias and gives `q` at that node; a node with `k` children draws
-//!    `k` drafts from its `q` with the [`DraftConstruction`].
+//!    `k` drafts from its `q` with the [`samplers::DraftConstruction`].
 //! 2. **Target**, one forward over the whole tree (root plus drafts), logits of every node
 //!    copied to the host once.
-//! 3. **Verify** from the root: the [`Verifier`] turns `(p, q, drafts)` at the node into the
-//!    next token; descend while it is one of the drafts; at a node without drafts sample `p`.
+//! 3. **Verify** from the root: the [`samplers::Verifier`] turns `(p, q, drafts)` at the node
+//!    into the next token; descend while it is one of the drafts; at a node without drafts
+//!    sample `p`.
 //! 4. **Compact** both caches to the accepted root-to-node path.
 //!
 //! The draft source is a draft model (above), an EAGLE head reading the target's hidden
@@ -27,6 +28,8 @@
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
 //! tokens are then distributed exactly as autoregressive sampling of the warped target.
 
+mod config;
+
 use crate::auto_tree::AutoTree;
 use crate::draft_window::{DraftContext, DraftWindow};
 use crate::drafting::{draw_children, expandable, nan_error, tree_bias};
@@ -34,143 +37,18 @@ use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
 use crate::model::DecoderModel;
-use crate::ngram::{NgramConfig, NgramDrafter};
+use crate::ngram::NgramDrafter;
 use crate::tree::DraftTree;
 use candle_core::{Error, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::construction::DraftScratch;
 use samplers::dist::Warp;
-use samplers::{DraftConstruction, Verifier, VerifyScratch};
+use samplers::VerifyScratch;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The tree of every step: one fixed topology, or the best by measured cost and acceptance
-/// before each step ([`crate::auto_tree`], `--tree auto`).
-#[derive(Debug, Clone)]
-pub enum TreeChoice {
-    Fixed(DraftTree),
-    Auto,
-}
-
-impl From<DraftTree> for TreeChoice {
-    fn from(t: DraftTree) -> Self {
-        TreeChoice::Fixed(t)
-    }
-}
-
-/// How to pick drafts and verify them.
-#[derive(Debug, Clone)]
-pub struct SpecConfig {
-    pub tree: TreeChoice,
-    pub construction: DraftConstruction,
-    pub verifier: Verifier,
-    /// Warp of the draft logits; `None`: the target's. Any draft distribution keeps the
-    /// output exact (the verifier sees the q the drafts were drawn from); at temperature 0 a
-    /// warped q is one-hot, so trees collapse to chains unless the draft keeps a temperature.
-    pub draft_warp: Option<Warp>,
-    /// Confidence pruning (0: off). A node's children are drafted only when the product,
-    /// over the node and its ancestors, of the draft's top probability at temperature 1 is
-    /// at least this; otherwise the node stays a leaf and the target samples there. Like
-    /// EAGLE-2's dynamic trees this spends target rows where the draft is likely right; the
-    /// choice depends only on the draft's distributions (never on the drawn tokens or the
-    /// target), so the output stays exact.
-    pub confidence_cutoff: f64,
-    /// Where the drafts come from.
-    pub source: DraftSource,
-}
-
-/// Where a step's drafts come from. N-gram drafts are deterministic (a function of the
-/// context), so their nodes are verified by membership ([`samplers::verify_deterministic`])
-/// whatever `SpecConfig::verifier` is; which source drafts a step depends only on the context,
-/// so mixing them keeps the output exact.
-#[derive(Debug, Clone, Default)]
-pub enum DraftSource {
-    /// The generator's draft model or EAGLE head, on [`SpecConfig::tree`].
-    #[default]
-    Model,
-    /// N-gram lookup only ([`crate::ngram`]), on [`SpecConfig::tree`] (fixed): no draft model
-    /// runs. `SpecConfig::verifier` must be [`Verifier::TopK`] (membership), and there is no
-    /// q to warp or prune by.
-    Ngram(NgramConfig),
-    /// N-gram lookup on `tree` for the steps where the context has a match; the draft model or
-    /// head on [`SpecConfig::tree`] for the others.
-    NgramFirst { ngram: NgramConfig, tree: DraftTree },
-}
-
-impl DraftSource {
-    fn ngram(&self) -> Option<NgramConfig> {
-        match self {
-            Self::Model => None,
-            Self::Ngram(c) | Self::NgramFirst { ngram: c, .. } => Some(*c),
-        }
-    }
-}
-
-impl SpecConfig {
-    /// Whether the draft's q keeps a temperature (else it is one-hot and every node gets one
-    /// distinct draft).
-    pub fn draft_samples(&self, warp: Warp) -> bool {
-        self.draft_warp.unwrap_or(warp).temperature > 0.0
-    }
-
-    /// The most nodes a step's tree can have.
-    pub fn max_tree_len(&self, warp: Warp) -> usize {
-        let model = match &self.tree {
-            TreeChoice::Fixed(t) => t.len(),
-            TreeChoice::Auto => AutoTree::new(self.draft_samples(warp)).max_len(),
-        };
-        match &self.source {
-            DraftSource::NgramFirst { tree, .. } => model.max(tree.len()),
-            _ => model,
-        }
-    }
-}
-
-/// What to generate.
-#[derive(Debug, Clone)]
-pub struct GenerationConfig {
-    pub max_new_tokens: usize,
-    pub warp: Warp,
-    pub seed: u64,
-    /// `None`: plain autoregressive decoding of the target (`--no-spec`).
-    pub speculative: Option<SpecConfig>,
-}
-
-/// Counters and timings of one generation.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Stats {
-    pub prompt_tokens: usize,
-    pub new_tokens: usize,
-    /// Target forwards after the prompt (one per step).
-    pub target_forwards: usize,
-    /// Rows the target ran after the prompt: one per plain step, the drafted tree nodes plus
-    /// the root per speculative step (repeated drafts get no row).
-    pub target_rows: usize,
-    /// Draft forwards (one per tree depth per step).
-    pub draft_forwards: usize,
-    /// Mean tokens emitted per target forward, bonus token included.
-    pub tau: f64,
-    /// Fraction of steps that accepted a draft at depth `d` (index `d - 1`).
-    pub acceptance_per_depth: Vec<f64>,
-    /// Steps that accepted at least `d` drafts (index `d - 1`).
-    #[serde(skip)]
-    pub accepted_at_depth: Vec<usize>,
-    pub prefill_s: f64,
-    pub draft_s: f64,
-    pub target_s: f64,
-    pub verify_s: f64,
-    pub total_s: f64,
-    /// New tokens per second of decoding (prefill excluded).
-    pub tokens_per_s: f64,
-    /// Steps drafted by n-gram lookup ([`DraftSource`]).
-    pub ngram_steps: usize,
-    /// Why generation stopped: `max_new_tokens` or `stop_token`.
-    pub stop_reason: String,
-    /// With `--tree auto`: the acceptance estimate and the steps taken with each tree.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub auto_tree: String,
-}
+pub use config::{check_ngram, DraftSource, GenerationConfig, SpecConfig, Stats, TreeChoice};
 
 /// Runs generations with a target (and optionally a draft) model, reusing caches and buffers.
 pub struct Generator<'a> {
@@ -653,35 +531,6 @@ struct StepInput<'t> {
     warp: Warp,
     /// Drafted by n-gram lookup (else by the draft model or head).
     lookup: bool,
-}
-
-/// Refuses what n-gram drafting cannot do: its drafts are deterministic (no q), so only the
-/// membership verifier is lossless, and there is no q to warp or prune by, nor an acceptance
-/// model for `--tree auto`.
-pub fn check_ngram(s: &SpecConfig) -> Result<()> {
-    let Some(c) = s.source.ngram() else { return Ok(()) };
-    c.check().map_err(|e| Error::Msg(format!("n-gram drafting: {e}")))?;
-    if !matches!(s.source, DraftSource::Ngram(_)) {
-        // N-gram steps before a model: the model's steps use its own pair and tree.
-        return Ok(());
-    }
-    if s.verifier != Verifier::TopK {
-        candle_core::bail!(
-            "n-gram drafts are deterministic: only the topk (membership) verifier is lossless for them, not {}",
-            s.verifier
-        );
-    }
-    if matches!(s.tree, TreeChoice::Auto) {
-        candle_core::bail!(
-            "n-gram drafting needs a fixed tree (e.g. chain-4); `auto` models a draft model's acceptance"
-        );
-    }
-    if s.draft_warp.is_some() || s.confidence_cutoff > 0.0 {
-        candle_core::bail!(
-            "n-gram drafts have no draft distribution: a draft temperature or confidence cutoff does not apply"
-        );
-    }
-    Ok(())
 }
 
 /// Tokens for a draft whose vocabulary is a prefix of the target's: ids beyond it (which the
