@@ -1,0 +1,349 @@
+//! [`Linear`]: one matrix product with optional bias, and the routing of its products to our
+//! CPU kernels ([`qgemv`], the repacked layouts) or to candle's.
+
+use super::{attention_kernels, q4k_interleaved, q4k_tiled, q6k_interleaved, q6k_tiled, qgemv};
+use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::{DType, Module, Result, Tensor, D};
+
+/// A matrix product with optional bias; the matrix is dense or quantized. The matrix may have
+/// `pad_input` extra zero columns (re-quantized to a format whose blocks need a longer row):
+/// the input then gets as many zeros, which leaves the product unchanged.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// The matrix in candle's form; `None` when it lives in `repacked` only.
+    weight: Option<QMatMul>,
+    /// A Q4_K or Q6_K matrix on an AVX2 CPU, repacked at load for our kernels
+    /// ([`q4k_tiled`] and [`q6k_tiled`] with AVX-512 VNNI, else [`q4k_interleaved`] and
+    /// [`q6k_interleaved`]), which then run every product with it (one
+    /// copy of the weights is kept, not two).
+    repacked: Option<Repacked>,
+    bias: Option<Tensor>,
+    pad_input: usize,
+    /// Up to this many input rows go through [`qgemv`] (0: never).
+    few_rows_max: usize,
+}
+
+/// Input rows up to which ggml-layout Q4_K/Q6_K products on an AVX2 CPU use [`qgemv`] rather
+/// than candle's repacked kernels (measured in `benches/RESULTS.md`, "Engine on CPU"). Q4_K and
+/// Q6_K matrices repacked at load ([`q4k_interleaved`], [`q6k_interleaved`]) take our kernels at
+/// every row count.
+pub const FEW_ROWS_MAX: usize = 4;
+
+impl Linear {
+    pub fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
+        Self::padded(weight, bias, 0)
+    }
+
+    /// A matrix whose rows were padded with `pad_input` zero columns.
+    pub fn padded(weight: QMatMul, bias: Option<Tensor>, pad_input: usize) -> Result<Self> {
+        let few_rows_max = match &weight {
+            QMatMul::QTensor(w) if qgemv::supports(w) => few_rows_max_from_env(),
+            _ => 0,
+        };
+        let repacked = match &weight {
+            QMatMul::QTensor(w) if few_rows_max > 0 && repack_from_env() => {
+                Repacked::from_raw(w.dtype(), w.shape().dims(), &w.data()?)?
+            }
+            _ => None,
+        };
+        let weight = if repacked.is_some() { None } else { Some(weight) };
+        Ok(Self { weight, repacked, bias, pad_input, few_rows_max })
+    }
+
+    /// The CPU matrix of a stored ggml tensor (`dtype`, `dims`, its raw `bytes`) when our
+    /// kernels take it: repacked straight from the bytes (mapped from a GGUF file), with no
+    /// `QTensor` copy first. `None` when [`Self::padded`] would keep candle's form; the caller
+    /// then builds the `QTensor`.
+    pub fn repacked_from_raw(
+        dtype: GgmlDType,
+        dims: &[usize],
+        bytes: &[u8],
+        bias: Option<Tensor>,
+        pad_input: usize,
+    ) -> Result<Option<Self>> {
+        let supported = q4k_interleaved::cpu_supported()
+            && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
+            && dims.len() == 2
+            && dims[1].is_multiple_of(qgemv::QK_K);
+        let few_rows_max = few_rows_max_from_env();
+        if !supported || few_rows_max == 0 || !repack_from_env() {
+            return Ok(None);
+        }
+        Ok(Repacked::from_raw(dtype, dims, bytes)?.map(|r| Self {
+            weight: None,
+            repacked: Some(r),
+            bias,
+            pad_input,
+            few_rows_max,
+        }))
+    }
+}
+
+impl Repacked {
+    /// The layout our kernels take for a ggml matrix on this CPU: 16-row tiles with AVX-512
+    /// VNNI, else interleaved blocks with AVX2; `None` for other types and CPUs.
+    fn from_raw(dtype: GgmlDType, dims: &[usize], bytes: &[u8]) -> Result<Option<Self>> {
+        use std::sync::Arc;
+        Ok(if let Some(m) = q4k_tiled::Q4KTiledMatrix::from_raw(dtype, dims, bytes)? {
+            Some(Self::Q4KTiled(Arc::new(m)))
+        } else if let Some(m) = q4k_interleaved::Q4KMatrix::from_raw(dtype, dims, bytes)? {
+            Some(Self::Q4K(Arc::new(m)))
+        } else if let Some(m) = q6k_tiled::Q6KTiledMatrix::from_raw(dtype, dims, bytes)? {
+            Some(Self::Q6KTiled(Arc::new(m)))
+        } else {
+            q6k_interleaved::Q6KMatrix::from_raw(dtype, dims, bytes)?.map(|m| Self::Q6K(Arc::new(m)))
+        })
+    }
+}
+
+/// [`FEW_ROWS_MAX`], or `MDSD_FEW_ROWS_MAX` when set (0 turns the fast path off; for
+/// measuring one kernel against the other).
+fn few_rows_max_from_env() -> usize {
+    static VALUE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *VALUE.get_or_init(|| std::env::var("MDSD_FEW_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(FEW_ROWS_MAX))
+}
+
+/// False when `MDSD_REPACK=0`: Q4_K and Q6_K matrices then run in ggml's layout (for
+/// measuring one kernel against the other).
+fn repack_from_env() -> bool {
+    static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VALUE.get_or_init(|| std::env::var("MDSD_REPACK").map_or(true, |v| v != "0"))
+}
+
+/// A matrix repacked at load for our CPU kernels.
+#[derive(Debug, Clone)]
+enum Repacked {
+    Q4KTiled(std::sync::Arc<q4k_tiled::Q4KTiledMatrix>),
+    Q4K(std::sync::Arc<q4k_interleaved::Q4KMatrix>),
+    Q6K(std::sync::Arc<q6k_interleaved::Q6KMatrix>),
+    Q6KTiled(std::sync::Arc<q6k_tiled::Q6KTiledMatrix>),
+}
+
+impl Repacked {
+    fn rows_weight(&self) -> qgemv::RowsWeight<'_> {
+        match self {
+            Self::Q4KTiled(m) => qgemv::RowsWeight::Q4KTiled(m),
+            Self::Q4K(m) => qgemv::RowsWeight::Q4KInterleaved(m),
+            Self::Q6K(m) => qgemv::RowsWeight::Q6KInterleaved(m),
+            Self::Q6KTiled(m) => qgemv::RowsWeight::Q6KTiled(m),
+        }
+    }
+}
+
+impl Linear {
+    fn matmul(&self, x: &Tensor) -> Result<Tensor> {
+        // Our kernels are CPU-only: on CUDA candle's own quantized matmul runs.
+        if let Some(w) = self.few_rows_weight(x) {
+            return x.contiguous()?.apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(w));
+        }
+        match (&self.weight, &self.repacked) {
+            (Some(w), _) => w.forward(x),
+            // Repacked matrices are CPU-only and take f32 activations.
+            (None, Some(r)) => x
+                .to_dtype(DType::F32)?
+                .to_device(&candle_core::Device::Cpu)?
+                .contiguous()?
+                .apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(r.rows_weight())),
+            (None, None) => unreachable!("a Linear holds its matrix in one of the two forms"),
+        }
+    }
+}
+
+impl Linear {
+    /// The matrix when a product with `x` takes a few-rows kernel ([`qgemv`]).
+    /// A repacked matrix takes every row count; a ggml one up to `few_rows_max` rows.
+    fn few_rows_weight(&self, x: &Tensor) -> Option<qgemv::RowsWeight<'_>> {
+        if !(x.dtype() == DType::F32 && x.device().is_cpu()) {
+            return None;
+        }
+        if let Some(r) = &self.repacked {
+            return Some(r.rows_weight());
+        }
+        let Some(QMatMul::QTensor(w)) = &self.weight else { return None };
+        let k = x.dims().last().copied().unwrap_or(0);
+        let fits = k > 0 && x.elem_count() / k <= self.few_rows_max;
+        fits.then_some(qgemv::RowsWeight::Ggml(w))
+    }
+}
+
+/// Runs `f` on the elements of a CPU f32 tensor in row-major order (copying only when it is
+/// not contiguous).
+pub(crate) fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)), Some((a, b))) => Ok(f(&data[a..b])),
+        _ => candle_core::bail!("expected contiguous f32 CPU data, got {:?} on {:?}", t.dtype(), t.device()),
+    }
+}
+
+/// `x @ w_i^T + b_i` for several products of the same input (q/k/v). When every one takes
+/// the few-rows kernel, the input is quantized once and one dispatch computes them all;
+/// otherwise each runs alone. Same results either way.
+pub fn forward_many(lins: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+    let ws: Option<Vec<_>> = lins.iter().map(|l| l.few_rows_weight(x)).collect();
+    let Some(ws) = ws.filter(|ws| ws.len() > 1) else {
+        return lins.iter().map(|l| l.forward(x)).collect();
+    };
+    let (outs, dims) = many_rows(&ws, x)?;
+    lins.iter()
+        .zip(outs)
+        .zip(&ws)
+        .map(|((l, out), w)| {
+            let mut d = dims.clone();
+            *d.last_mut().expect("non-empty dims") = w.dims()?.0;
+            let y = Tensor::from_vec(out, d, x.device())?;
+            match &l.bias {
+                Some(b) => y.broadcast_add(b),
+                None => Ok(y),
+            }
+        })
+        .collect()
+}
+
+/// The products of [`forward_many`] as host vectors, with the output dims of the first.
+fn many_rows(ws: &[qgemv::RowsWeight], x: &Tensor) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
+    let dims = x.dims().to_vec();
+    let k = *dims.last().expect("non-empty dims");
+    let m = x.elem_count() / k;
+    let mut outs = Vec::with_capacity(ws.len());
+    for w in ws {
+        outs.push(vec![0f32; m * w.dims()?.0]);
+    }
+    // Matrices re-quantized with zero-padded rows ([`Linear::padded`]) take as many zeros.
+    let kw = ws[0].dims()?.1;
+    if kw < k {
+        candle_core::bail!("quantized-rows-matmul: {k} inputs against matrices of width {kw}");
+    }
+    with_host_f32(x, |xs| {
+        let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        if kw == k {
+            return qgemv::matmul_many(ws, xs, m, &mut slices);
+        }
+        let mut padded = vec![0f32; m * kw];
+        for (dst, src) in padded.chunks_exact_mut(kw).zip(xs.chunks_exact(k)) {
+            dst[..k].copy_from_slice(src);
+        }
+        qgemv::matmul_many(ws, &padded, m, &mut slices)
+    })??;
+    Ok((outs, dims))
+}
+
+/// The gated MLP's inner activation `silu(x @ gate^T) * (x @ up^T)`; on the few-rows path both
+/// products run in one dispatch and the gating is applied on the host without temporaries.
+pub fn gated(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
+    if let (Some(gw), Some(uw), None, None) = (gate.few_rows_weight(x), up.few_rows_weight(x), &gate.bias, &up.bias) {
+        let (mut outs, mut dims) = many_rows(&[gw, uw], x)?;
+        let u = outs.pop().expect("two outputs");
+        let mut g = outs.pop().expect("two outputs");
+        silu_gate(&mut g, &u);
+        *dims.last_mut().expect("non-empty dims") = gw.dims()?.0;
+        return Tensor::from_vec(g, dims, x.device());
+    }
+    candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?
+}
+
+/// `g = silu(g) * u` element-wise; large inputs (several rows) split over candle's thread pool,
+/// with the same arithmetic per element, so the result does not depend on the split.
+fn silu_gate(g: &mut [f32], u: &[f32]) {
+    /// Below this many elements one thread is faster than a dispatch (about 40 us of work).
+    const PARALLEL_MIN: usize = 16_384;
+    fn apply(g: &mut [f32], u: &[f32]) {
+        for (a, b) in g.iter_mut().zip(u) {
+            *a = *a / (1.0 + attention_kernels::exp(-*a)) * b;
+        }
+    }
+    if g.len() < PARALLEL_MIN {
+        return apply(g, u);
+    }
+    let (base, len) = (g.as_mut_ptr() as usize, g.len());
+    candle_core::utils::barrier_pool().execute_chunked(len, |r| {
+        // SAFETY: the ranges are disjoint and within `g`, which outlives the dispatch.
+        let g = unsafe { std::slice::from_raw_parts_mut((base as *mut f32).add(r.start), r.len()) };
+        apply(g, &u[r]);
+    });
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = if self.pad_input > 0 {
+            self.matmul(&x.pad_with_zeros(D::Minus1, 0, self.pad_input)?)?
+        } else {
+            self.matmul(x)?
+        };
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+#[cfg(test)]
+mod gate_tests {
+    /// The gate split over the pool equals one thread's loop bit for bit, at sizes below and
+    /// above the split threshold.
+    #[test]
+    fn parallel_gate_equals_the_serial_loop() {
+        for len in [7, 4_864, 16_384, 3 * 8_960 + 5] {
+            let g0: Vec<f32> = (0..len).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
+            let u: Vec<f32> = (0..len).map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.31).collect();
+            let mut want = g0.clone();
+            for (a, b) in want.iter_mut().zip(&u) {
+                *a = *a / (1.0 + super::attention_kernels::exp(-*a)) * b;
+            }
+            let mut got = g0;
+            super::silu_gate(&mut got, &u);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "length {len}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod raw_repack_tests {
+    use super::*;
+    use candle_core::quantized::QTensor;
+    use candle_core::Device;
+
+    /// A matrix repacked straight from its bytes (how GGUF matrices load from the mapped file)
+    /// computes what the same matrix built from a `QTensor` does, bit for bit: Q4_K and Q6_K,
+    /// 1 and 5 input rows, all rows and a prefix of rows (a cut output head). A byte count that
+    /// does not fit the shape is an error. On CPUs without our kernels both keep candle's form
+    /// and `repacked_from_raw` declines.
+    #[test]
+    fn repacked_from_raw_equals_the_qtensor_path() {
+        let dev = Device::Cpu;
+        let (rows, cols) = (48, 512);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.8).collect();
+        let w = Tensor::from_vec(w, (rows, cols), &dev).unwrap();
+        let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 613 % 211) as f32 / 211.0 - 0.5) * 2.0).collect();
+        let x = Tensor::from_vec(x, (1, 5, cols), &dev).unwrap();
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let bytes = q.data().unwrap().to_vec();
+            let row_bytes = bytes.len() / rows;
+            for kept in [rows, 32] {
+                let raw = Linear::repacked_from_raw(dtype, &[kept, cols], &bytes[..kept * row_bytes], None, 0).unwrap();
+                let Some(raw) = raw else {
+                    assert!(!q4k_interleaved::cpu_supported(), "{dtype:?}: our kernels exist but were not used");
+                    continue;
+                };
+                let prefix = QTensor::quantize(&w.narrow(0, 0, kept).unwrap(), dtype).unwrap();
+                let via = Linear::padded(QMatMul::from_qtensor(prefix).unwrap(), None, 0).unwrap();
+                assert!(via.repacked.is_some(), "{dtype:?}: the QTensor path was not repacked");
+                for n in [1, 5] {
+                    let xs = x.narrow(1, 0, n).unwrap();
+                    let a = raw.forward(&xs).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    let b = via.forward(&xs).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    assert_eq!(a.len(), n * kept);
+                    assert!(
+                        a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{dtype:?}, {kept} rows, {n} inputs"
+                    );
+                }
+            }
+            if q4k_interleaved::cpu_supported() {
+                assert!(Linear::repacked_from_raw(dtype, &[rows, cols], &bytes[..bytes.len() - 1], None, 0).is_err());
+            }
+        }
+    }
+}
