@@ -313,8 +313,8 @@ mod raw_repack_tests {
     fn repacked_from_raw_equals_the_qtensor_path() {
         let dev = Device::Cpu;
         let (rows, cols) = (48, 512);
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.8).collect();
-        let w = Tensor::from_vec(w, (rows, cols), &dev).unwrap();
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.8).collect();
+        let w = Tensor::from_vec(values.clone(), (rows, cols), &dev).unwrap();
         let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 613 % 211) as f32 / 211.0 - 0.5) * 2.0).collect();
         let x = Tensor::from_vec(x, (1, 5, cols), &dev).unwrap();
         for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
@@ -327,7 +327,9 @@ mod raw_repack_tests {
                     assert!(!q4k_interleaved::cpu_supported(), "{dtype:?}: our kernels exist but were not used");
                     continue;
                 };
-                let prefix = QTensor::quantize(&w.narrow(0, 0, kept).unwrap(), dtype).unwrap();
+                // A fresh tensor: candle's quantizer reads a narrowed view's whole storage.
+                let prefix = Tensor::from_vec(values[..kept * cols].to_vec(), (kept, cols), &dev).unwrap();
+                let prefix = QTensor::quantize(&prefix, dtype).unwrap();
                 let via = Linear::padded(QMatMul::from_qtensor(prefix).unwrap(), None, 0).unwrap();
                 assert!(via.repacked.is_some(), "{dtype:?}: the QTensor path was not repacked");
                 for n in [1, 5] {
