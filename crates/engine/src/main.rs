@@ -430,7 +430,8 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         println!("{obj}");
     } else {
         println!();
-        print_stats(&stats, &args, verifier);
+        let window = generator.draft_window().filter(|_| draft.is_some());
+        print_stats(&stats, &args, verifier, window);
     }
     Ok(())
 }
@@ -523,7 +524,7 @@ fn note(args: &GenerateArgs, msg: &str) {
     }
 }
 
-fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
+fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: Option<DraftWindow>) {
     let mode = if args.no_spec {
         "no-spec".to_string()
     } else {
@@ -540,7 +541,8 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier) {
         } else {
             args.construction().to_string()
         };
-        format!("tree {} · {} + {}", args.tree_name(), source, verifier)
+        let window = window.map_or(String::new(), |w| format!(" · draft window {}+{}", w.sinks, w.recent));
+        format!("tree {} · {} + {}{window}", args.tree_name(), source, verifier)
     };
     eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
     eprintln!(
