@@ -550,7 +550,7 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: Optio
         s.new_tokens, s.prompt_tokens, s.target_forwards, s.tau, s.tokens_per_s, s.stop_reason
     );
     if args.ngram == NgramMode::First && !args.no_spec {
-        eprintln!("n-gram steps: {} of {}", s.ngram_steps, s.target_forwards);
+        eprintln!("n-gram steps: {} of {}, {} tokens", s.ngram_steps, s.target_forwards, s.ngram_tokens);
     }
     if !s.acceptance_per_depth.is_empty() {
         let per: Vec<String> =

@@ -294,9 +294,12 @@ fn generate_with_ngram_lookup() {
     let (steps, forwards) = (mixed["ngram_steps"].as_u64().unwrap(), mixed["target_forwards"].as_u64().unwrap());
     assert!(steps > 0 && mixed["draft_forwards"].as_u64().unwrap() > 0, "{mixed}");
     assert!(steps <= forwards, "{mixed}");
+    // A lookup step emits its accepted drafts plus one token, at most depth 2 + 1 here.
+    let tokens = mixed["ngram_tokens"].as_u64().unwrap();
+    assert!(tokens >= steps && tokens <= 3 * steps, "{mixed}");
     let off = run(&["--draft", s(&draft), "--tree", "chain-2", "--ngram", "off"]);
     assert_eq!(off["text"], plain["text"], "{off}");
-    assert_eq!(off["ngram_steps"], 0, "{off}");
+    assert_eq!((off["ngram_steps"].as_u64(), off["ngram_tokens"].as_u64()), (Some(0), Some(0)), "{off}");
     let e =
         fails(&["generate", "--target", s(&target), "--draft", s(&draft), "--prompt", "AB", "--ngram-tree", "chain-0"]);
     assert!(e.contains("--ngram-tree `chain-0`"), "{e}");

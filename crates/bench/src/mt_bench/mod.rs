@@ -152,6 +152,9 @@ pub struct TurnRecord {
     /// Steps drafted by n-gram lookup (`ngram` and `ngram+METHOD`).
     #[serde(default)]
     pub ngram_steps: usize,
+    /// Tokens emitted by those steps.
+    #[serde(default)]
+    pub ngram_tokens: usize,
     pub stop_reason: String,
     /// The generated text (special tokens left out).
     pub answer: String,
@@ -425,6 +428,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     target_s: stats.target_s,
                     verify_s: stats.verify_s,
                     ngram_steps: stats.ngram_steps,
+                    ngram_tokens: stats.ngram_tokens,
                     stop_reason: stats.stop_reason.clone(),
                     answer: answer.clone(),
                 };

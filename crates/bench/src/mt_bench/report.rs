@@ -288,6 +288,7 @@ mod tests {
             target_s: 0.0,
             verify_s: 0.0,
             ngram_steps: 0,
+            ngram_tokens: 0,
             stop_reason: "max_new_tokens".into(),
             answer: String::new(),
         }

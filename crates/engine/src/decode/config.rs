@@ -128,6 +128,9 @@ pub struct Stats {
     pub tokens_per_s: f64,
     /// Steps drafted by n-gram lookup ([`DraftSource`]).
     pub ngram_steps: usize,
+    /// Tokens those steps emitted (accepted drafts plus the target's token), before any cut at
+    /// a stop token or `max_new_tokens`.
+    pub ngram_tokens: usize,
     /// Why generation stopped: `max_new_tokens` or `stop_token`.
     pub stop_reason: String,
     /// With `--tree auto`: the acceptance estimate and the steps taken with each tree.

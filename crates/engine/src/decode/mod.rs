@@ -288,6 +288,9 @@ impl<'a> Generator<'a> {
                     for d in 0..accepted {
                         stats.accepted_at_depth[d] += 1;
                     }
+                    if lookup {
+                        stats.ngram_tokens += accepted + 1;
+                    }
                 }
             }
             for i in 0..self.buf.emitted.len() {
