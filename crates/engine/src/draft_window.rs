@@ -75,7 +75,7 @@ impl DraftContext {
         self.skipped = 0;
         let n = tokens.len();
         match self.window {
-            Some(w) if n > w.sinks + w.recent => {
+            Some(w) if n > w.sinks.saturating_add(w.recent) => {
                 if w.sinks > 0 {
                     draft.forward_chain(&tokens[..w.sinks], cache)?;
                 }
@@ -96,7 +96,7 @@ impl DraftContext {
     pub fn slide(&mut self, cache: &mut KvCache) -> Result<()> {
         let Some(w) = self.window else { return Ok(()) };
         let len = cache.len();
-        if len <= w.sinks + w.recent + w.slack() {
+        if len <= w.sinks.saturating_add(w.recent).saturating_add(w.slack()) {
             return Ok(());
         }
         let drop = len - w.sinks - w.recent;

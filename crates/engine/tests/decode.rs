@@ -326,12 +326,12 @@ fn a_draft_window_caches_its_tokens_at_their_positions() {
     let draft = model(Tiny { scale: 0.8, ..Tiny::qwen2(51) }, "window-prefill");
     let tokens: Vec<u32> = (0..40u32).map(|i| (i * 7 + 3) % 32).collect();
     let next = 5u32;
-    for (sinks, recent) in [(3, 10), (0, 6), (4, 36), (4, 100)] {
+    for (sinks, recent) in [(3, 10), (0, 6), (4, 36), (4, 100), (usize::MAX, usize::MAX)] {
         let window = DraftWindow::new(sinks, recent).unwrap();
         let mut context = DraftContext::new(Some(window));
         let mut cache = draft.new_cache(64).unwrap();
         context.prefill(&draft, &mut cache, &tokens).unwrap();
-        let kept: Vec<usize> = if tokens.len() > sinks + recent {
+        let kept: Vec<usize> = if tokens.len() > sinks.saturating_add(recent) {
             (0..sinks).chain(tokens.len() - recent..tokens.len()).collect()
         } else {
             (0..tokens.len()).collect()
