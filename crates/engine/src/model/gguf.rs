@@ -618,4 +618,44 @@ mod tests {
             );
         }
     }
+
+    /// Tensors read from the mapped file equal those read with `read` (the path without a
+    /// map), byte for byte: whole tensors, a prefix of rows, and the bytes `mapped` exposes
+    /// for repacking.
+    #[test]
+    fn mapped_tensors_equal_read_ones() {
+        use candle_core::quantized::GgmlDType;
+        let dir = std::env::temp_dir().join(format!("mdsd-gguf-map-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.gguf");
+        let values: Vec<f32> = (0..64 * 512).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.8).collect();
+        let w = Tensor::from_vec(values, (64, 512), &Device::Cpu).unwrap();
+        let tensors: Vec<(String, QTensor)> = [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0, GgmlDType::F32]
+            .iter()
+            .map(|&d| (format!("{d:?}"), QTensor::quantize(&w, d).unwrap()))
+            .collect();
+        let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut f = std::fs::File::create(&path).unwrap();
+        candle_core::quantized::gguf_file::write(&mut f, &[], &refs).unwrap();
+        drop(f);
+        let mut mapped = GgufFile::open(&path).unwrap();
+        assert!(mapped.map.is_some(), "the file was not mapped");
+        let mut unmapped = GgufFile::open(&path).unwrap();
+        unmapped.map = None;
+        for (name, t) in &tensors {
+            let want = t.data().unwrap();
+            let (dtype, dims, raw) = mapped.mapped(name).expect("mapped bytes");
+            assert_eq!((dtype, dims), (t.dtype(), &[64usize, 512][..]));
+            assert_eq!(raw, &want[..], "{name}: mapped bytes");
+            assert!(unmapped.mapped(name).is_none());
+            for file in [&mut mapped, &mut unmapped] {
+                let got = file.tensor(name, &Device::Cpu).unwrap();
+                assert_eq!(got.data().unwrap(), want, "{name}");
+                let rows = file.tensor_rows(name, 16, &Device::Cpu).unwrap();
+                assert_eq!(rows.shape().dims(), [16, 512]);
+                assert_eq!(rows.data().unwrap()[..], want[..want.len() / 4], "{name}: 16 rows");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
