@@ -119,6 +119,8 @@ pub struct Stats {
     /// Steps that accepted at least `d` drafts (index `d - 1`).
     #[serde(skip)]
     pub accepted_at_depth: Vec<usize>,
+    /// Seconds before the first step: the prompt through both models and, with `--tree auto`,
+    /// the forward costs it measures on a generator's first generation.
     pub prefill_s: f64,
     pub draft_s: f64,
     pub target_s: f64,
