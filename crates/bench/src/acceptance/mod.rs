@@ -89,7 +89,7 @@ pub struct AcceptanceArgs {
     no_chat: bool,
     /// How the draft's GGUF matrices run. `f32` (dequantized once) keeps the stored weights'
     /// values exactly and makes the teacher-forced draft pass one dense matmul per layer;
-    /// `fast-cpu` re-quantizes some formats to Q8_0, which changes q slightly.
+    /// `fast-cpu` re-quantizes some formats to Q4_K, which changes q slightly.
     #[arg(long, value_enum, default_value = "f32")]
     draft_weights: WeightFormat,
     #[arg(long, default_value = "cpu")]
