@@ -114,8 +114,8 @@ struct GenerateArgs {
     #[arg(long, default_value_t = DraftWindow::DEFAULT_SINKS)]
     draft_sinks: usize,
     /// How the target's GGUF matrices run: stored (as in the file), fast-cpu (re-quantize
-    /// formats without a fast CPU kernel to Q4_K, rows zero-padded to 256 columns; changes the target's numerics), f32
-    /// (dequantized: slow, batch-invariant numerics).
+    /// formats without a fast CPU kernel to Q4_K, rows zero-padded to 256 columns; changes the
+    /// target's numerics), f32 (dequantized: slow, batch-invariant numerics).
     #[arg(long, value_enum, default_value = "stored")]
     target_weights: WeightFormat,
     /// How the draft's GGUF matrices run (any draft keeps the output exact).
