@@ -29,6 +29,13 @@ impl DraftWindow {
     /// Sinks kept by default: StreamingLLM finds four enough.
     pub const DEFAULT_SINKS: usize = 4;
 
+    /// Recent tokens `mdsd generate` keeps by default when n-gram lookup drafts the steps
+    /// whose context repeats itself (`--ngram first`). Lookup then does the copying a draft
+    /// needs the far context for: on 600-800-token Spec-Bench prompts this window took 7-9%
+    /// off the time to answer. A draft model alone keeps the whole context: there the window
+    /// dropped τ on summaries from 2.32 to 1.55 (`benches/RESULTS.md`).
+    pub const DEFAULT_WITH_LOOKUP: usize = 256;
+
     /// A window of `recent` tokens (at least 1) after `sinks` sink tokens.
     pub fn new(sinks: usize, recent: usize) -> Result<Self> {
         if recent == 0 {

@@ -107,9 +107,10 @@ struct GenerateArgs {
     /// The draft model attends only to the --draft-sinks first tokens and the last N (up to
     /// 1.5 N between slides) of the context; 0: all of it. Cuts the draft's prompt pass and
     /// its attention on long contexts; costs some acceptance, never exactness. Not for EAGLE
-    /// heads. At 256, 700-token Spec-Bench prompts ran 7-9% faster end to end (RESULTS.md).
-    #[arg(long, default_value_t = 256)]
-    draft_window: usize,
+    /// heads. Default: 256 with `--ngram first` (lookup does the copying; 700-token Spec-Bench
+    /// prompts ran 7-9% faster end to end), 0 with `--ngram off` (benches/RESULTS.md).
+    #[arg(long)]
+    draft_window: Option<usize>,
     /// Sink tokens (the context's first) kept before the --draft-window.
     #[arg(long, default_value_t = DraftWindow::DEFAULT_SINKS)]
     draft_sinks: usize,
@@ -379,8 +380,12 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         Some(head) => Generator::with_eagle(&target.model, head, capacity)?,
         None => Generator::new(&target.model, draft.as_ref().map(|d: &LoadedModel| &d.model), capacity)?,
     };
-    if args.draft_window > 0 {
-        generator.set_draft_window(Some(DraftWindow::new(args.draft_sinks, args.draft_window)?));
+    let window = args.draft_window.unwrap_or(match args.ngram {
+        NgramMode::First => DraftWindow::DEFAULT_WITH_LOOKUP,
+        NgramMode::Off | NgramMode::Only => 0,
+    });
+    if window > 0 {
+        generator.set_draft_window(Some(DraftWindow::new(args.draft_sinks, window)?));
     }
     let tok = &target.tokenizer;
     let mut stream = TokenStream::default();

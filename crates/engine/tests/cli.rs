@@ -300,6 +300,10 @@ fn generate_with_ngram_lookup() {
     let off = run(&["--draft", s(&draft), "--tree", "chain-2", "--ngram", "off"]);
     assert_eq!(off["text"], plain["text"], "{off}");
     assert_eq!((off["ngram_steps"].as_u64(), off["ngram_tokens"].as_u64()), (Some(0), Some(0)), "{off}");
+    // The draft window's default: 256 recent tokens when lookup does the copying, the whole
+    // context for a draft model alone.
+    assert_eq!(mixed["draft_window"], serde_json::json!({ "sinks": 4, "recent": 256 }), "{mixed}");
+    assert!(off["draft_window"].is_null(), "{off}");
     let e =
         fails(&["generate", "--target", s(&target), "--draft", s(&draft), "--prompt", "AB", "--ngram-tree", "chain-0"]);
     assert!(e.contains("--ngram-tree `chain-0`"), "{e}");

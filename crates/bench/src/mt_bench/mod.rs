@@ -83,9 +83,10 @@ pub struct MtBenchArgs {
     #[command(flatten)]
     models: PairArgs,
     /// The draft model's window of recent tokens for trees without `~W` (0: the whole
-    /// context); as `mdsd generate --draft-window`.
-    #[arg(long, default_value_t = 256)]
-    draft_window: usize,
+    /// context); as `mdsd generate --draft-window`. Default: 256 for `ngram+METHOD`, 0 for a
+    /// draft model alone.
+    #[arg(long)]
+    draft_window: Option<usize>,
     /// Sink tokens kept before a draft window; as `mdsd generate --draft-sinks`.
     #[arg(long, default_value_t = DraftWindow::DEFAULT_SINKS)]
     draft_sinks: usize,
@@ -379,7 +380,10 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                 Method::Baseline => unreachable!("the baseline has no tree"),
             });
             let window = cell.tree.as_ref().and_then(|(name, _)| parse_tree_spec(name).ok()?.window);
-            let window = window.unwrap_or(args.draft_window);
+            let window = window.or(args.draft_window).unwrap_or(match cell.method {
+                Method::NgramFirst { .. } => DraftWindow::DEFAULT_WITH_LOOKUP,
+                _ => 0,
+            });
             generator.set_draft_window(if window > 0 {
                 Some(DraftWindow::new(args.draft_sinks, window)?)
             } else {
