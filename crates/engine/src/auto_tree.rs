@@ -154,6 +154,16 @@ impl AutoTree {
         }
     }
 
+    /// Starts a new text: forgets the acceptance seen so far, which belongs to the last text
+    /// (carried over, a summary's poor acceptance kept the next questions from drafting at
+    /// all), and keeps the measured costs, which belong to the models and the machine.
+    pub fn new_text(&mut self) {
+        self.accepted = [[0.0; WIDTHS]; WIDTHS];
+        self.tried = [[0.0; WIDTHS]; WIDTHS];
+        self.steps_without_drafts = 0;
+        self.uses.iter_mut().for_each(|u| *u = 0);
+    }
+
     /// The largest number of nodes of any candidate.
     pub fn max_len(&self) -> usize {
         self.trees.iter().map(|(_, t)| t.len()).max().unwrap_or(1)
@@ -364,6 +374,28 @@ fn level_widths(tree: &DraftTree) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new text forgets the acceptance of the last one (back to a fresh state's estimate and
+    /// choice) and keeps the measured costs.
+    #[test]
+    fn a_new_text_forgets_acceptance_and_keeps_costs() {
+        let mut a = AutoTree::new(false);
+        for (i, rows) in [1usize, 2, 3, 4, 5, 6, 7].into_iter().enumerate() {
+            a.target.record(rows, 0.020 + 0.001 * i as f64);
+            a.draft.record(rows, 0.006 + 0.001 * i as f64);
+        }
+        let fresh = a.alphas();
+        let first = a.choose();
+        for _ in 0..200 {
+            a.record_node(1, None);
+        }
+        assert!(a.alphas()[0][0] < fresh[0][0], "rejections did not lower the estimate");
+        a.new_text();
+        assert_eq!(a.alphas(), fresh);
+        assert_eq!(a.choose(), first);
+        assert!(a.target.has(3) && a.draft.has(3), "costs were forgotten");
+        assert!(a.uses.iter().all(|&u| u <= 1));
+    }
 
     /// `α_{1,0} = c` for single drafts, `α_{2,·} = (a0, a1)` and `α_{3,·} = (b0, b1, b2)`.
     fn alphas(c: f64, (a0, a1): (f64, f64), (b0, b1, b2): (f64, f64, f64)) -> Alphas {

@@ -221,7 +221,7 @@ impl<'a> Generator<'a> {
                     Some(a) if a.trees.len() == AutoTree::new(multi).trees.len() => a,
                     _ => AutoTree::new(multi),
                 };
-                a.uses.iter_mut().for_each(|u| *u = 0);
+                a.new_text();
                 let target = self.target;
                 if let Some(e) = self.eagle.as_mut() {
                     let mut time = |rows| e.time_forward(target, rows, pending);
