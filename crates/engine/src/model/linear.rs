@@ -61,10 +61,7 @@ impl Linear {
         bias: Option<Tensor>,
         pad_input: usize,
     ) -> Result<Option<Self>> {
-        let supported = q4k_interleaved::cpu_supported()
-            && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
-            && dims.len() == 2
-            && dims[1].is_multiple_of(qgemv::QK_K);
+        let supported = qgemv::supports_on_cpu(dtype, dims);
         let few_rows_max = few_rows_max_from_env();
         if !supported || few_rows_max == 0 || !repack_from_env() {
             return Ok(None);

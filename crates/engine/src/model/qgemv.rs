@@ -78,10 +78,13 @@ impl BlockQ8K {
 /// True when this CPU and this matrix can take the fast path: x86-64 with AVX2, FMA and F16C, a
 /// Q4_K or Q6_K matrix stored on the CPU whose rows are whole super-blocks.
 pub fn supports(w: &QTensor) -> bool {
-    let dims = w.shape().dims();
+    w.device().is_cpu() && supports_on_cpu(w.dtype(), w.shape().dims())
+}
+
+/// [`supports`] for a CPU matrix of type `dtype` and shape `dims`.
+pub fn supports_on_cpu(dtype: GgmlDType, dims: &[usize]) -> bool {
     q4ki::cpu_supported()
-        && matches!(w.dtype(), GgmlDType::Q4K | GgmlDType::Q6K)
-        && w.device().is_cpu()
+        && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
         && dims.len() == 2
         && dims[1].is_multiple_of(QK_K)
 }
