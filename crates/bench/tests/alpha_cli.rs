@@ -36,6 +36,8 @@ fn prints_every_rate_and_matches_the_library() {
     assert_eq!(f("alpha_rrs_wor"), alpha::rrs::alpha_rrs_without_replacement_exact(&p, &q, 2));
     assert_eq!(f("alpha_rrs_wor_stderr"), 0.0);
     assert!(f("alpha_star_wor") >= f("alpha_rrs_wor") && f("alpha_star_wr") >= f("alpha_kseq"));
+    assert_eq!(f("alpha_positional"), samplers::positional::coupled_acceptance(&p, &q, 2));
+    assert!(f("alpha_positional") <= f("alpha_star_wor") && f("alpha_positional") > 0.0);
 }
 
 #[test]
@@ -69,6 +71,20 @@ fn monte_carlo_beyond_eight_tokens_reports_its_standard_error() {
     assert!(se > 0.0 && se < 0.01, "{o}");
     let exact = samplers::alpha::rrs::alpha_rrs_without_replacement_exact(&p, &q, 3);
     assert!((o["alpha_rrs_wor"].as_f64().unwrap() - exact).abs() < 4.5 * se, "{o} vs {exact}");
+    // Positional races: exact on 12 tokens; Monte Carlo (40,000 positions) on 100, within 4.5
+    // standard errors of the quadrature.
+    assert_eq!(o["alpha_positional_method"], "exact");
+    let v = 100;
+    let p: Vec<f64> = (0..v).map(|i| (i + 1) as f64 / 5050.0).collect();
+    let q: Vec<f64> = (0..v).map(|i| ((i * 37) % v + 1) as f64 / 5050.0).collect();
+    let input = format!("{}\n", serde_json::json!({"p": p, "q": q, "n": 3}));
+    let (code, lines, stderr) = run(&input, &["--samples", "4000"]);
+    assert_eq!(code, 0, "{stderr}");
+    let o = &lines[0];
+    assert_eq!(o["alpha_positional_method"], "monte-carlo (40000 positions)");
+    let se = o["alpha_positional_stderr"].as_f64().unwrap();
+    let exact = samplers::positional::coupled_acceptance(&p, &q, 3);
+    assert!((o["alpha_positional"].as_f64().unwrap() - exact).abs() < 4.5 * se, "{o} vs {exact}");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 use candle_core::{DType, Device};
-use engine::decode::{GenerationConfig, Generator, SpecConfig};
+use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig};
 use engine::load::{load, LoadOptions};
 use engine::model::causal_bias;
 use samplers::dist::Warp;
@@ -8,7 +8,13 @@ fn main() {
     let t = load(&path, &Device::Cpu, &LoadOptions::default()).unwrap();
     let d = load(&path, &Device::Cpu, &LoadOptions { max_layers: Some(12), ..Default::default() }).unwrap();
     let ids = t.tokenizer.encode("The capital of France is").unwrap();
-    let base = GenerationConfig { max_new_tokens: 30, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let base = GenerationConfig {
+        max_new_tokens: 30,
+        warp: Warp::temperature(0.0),
+        seed: 1,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
     let mut g = Generator::new(&t.model, Some(&d.model), 256).unwrap();
     let (a, _) = g.generate(&ids, &base, |_| false, |_| Ok(())).unwrap();
     let spec = GenerationConfig {

@@ -34,7 +34,8 @@ pub(crate) fn tree_bias(
 }
 
 /// Warps the draft logits of `level_nodes` (one row each) into `q`, padded with zeros to the
-/// target vocabulary, and draws each node's children.
+/// target vocabulary, and draws each node's children: with `construction`, or with
+/// [`StepBuffers::noise`] the `k` best positional races of `q` (Gumbel-top-k).
 ///
 /// A token drawn twice at one node (drafts with replacement, K-SEQ) gets one child: the repeat
 /// stays in the node's tuple, which the verifier sees whole, but gets no tree node, target
@@ -69,9 +70,12 @@ pub(crate) fn draw_children(
         warp.apply(row, q).map_err(|e| nan_error(e, "draft"))?;
         q.resize(vocab, 0.0);
         let kids = tree.children(i);
-        construction
-            .sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts)
-            .map_err(|e| Error::Msg(format!("drafting: {e}")))?;
+        match b.noise {
+            // The children's tokens sit one position past the node.
+            Some(noise) => noise.top_k((b.root_pos + tree.depth(i) + 1) as u64, q, kids.len(), &mut b.drafts),
+            None => construction.sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts),
+        }
+        .map_err(|e| Error::Msg(format!("drafting: {e}")))?;
         for (k, (&child, &t)) in kids.iter().zip(&b.drafts).enumerate() {
             if !b.drafts[..k].contains(&t) {
                 b.token[child] = Some(t);

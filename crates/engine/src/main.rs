@@ -3,7 +3,9 @@
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
-use engine::decode::{check_ngram, DraftSource, GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
+use engine::decode::{
+    check_ngram, DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, Stats, TreeChoice,
+};
 use engine::draft_window::DraftWindow;
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
@@ -67,9 +69,18 @@ struct GenerateArgs {
     top_p: f64,
     /// Seed of every random draw. With a fixed --tree the same command gives the same text;
     /// `--tree auto` picks each step's tree from forward times measured as it runs, so at
-    /// temperature > 0 its texts can differ between runs (each an exact sample).
+    /// temperature > 0 its texts can differ between runs (each an exact sample), unless
+    /// --reproducible is given.
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
+    /// Draw every token from noise keyed by (seed, position, token): the text then depends
+    /// only on the seed, the prompt, the target and the sampling flags, and equals
+    /// `--no-spec --reproducible`'s token for token whatever the tree, draft, lookup or
+    /// `auto` does. Drafts are the draft's best races on the same noise (Gumbel-top-k) and are
+    /// accepted when they equal the target's token, in place of --draft-sampling and
+    /// --verifier (at temperature > 0 this accepts somewhat less than the default pair).
+    #[arg(long)]
+    reproducible: bool,
     /// An EAGLE-1 draft head (a folder with config.json and pytorch_model.bin or
     /// model.safetensors, or a hub id) that drafts from the target's hidden states, instead of a
     /// draft model. Pairs whose manifest names a head (`vicuna-7b-eagle`, `qwen2-7b-eagle`) use
@@ -235,6 +246,15 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Everything that can be checked without loading a model comes first.
     let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.construction()));
     let tree_name = args.tree_name();
+    if args.reproducible && !args.no_spec {
+        if let Some(flag) =
+            [("--draft-sampling", args.draft_sampling.is_some()), ("--verifier", args.verifier.is_some())]
+                .iter()
+                .find_map(|&(flag, given)| given.then_some(flag))
+        {
+            bail!("{flag} does not apply with --reproducible, whose drafts and verdicts are races on positional noise");
+        }
+    }
     let spec = if args.no_spec {
         None
     } else {
@@ -375,7 +395,13 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         );
     }
     let capacity = (ids.len() + args.max_new_tokens + 2 * tree_len + 1).min(context);
-    let config = GenerationConfig { max_new_tokens: args.max_new_tokens, warp, seed: args.seed, speculative: spec };
+    let config = GenerationConfig {
+        max_new_tokens: args.max_new_tokens,
+        warp,
+        seed: args.seed,
+        randomness: if args.reproducible { Randomness::Positional } else { Randomness::Stream },
+        speculative: spec,
+    };
     let mut generator = match &eagle {
         Some(head) => Generator::with_eagle(&target.model, head, capacity)?,
         None => Generator::new(&target.model, draft.as_ref().map(|d: &LoadedModel| &d.model), capacity)?,
@@ -427,9 +453,15 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             Some(w) if draft.is_some() && !args.no_spec => serde_json::json!({ "sinks": w.sinks, "recent": w.recent }),
             _ => serde_json::Value::Null,
         };
-        obj["draft_sampling"] =
-            if args.no_spec { serde_json::Value::Null } else { args.construction().to_string().into() };
-        obj["verifier"] = if args.no_spec { serde_json::Value::Null } else { verifier.to_string().into() };
+        let (construction, verifier) = if args.reproducible {
+            ("positional".to_string(), "positional".to_string())
+        } else {
+            (args.construction().to_string(), verifier.to_string())
+        };
+        obj["draft_sampling"] = if args.no_spec { serde_json::Value::Null } else { construction.into() };
+        obj["verifier"] = if args.no_spec { serde_json::Value::Null } else { verifier.into() };
+        obj["randomness"] = if args.reproducible { "positional" } else { "stream" }.into();
+        obj["seed"] = args.seed.into();
         obj["temperature"] = args.temperature.into();
         obj["device"] = args.device.clone().into();
         println!("{obj}");
@@ -533,22 +565,22 @@ fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: Optio
     let mode = if args.no_spec {
         "no-spec".to_string()
     } else {
+        let drafts = if args.reproducible { "positional races".to_string() } else { args.construction().to_string() };
         let source = if args.ngram == NgramMode::Only {
             format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max)
         } else if args.ngram == NgramMode::First {
             format!(
                 "ngram {}-{} on {} first, then {}",
-                args.ngram_flags.ngram_min,
-                args.ngram_flags.ngram_max,
-                args.ngram_flags.ngram_tree,
-                args.construction()
+                args.ngram_flags.ngram_min, args.ngram_flags.ngram_max, args.ngram_flags.ngram_tree, drafts
             )
         } else {
-            args.construction().to_string()
+            drafts
         };
         let window = window.map_or(String::new(), |w| format!(" · draft window {}+{}", w.sinks, w.recent));
-        format!("tree {} · {} + {}{window}", args.tree_name(), source, verifier)
+        let verifier = if args.reproducible { String::new() } else { format!(" + {verifier}") };
+        format!("tree {} · {source}{verifier}{window}", args.tree_name())
     };
+    let mode = if args.reproducible { format!("{mode} · reproducible (seed {})", args.seed) } else { mode };
     eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
     eprintln!(
         "new tokens {} (prompt {}) · target forwards {} · tau {:.2} · {:.2} tokens/s · stop: {}",

@@ -126,6 +126,70 @@ fn generate_json_on_tiny_models() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim().chars().count(), 8);
 }
 
+/// `--reproducible`: at temperature 0.9 the text of one seed is the same with `--no-spec`,
+/// with a chain, EAGLE's sparse tree, `auto`, n-gram lookup only and a draft window; another
+/// seed gives another text; the JSON and the stats header say so; and the flags it replaces
+/// are refused.
+#[test]
+fn reproducible_texts_do_not_depend_on_the_drafts() {
+    let dir = temp_dir("cli-reproducible");
+    let target = Tiny::llama(43).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(44) }.write_hf(&dir.join("draft"));
+    let run = |seed: &str, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["generate", "--target", s(&target), "--prompt", "ABCDEFG"];
+        if !extra.contains(&"only") {
+            args.extend_from_slice(&["--draft", s(&draft)]);
+        }
+        args.extend_from_slice(&["--max-new-tokens", "24", "--json", "--temperature", "0.9", "--top-p", "0.95"]);
+        args.extend_from_slice(&["--seed", seed, "--reproducible"]);
+        args.extend_from_slice(extra);
+        let out = mdsd(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = run("5", &["--no-spec"]);
+    assert_eq!(plain["randomness"], "positional", "{plain}");
+    assert_eq!(plain["new_tokens"], 24, "{plain}");
+    for extra in [
+        &["--tree", "chain-2"][..],
+        &["--tree", "mc_sim_7b_63"][..],
+        &["--tree", "auto"][..],
+        &["--ngram", "only"][..],
+        &["--tree", "chain-3", "--draft-window", "2", "--draft-sinks", "1", "--ngram", "off"][..],
+    ] {
+        let v = run("5", extra);
+        assert_eq!(v["text"], plain["text"], "{extra:?}: {v}");
+        assert_eq!((&v["verifier"], &v["randomness"]), (&"positional".into(), &"positional".into()), "{v}");
+    }
+    assert_ne!(run("6", &["--tree", "chain-2"])["text"], plain["text"], "seeds 5 and 6 gave one text");
+    let out = mdsd(&[
+        "generate",
+        "--target",
+        s(&target),
+        "--draft",
+        s(&draft),
+        "--prompt",
+        "ABC",
+        "--max-new-tokens",
+        "4",
+        "--tree",
+        "chain-2",
+        "--reproducible",
+        "--seed",
+        "9",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("then positional races · draft window 4+256 · reproducible (seed 9)"), "{err}");
+    for flag in [["--draft-sampling", "wor"], ["--verifier", "rrs"]] {
+        let mut args =
+            vec!["generate", "--target", s(&target), "--draft", s(&draft), "--prompt", "A", "--reproducible"];
+        args.extend_from_slice(&flag);
+        let err = fails(&args);
+        assert!(err.contains(flag[0]) && err.contains("--reproducible"), "{err}");
+    }
+}
+
 #[test]
 fn bad_inputs_give_clear_errors() {
     let dir = temp_dir("cli-bad");

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{load_on_test_device, temp_dir, Tiny};
-use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
 use engine::model::DecoderModel;
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -65,6 +65,7 @@ fn identical_draft_accepts_whole_chains() {
         max_new_tokens: 25,
         warp: Warp::temperature(0.0),
         seed: 0,
+        randomness: Randomness::Stream,
         speculative: Some(SpecConfig {
             tree: tree.into(),
             construction: DraftConstruction::Greedy,
@@ -90,7 +91,13 @@ fn repeated_drafts_get_no_tree_nodes() {
     let draft = model(Tiny { layers: 1, ..Tiny::llama(22) }, "dup-draft");
     let prompt = [3u32, 14, 15, 9, 2, 6];
     let mut generator = Generator::new(&target, Some(&draft), 128).unwrap();
-    let plain = GenerationConfig { max_new_tokens: 24, warp: Warp::temperature(0.0), seed: 0, speculative: None };
+    let plain = GenerationConfig {
+        max_new_tokens: 24,
+        warp: Warp::temperature(0.0),
+        seed: 0,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
     let (want, _) = generator.generate(&prompt, &plain, |_| false, |_| Ok(())).unwrap();
     for v in [samplers::Verifier::Rrs, samplers::Verifier::KSeq] {
         let tree = DraftTree::preset("drafts-3-depth-3").unwrap();
@@ -277,7 +284,13 @@ fn quantized_models_at_temperature_zero_equal_plain_decoding() {
     // The target drafts for itself: every draft is accepted, so every tree node's row decides
     // the output, with up to 26 rows in one product.
     let (target, draft) = (common::load_cpu(&file), common::load_cpu(&file));
-    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let base = GenerationConfig {
+        max_new_tokens: 40,
+        warp: Warp::temperature(0.0),
+        seed: 1,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 40);
@@ -309,7 +322,13 @@ const PRUNE_CUTOFF: f64 = 0.7;
 fn greedy_setup(tag: &str) -> (DecoderModel, DecoderModel, GenerationConfig, Vec<u32>) {
     let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, &format!("{tag}-target"));
     let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, &format!("{tag}-draft"));
-    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let base = GenerationConfig {
+        max_new_tokens: 40,
+        warp: Warp::temperature(0.0),
+        seed: 1,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 40);
@@ -399,7 +418,13 @@ fn draft_windows_are_exact() {
     let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, "window-t0-target");
     let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "window-t0-draft");
     let prompt: Vec<u32> = (0..14u32).map(|i| (i * 11 + 2) % 32).collect();
-    let base = GenerationConfig { max_new_tokens: 60, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let base = GenerationConfig {
+        max_new_tokens: 60,
+        warp: Warp::temperature(0.0),
+        seed: 1,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 60);

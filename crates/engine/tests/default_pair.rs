@@ -2,7 +2,7 @@
 //! with `cargo test --release -p engine --test default_pair -- --ignored`.
 
 use candle_core::Device;
-use engine::decode::{GenerationConfig, Generator, SpecConfig};
+use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig};
 use engine::load::{load, LoadOptions};
 use engine::model::gguf::WeightFormat;
 use engine::provision::{resolve, FetchOptions, PairManifest};
@@ -58,6 +58,7 @@ fn default_pair_generates_with_acceptance() {
         max_new_tokens: 48,
         warp: Warp::temperature(0.0),
         seed: 0,
+        randomness: Randomness::Stream,
         speculative: Some(SpecConfig {
             tree: DraftTree::preset("chain-4").unwrap().into(),
             construction: DraftConstruction::Greedy,

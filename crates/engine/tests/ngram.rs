@@ -6,7 +6,7 @@
 mod common;
 
 use common::{load_on_test_device, temp_dir, Tiny, TinyEagle};
-use engine::decode::{DraftSource, GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::decode::{DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
 use engine::model::eagle::EagleHead;
 use engine::model::DecoderModel;
 use engine::ngram::NgramConfig;
@@ -37,7 +37,13 @@ fn ngram_spec(tree: impl Into<TreeChoice>, min: usize, max: usize) -> SpecConfig
 fn temperature_zero_ngram_equals_plain_decoding() {
     let target = model(Tiny { scale: 0.8, ..Tiny::llama(41) }, "ngram-t0");
     let prompt = [7u32, 3, 30, 12, 5, 7, 3, 30, 9, 7, 3];
-    let base = GenerationConfig { max_new_tokens: 48, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let base = GenerationConfig {
+        max_new_tokens: 48,
+        warp: Warp::temperature(0.0),
+        seed: 1,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
     let mut generator = Generator::new(&target, None, 200).unwrap();
     let (reference, _) = generator.generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 48);
@@ -87,6 +93,7 @@ fn lookup_alone_first_two_tokens_follow_the_target_law() {
             max_new_tokens: 2,
             warp,
             seed,
+            randomness: Randomness::Stream,
             speculative: Some(ngram_spec(tree.clone(), 1, 2)),
         };
         let counts = common::two_token_counts(&mut generator, &prompt, 5, draws, config, |s| {
@@ -109,8 +116,13 @@ fn ngram_refuses_what_does_not_apply() {
     let prompt = [1u32, 2, 1];
     let tree = || DraftTree::preset("chain-2").unwrap();
     let run = |g: &mut Generator, spec: SpecConfig| {
-        let config =
-            GenerationConfig { max_new_tokens: 4, warp: Warp::temperature(0.0), seed: 0, speculative: Some(spec) };
+        let config = GenerationConfig {
+            max_new_tokens: 4,
+            warp: Warp::temperature(0.0),
+            seed: 0,
+            randomness: Randomness::Stream,
+            speculative: Some(spec),
+        };
         g.generate(&prompt, &config, |_| false, |_| Ok(())).map(|_| ()).unwrap_err().to_string()
     };
     let e = run(&mut generator, SpecConfig { verifier: Verifier::Rrs, ..ngram_spec(tree(), 1, 2) });
@@ -153,7 +165,13 @@ fn temperature_zero_ngram_first_equals_plain_decoding() {
     let head_spec = TinyEagle { target: tiny, seed: 47, own_embedding: false, scale: 0.3 };
     let head = EagleHead::load(&head_spec.write(&temp_dir("ngram-first-head"), false), &target).unwrap();
     let prompt = [7u32, 3, 30, 12, 5, 7, 3, 30, 9, 7, 3];
-    let base = GenerationConfig { max_new_tokens: 40, warp: Warp::temperature(0.0), seed: 1, speculative: None };
+    let base = GenerationConfig {
+        max_new_tokens: 40,
+        warp: Warp::temperature(0.0),
+        seed: 1,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
     let mut with_draft = Generator::new(&target, Some(&draft), 200).unwrap();
@@ -215,6 +233,7 @@ fn lookup_then_model_first_two_tokens_follow_the_target_law() {
             max_new_tokens: 2,
             warp,
             seed,
+            randomness: Randomness::Stream,
             speculative: Some(SpecConfig {
                 source: DraftSource::NgramFirst {
                     ngram: NgramConfig { min: 2, max: 2 },

@@ -3,7 +3,7 @@
 //! runs these. The draft is the same file with fewer layers, so p and q differ.
 
 use candle_core::{DType, Device};
-use engine::decode::{DraftSource, GenerationConfig, Generator, SpecConfig};
+use engine::decode::{DraftSource, GenerationConfig, Generator, Randomness, SpecConfig};
 use engine::load::{load, LoadOptions, LoadedModel};
 use engine::model::causal_bias;
 use engine::model::gguf::WeightFormat;
@@ -96,7 +96,13 @@ fn temperature_zero_speculative_equals_plain_decoding() {
     let mut accepted = 0;
     for prompt in PROMPTS {
         let ids = chat_ids(&target, prompt);
-        let plain = GenerationConfig { max_new_tokens: 24, warp: Warp::temperature(0.0), seed: 0, speculative: None };
+        let plain = GenerationConfig {
+            max_new_tokens: 24,
+            warp: Warp::temperature(0.0),
+            seed: 0,
+            randomness: Randomness::Stream,
+            speculative: None,
+        };
         let (reference, _) = generator.generate(&ids, &plain, |t| target.tokenizer.is_stop(t), |_| Ok(())).unwrap();
         for s in &configs {
             let config = GenerationConfig { speculative: s.clone(), ..plain.clone() };
@@ -133,6 +139,7 @@ fn temperature_zero_quantized_tokens_are_argmax_up_to_kernel_rounding() {
             max_new_tokens: 24,
             warp: Warp::temperature(0.0),
             seed: 0,
+            randomness: Randomness::Stream,
             speculative: spec("drafts-2-depth-3", DraftConstruction::Greedy, Verifier::Greedy),
         };
         let (out, _) = generator.generate(&ids, &config, |t| target.tokenizer.is_stop(t), |_| Ok(())).unwrap();

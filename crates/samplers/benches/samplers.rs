@@ -1,5 +1,6 @@
 //! Criterion benchmarks of the samplers crate (single thread):
-//! alpha* of each construction, K-SEQ's rho, and one verification of each verifier, on
+//! alpha* of each construction, K-SEQ's rho, one verification of each verifier, and the
+//! positional races of `--reproducible`, on
 //! LLM-like distributions of vocabulary 151,936 (Qwen) and 32,000 (LLaMA), n in {2, 3, 4, 8}.
 //!
 //! `cargo bench -p samplers --bench samplers` (results in `benches/RESULTS.md`).
@@ -81,5 +82,36 @@ fn verification(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, alpha_star, verification);
+/// Positional races (`--reproducible`): the target's token (one race over the vocabulary) and a
+/// node's `n` drafts (the `n` best races), and for scale one inverse-CDF draw of the stream
+/// sampler on the same `p`.
+fn positional(c: &mut Criterion) {
+    for vocab in [151_936usize, 32_000] {
+        let (p, q) = model_like_pair(vocab, 3);
+        let noise = samplers::PositionalNoise::new(1);
+        let mut g = c.benchmark_group(format!("positional/V={vocab}"));
+        g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        let mut pos = 0u64;
+        g.bench_function("sample", |b| {
+            b.iter(|| {
+                pos += 1;
+                noise.sample(pos, black_box(&p))
+            })
+        });
+        let mut out = Vec::new();
+        for n in [1usize, 2, 4, 8] {
+            g.bench_with_input(BenchmarkId::new("top_k", n), &n, |b, &n| {
+                b.iter(|| {
+                    pos += 1;
+                    noise.top_k(pos, black_box(&q), n, &mut out).unwrap()
+                })
+            });
+        }
+        let mut r = StdRng::seed_from_u64(4);
+        g.bench_function("stream_sample", |b| b.iter(|| samplers::dist::sample(black_box(&p), &mut r)));
+        g.finish();
+    }
+}
+
+criterion_group!(benches, alpha_star, verification, positional);
 criterion_main!(benches);

@@ -11,6 +11,9 @@
 //! - [`alpha`]: acceptance rates: the optimal `alpha*` of each construction (the subset
 //!   selection problem of the paper, eq. (subset)), K-SEQ's theoretical rate, and exact or
 //!   Monte Carlo rates of recursive rejection sampling.
+//! - [`positional`]: noise keyed by `(seed, position, token)`: exponential-race sampling
+//!   and Gumbel-top-k drafts on the same noise, whose speculative output equals plain
+//!   sampling's token for token (drafter-invariant decoding).
 //! - [`dist`]: validation, temperature / top-k / top-p warping and sampling primitives.
 //!
 //! Equation names refer to "Towards Optimal Multi-draft Speculative Decoding" (ICLR 2025).
@@ -20,11 +23,13 @@ pub mod construction;
 pub mod dist;
 pub mod error;
 pub mod pairs;
+pub mod positional;
 pub mod verify;
 
 pub use construction::DraftConstruction;
 pub use error::{Result, SamplerError};
 pub use pairs::{default_verifier, validate_pair, VALID_PAIRS};
+pub use positional::PositionalNoise;
 pub use verify::{deterministic_output_distribution, verify_deterministic, Verdict, Verifier, VerifyScratch};
 
 /// A token id (index into a probability vector).

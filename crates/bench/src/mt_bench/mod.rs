@@ -24,7 +24,7 @@ use crate::run_info::{git_revision, output_paths, utc_stamp, Interrupt, Progress
 use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Args;
-use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
 use engine::draft_window::DraftWindow;
 use engine::load::{parse_device, LoadOptions};
 use engine::model::gguf::WeightFormat;
@@ -80,6 +80,12 @@ pub struct MtBenchArgs {
     /// Base seed; question i, turn t uses `seed + 1000 i + t` for every method.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Comma-separated randomness of every cell: `stream` (one seeded stream, each method's own
+    /// construction and verifier) and/or `positional` (`mdsd generate --reproducible`: every
+    /// speculative answer must equal the `baseline:positional` answer). Positional cells are
+    /// named `METHOD:positional`.
+    #[arg(long, default_value = "stream")]
+    randomness: String,
     #[command(flatten)]
     models: PairArgs,
     /// The draft model's window of recent tokens for trees without `~W` (0: the whole
@@ -115,9 +121,18 @@ pub struct Cell {
     /// Tree name and topology (`None` for the baseline).
     pub tree: Option<(String, TreeChoice)>,
     pub temperature: f64,
+    pub randomness: Randomness,
 }
 
 impl Cell {
+    /// The method's name, with `:positional` for [`Randomness::Positional`].
+    pub fn method_name(&self) -> String {
+        match self.randomness {
+            Randomness::Stream => self.method.name(),
+            Randomness::Positional => format!("{}:positional", self.method.name()),
+        }
+    }
+
     pub fn tree_name(&self) -> &str {
         self.tree.as_ref().map_or("-", |t| t.0.as_str())
     }
@@ -178,12 +193,17 @@ fn parse_list<T>(list: &str, what: &str, f: impl Fn(&str) -> anyhow::Result<T>) 
 /// tree at every temperature. A method that cannot run on a tree (SpecHub needs exactly two
 /// drafts per node; n-gram drafts need a fixed tree without a confidence cutoff) is left out
 /// with a note.
-pub fn cells(methods: &[Method], trees: &[(String, TreeChoice)], temperatures: &[f64]) -> (Vec<Cell>, Vec<String>) {
+pub fn cells(
+    methods: &[Method],
+    trees: &[(String, TreeChoice)],
+    temperatures: &[f64],
+    randomness: &[Randomness],
+) -> (Vec<Cell>, Vec<String>) {
     let (mut out, mut notes) = (Vec::new(), Vec::new());
-    for &temperature in temperatures {
+    for (&temperature, &randomness) in temperatures.iter().flat_map(|t| randomness.iter().map(move |r| (t, r))) {
         for &method in methods {
             if method == Method::Baseline {
-                out.push(Cell { method, tree: None, temperature });
+                out.push(Cell { method, tree: None, temperature, randomness });
                 continue;
             }
             for tree in trees {
@@ -194,7 +214,7 @@ pub fn cells(methods: &[Method], trees: &[(String, TreeChoice)], temperatures: &
                             notes.push(note);
                         }
                     }
-                    None => out.push(Cell { method, tree: Some(tree.clone()), temperature }),
+                    None => out.push(Cell { method, tree: Some(tree.clone()), temperature, randomness }),
                 }
             }
         }
@@ -305,7 +325,12 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     if args.turns > 0 {
         questions.iter_mut().for_each(|q| q.turns.truncate(args.turns));
     }
-    let (cells, notes) = cells(&methods, &trees, &temperatures);
+    let randomness = parse_list(&args.randomness, "randomness", |s| match s {
+        "stream" => Ok(Randomness::Stream),
+        "positional" => Ok(Randomness::Positional),
+        _ => bail!("expected stream or positional"),
+    })?;
+    let (cells, notes) = cells(&methods, &trees, &temperatures, &randomness);
     for n in &notes {
         eprintln!("bench: note: {n}");
     }
@@ -404,6 +429,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     max_new_tokens: args.max_new_tokens,
                     warp: Warp::temperature(cell.temperature),
                     seed,
+                    randomness: cell.randomness,
                     speculative: speculative.clone(),
                 };
                 let (ids, stats) = generator
@@ -414,7 +440,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     question_id: q.id.clone(),
                     category: q.category.clone(),
                     turn: turn + 1,
-                    method: cell.method.name(),
+                    method: cell.method_name(),
                     tree: cell.tree_name().to_string(),
                     temperature: cell.temperature,
                     seed,
@@ -483,6 +509,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "ngram_tree": args.ngram.ngram_tree,
         "chat": chat,
         "seed": args.seed,
+        "randomness": args.randomness,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),
         "trees": trees.iter().map(|t| &t.0).collect::<Vec<_>>(),
         "draft_window": args.draft_window,

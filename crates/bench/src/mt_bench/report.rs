@@ -9,6 +9,7 @@
 
 use super::{Cell, Method, TurnRecord};
 use crate::stats::MeanSe;
+use engine::decode::Randomness;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -30,7 +31,8 @@ pub struct CellSummary {
     pub tokens_per_s: MeanSe,
     /// Prompt tokens per second of prefill (the target's and, when one runs, the draft's).
     pub prefill_tokens_per_s: MeanSe,
-    /// Per-question ratio to the baseline at the same temperature.
+    /// Per-question ratio to the baseline at the same temperature (and randomness, when the
+    /// run has that baseline).
     pub speedup_vs_baseline: Option<MeanSe>,
     /// The same with the prefill counted: new tokens over prefill plus decode seconds.
     pub speedup_with_prefill_vs_baseline: Option<MeanSe>,
@@ -43,6 +45,20 @@ pub struct Summary {
     pub cells: Vec<CellSummary>,
     /// The same per category, when the questions have more than one.
     pub by_category: Vec<CellSummary>,
+    /// Per speculative cell with positional randomness: its answers equal to the
+    /// `baseline:positional` answer of the same turn, of the turns both answered.
+    pub positional_equal: Vec<PositionalEqual>,
+}
+
+/// How many answers of a positional cell equal plain decoding's (they all should, up to
+/// floating-point differences between the tree and the plain forward).
+#[derive(Debug, Clone, Serialize)]
+pub struct PositionalEqual {
+    pub method: String,
+    pub tree: String,
+    pub temperature: f64,
+    pub equal: usize,
+    pub turns: usize,
 }
 
 /// Pooled per-question figures of one cell.
@@ -120,7 +136,7 @@ fn summarize_group(cells: &[Cell], records: &[TurnRecord], category: Option<&str
     let by_cell = pooled(records);
     let mut out = Vec::new();
     for c in cells {
-        let (m, tree) = (c.method.name(), c.tree_name().to_string());
+        let (m, tree) = (c.method_name(), c.tree_name().to_string());
         let Some(qs) = by_cell.get(&key(&m, &tree, c.temperature)) else { continue };
         let depth = qs.values().map(|q| q.accepted.len()).max().unwrap_or(0);
         let alpha_per_depth = (0..depth)
@@ -138,7 +154,11 @@ fn summarize_group(cells: &[Cell], records: &[TurnRecord], category: Option<&str
         let tps: Vec<f64> = qs.values().map(PerQuestion::tps).collect();
         let rows: Vec<f64> =
             qs.values().filter(|q| q.forwards > 0).map(|q| q.rows as f64 / q.forwards as f64).collect();
-        let baseline = by_cell.get(&key("baseline", "-", c.temperature));
+        // The baseline with the cell's randomness (plain decoding's own cost of it), else the
+        // other one.
+        let same = Cell { method: Method::Baseline, tree: None, ..c.clone() }.method_name();
+        let baseline =
+            by_cell.get(&key(&same, "-", c.temperature)).or_else(|| by_cell.get(&key("baseline", "-", c.temperature)));
         let rrs_wr = by_cell.get(&key("rrs-wr", &tree, c.temperature));
         out.push(CellSummary {
             method: m.clone(),
@@ -180,7 +200,35 @@ pub fn summarize(cells: &[Cell], records: &[TurnRecord]) -> Summary {
             by_category.extend(summarize_group(cells, &sub, Some(cat)));
         }
     }
-    Summary { cells: summarize_group(cells, records, None), by_category }
+    Summary {
+        cells: summarize_group(cells, records, None),
+        by_category,
+        positional_equal: positional_equal(cells, records),
+    }
+}
+
+/// [`Summary::positional_equal`].
+fn positional_equal(cells: &[Cell], records: &[TurnRecord]) -> Vec<PositionalEqual> {
+    let plain: BTreeMap<(&str, usize, String), &str> = records
+        .iter()
+        .filter(|r| r.method == "baseline:positional")
+        .map(|r| ((r.question_id.as_str(), r.turn, r.temperature.to_string()), r.answer.as_str()))
+        .collect();
+    let mut out = Vec::new();
+    for c in cells.iter().filter(|c| c.randomness == Randomness::Positional && c.method != Method::Baseline) {
+        let (m, tree) = (c.method_name(), c.tree_name());
+        let (mut equal, mut turns) = (0, 0);
+        for r in records.iter().filter(|r| r.method == m && r.tree == tree && r.temperature == c.temperature) {
+            if let Some(&answer) = plain.get(&(r.question_id.as_str(), r.turn, r.temperature.to_string())) {
+                turns += 1;
+                equal += (answer == r.answer) as usize;
+            }
+        }
+        if turns > 0 {
+            out.push(PositionalEqual { method: m, tree: tree.to_string(), temperature: c.temperature, equal, turns });
+        }
+    }
+    out
 }
 
 fn opt(x: &Option<MeanSe>) -> String {
@@ -243,6 +291,12 @@ pub fn markdown(meta: &Value, summary: &Summary) -> String {
             ));
         }
     }
+    if !summary.positional_equal.is_empty() {
+        s.push_str("\n## Positional randomness: answers equal to `baseline:positional`\n\n| method | tree | T | equal answers |\n|---|---|---|---|\n");
+        for e in &summary.positional_equal {
+            s.push_str(&format!("| {} | {} | {} | {} of {} |\n", e.method, e.tree, e.temperature, e.equal, e.turns));
+        }
+    }
     if !summary.by_category.is_empty() {
         s.push_str("\n## Per category (τ, × baseline)\n\n| category | method | tree | T | τ | × baseline |\n|---|---|---|---|---|---|\n");
         for c in &summary.by_category {
@@ -264,6 +318,7 @@ pub fn markdown(meta: &Value, summary: &Summary) -> String {
 mod tests {
     use super::*;
     use crate::mt_bench::TurnRecord;
+    use engine::decode::Randomness;
 
     fn rec(q: &str, method: &str, tree: &str, new: usize, s: f64, fwd: usize, acc: Vec<f64>) -> TurnRecord {
         TurnRecord {
@@ -294,13 +349,58 @@ mod tests {
         }
     }
 
+    /// `--randomness stream,positional` doubles the cells, names the positional ones
+    /// `METHOD:positional`, compares them with the positional baseline, and counts their answers
+    /// equal to it.
+    #[test]
+    fn positional_cells_count_answers_equal_to_plain_decoding() {
+        let tree = ("chain-2".to_string(), engine::DraftTree::load("chain-2").unwrap().into());
+        let methods = [Method::Baseline, Method::parse("greedy").unwrap()];
+        let (cells, _) =
+            crate::mt_bench::cells(&methods, &[tree], &[0.7], &[Randomness::Stream, Randomness::Positional]);
+        let names: Vec<String> = cells.iter().map(Cell::method_name).collect();
+        assert_eq!(names, ["baseline", "greedy", "baseline:positional", "greedy:positional"]);
+        let mut records = Vec::new();
+        for (q, m, seconds, answer) in [
+            ("1", "baseline", 1.0, "x"),
+            ("1", "baseline:positional", 2.0, "a"),
+            ("2", "baseline:positional", 2.0, "b"),
+            ("1", "greedy:positional", 1.0, "a"),
+            ("2", "greedy:positional", 1.0, "c"),
+        ] {
+            let tree = if m.starts_with("baseline") { "-" } else { "chain-2" };
+            let mut r = rec(q, m, tree, 10, seconds, 5, vec![0.5]);
+            (r.temperature, r.answer) = (0.7, answer.into());
+            records.push(r);
+        }
+        let s = summarize(&cells, &records);
+        assert_eq!(s.positional_equal.len(), 1);
+        let e = &s.positional_equal[0];
+        assert_eq!((e.method.as_str(), e.tree.as_str(), e.equal, e.turns), ("greedy:positional", "chain-2", 1, 2));
+        // Against the positional baseline (2 s per turn), not the stream one (1 s).
+        let g = s.cells.iter().find(|c| c.method == "greedy:positional").unwrap();
+        assert!((g.speedup_vs_baseline.unwrap().mean - 2.0).abs() < 1e-12);
+        let md = markdown(&serde_json::json!({}), &s);
+        assert!(md.contains("| greedy:positional | chain-2 | 0.7 | 1 of 2 |"), "{md}");
+    }
+
     #[test]
     fn pools_turns_and_takes_ratios_per_question() {
         let tree = ("chain-1".to_string(), engine::DraftTree::load("chain-1").unwrap().into());
         let cells = vec![
-            Cell { method: Method::Baseline, tree: None, temperature: 0.0 },
-            Cell { method: Method::parse("rrs-wr").unwrap(), tree: Some(tree.clone()), temperature: 0.0 },
-            Cell { method: Method::parse("greedy").unwrap(), tree: Some(tree), temperature: 0.0 },
+            Cell { method: Method::Baseline, tree: None, temperature: 0.0, randomness: Randomness::Stream },
+            Cell {
+                method: Method::parse("rrs-wr").unwrap(),
+                tree: Some(tree.clone()),
+                temperature: 0.0,
+                randomness: Randomness::Stream,
+            },
+            Cell {
+                method: Method::parse("greedy").unwrap(),
+                tree: Some(tree),
+                temperature: 0.0,
+                randomness: Randomness::Stream,
+            },
         ];
         let mut records = vec![
             rec("1", "baseline", "-", 10, 1.0, 10, vec![]),

@@ -90,12 +90,32 @@ impl SpecConfig {
     }
 }
 
+/// Where a generation's random draws come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Randomness {
+    /// One random stream seeded by [`GenerationConfig::seed`], drawn from in turn by the draft
+    /// construction and the verifier (the default; every valid pair). The text is an exact
+    /// sample, but which one depends on everything that draws: the tree, the draft model, and
+    /// `--tree auto`'s timing-based choices.
+    #[default]
+    Stream,
+    /// Noise keyed by `(seed, position, token)` ([`samplers::positional`]): each token is an
+    /// exponential race on the warped target, each node's drafts are the draft's best `k`
+    /// races on the same noise (Gumbel-top-k, in place of [`SpecConfig::construction`]), and
+    /// the verifier accepts the draft equal to the target's token (in place of
+    /// [`SpecConfig::verifier`]). The text then depends only on the seed, the prompt, the
+    /// target and the warp: speculative decoding with any tree, draft model, EAGLE head,
+    /// lookup or `auto` emits the tokens plain decoding with this randomness emits.
+    Positional,
+}
+
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct GenerationConfig {
     pub max_new_tokens: usize,
     pub warp: Warp,
     pub seed: u64,
+    pub randomness: Randomness,
     /// `None`: plain autoregressive decoding of the target (`--no-spec`).
     pub speculative: Option<SpecConfig>,
 }

@@ -26,7 +26,9 @@
 //! from the target's.
 //!
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
-//! tokens are then distributed exactly as autoregressive sampling of the warped target.
+//! tokens are then distributed exactly as autoregressive sampling of the warped target. With
+//! [`Randomness::Positional`] they are moreover the very tokens plain decoding with that
+//! randomness emits: every node's drafts and verdict come from noise keyed by the position.
 
 mod config;
 
@@ -44,11 +46,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::construction::DraftScratch;
 use samplers::dist::Warp;
-use samplers::VerifyScratch;
+use samplers::{PositionalNoise, Verdict, VerifyScratch};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use config::{check_ngram, DraftSource, GenerationConfig, SpecConfig, Stats, TreeChoice};
+pub use config::{check_ngram, DraftSource, GenerationConfig, Randomness, SpecConfig, Stats, TreeChoice};
 
 /// Runs generations with a target (and optionally a draft) model, reusing caches and buffers.
 pub struct Generator<'a> {
@@ -91,6 +93,10 @@ pub(crate) struct StepBuffers {
     emitted: Vec<u32>,
     pub(crate) draft_scratch: DraftScratch,
     verify_scratch: VerifyScratch,
+    /// [`Randomness::Positional`]'s noise for the running generation (`None`: the stream).
+    pub(crate) noise: Option<PositionalNoise>,
+    /// Position of the running step's root (the pending token) in the text.
+    pub(crate) root_pos: usize,
 }
 
 impl<'a> Generator<'a> {
@@ -196,6 +202,10 @@ impl<'a> Generator<'a> {
             );
         }
         let mut rng = StdRng::seed_from_u64(config.seed);
+        self.buf.noise = match config.randomness {
+            Randomness::Stream => None,
+            Randomness::Positional => Some(PositionalNoise::new(config.seed)),
+        };
         let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
         let start = Instant::now();
         // Prefill every prompt token but the last, which becomes the pending token.
@@ -258,7 +268,12 @@ impl<'a> Generator<'a> {
                     timings[1] += t0.elapsed();
                     let t1 = Instant::now();
                     config.warp.apply(&logits, &mut self.buf.p).map_err(|e| nan_error(e, "target"))?;
-                    self.buf.emitted.push(samplers::dist::sample(&self.buf.p, &mut rng));
+                    // The cache now ends at the sampled token's position.
+                    let position = self.target_cache.len() as u64;
+                    self.buf.emitted.push(match self.buf.noise {
+                        Some(noise) => noise.sample(position, &self.buf.p),
+                        None => samplers::dist::sample(&self.buf.p, &mut rng),
+                    });
                     timings[2] += t1.elapsed();
                     stats.target_forwards += 1;
                     stats.target_rows += 1;
@@ -364,6 +379,7 @@ impl<'a> Generator<'a> {
             b.q_at.resize_with(nodes, Vec::new);
         }
         let root_pos = self.target_cache.len();
+        b.root_pos = root_pos;
 
         // 1. Draft, level by level.
         let t0 = Instant::now();
@@ -455,13 +471,22 @@ impl<'a> Generator<'a> {
         loop {
             let row = b.row_of[node];
             warp.apply(&logits[row * v..(row + 1) * v], &mut b.p).map_err(|e| nan_error(e, "target"))?;
+            // The position of the token sampled at this node.
+            let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {
-                b.emitted.push(samplers::dist::sample(&b.p, rng));
+                b.emitted.push(match b.noise {
+                    Some(noise) => noise.sample(position, &b.p),
+                    None => samplers::dist::sample(&b.p, rng),
+                });
                 break;
             }
             b.drafts.clear();
             b.drafts.extend_from_slice(&b.drawn[node]);
-            let verdict = if step.lookup {
+            let verdict = if let Some(noise) = b.noise {
+                // The target's own race decides; a draft equal to it is accepted.
+                let token = noise.sample(position, &b.p);
+                Ok(Verdict { token, accepted: b.drafts.iter().position(|&d| d == token) })
+            } else if step.lookup {
                 samplers::verify_deterministic(&b.p, &b.drafts, rng, &mut b.verify_scratch)
             } else {
                 spec.verifier.verify(

@@ -2,7 +2,7 @@
 //! Pearson's chi-square against it, and the temperature-0 equality of `--tree auto`.
 
 use engine::auto_tree::AutoTree;
-use engine::decode::{GenerationConfig, Generator, SpecConfig, Stats, TreeChoice};
+use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig, Stats, TreeChoice};
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, VALID_PAIRS};
 
@@ -181,5 +181,11 @@ pub fn two_tokens(
     v: samplers::Verifier,
     draft_warp: Option<Warp>,
 ) -> GenerationConfig {
-    GenerationConfig { max_new_tokens: 2, warp, seed, speculative: Some(spec(tree, c, v, draft_warp, 0.0)) }
+    GenerationConfig {
+        max_new_tokens: 2,
+        warp,
+        seed,
+        randomness: Randomness::Stream,
+        speculative: Some(spec(tree, c, v, draft_warp, 0.0)),
+    }
 }
