@@ -35,6 +35,9 @@ pub const MAX_DRAFTS: usize = 64;
 /// light ones is tight from the start.
 const HEAVY: f64 = 1e-2;
 
+/// Tokens per block of the light pass of a race.
+const LANES: usize = 16;
+
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's output function: a bijection of `u64` whose outputs for consecutive inputs
@@ -134,14 +137,45 @@ impl Race {
     }
 
     /// Races every token with `w_i > 0`: the heavy ones first, then the rest.
+    ///
+    /// The light pass runs in blocks of [`LANES`] tokens: each block's uniforms and cut-off
+    /// tests are computed without branches (the compiler vectorizes the hash), and only the
+    /// tokens that pass the cut-off of the block's start, usually none, are offered one by one.
+    /// The cut-off only tightens, so this offers a superset of what a token-by-token pass would
+    /// and keeps exactly the same tokens.
     fn run(&mut self, noise: PositionStream, w: &[f64]) {
         for (i, &wi) in w.iter().enumerate() {
             if wi >= HEAVY {
                 self.offer(noise, i, wi);
             }
         }
-        for (i, &wi) in w.iter().enumerate() {
-            if wi > 0.0 && wi < HEAVY {
+        let light = |wi: f64| wi > 0.0 && wi < HEAVY;
+        let mut start = 0;
+        // Until k tokens are in, every light token is offered.
+        while self.len < self.k && start < w.len() {
+            if light(w[start]) {
+                self.offer(noise, start, w[start]);
+            }
+            start += 1;
+        }
+        let blocks = w[start..].chunks_exact(LANES);
+        let tail = start + blocks.len() * LANES;
+        for (b, block) in blocks.enumerate() {
+            let base = start + b * LANES;
+            let t = self.keys[self.k - 1];
+            let mut mask = 0u32;
+            for (j, &wi) in block.iter().enumerate() {
+                let u = noise.uniform(base + j);
+                mask |= ((light(wi) & (u > 1.0 + t * wi)) as u32) << j;
+            }
+            while mask != 0 {
+                let j = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                self.offer(noise, base + j, block[j]);
+            }
+        }
+        for (i, &wi) in w.iter().enumerate().skip(tail) {
+            if light(wi) {
                 self.offer(noise, i, wi);
             }
         }
@@ -267,6 +301,42 @@ mod tests {
         assert_eq!(n.uniform(3, 4), PositionalNoise::new(7).uniform(3, 4));
         assert_ne!(n.uniform(3, 4), n.uniform(4, 3));
         assert_ne!(n.uniform(3, 4), PositionalNoise::new(8).uniform(3, 4));
+    }
+
+    /// The blocked, cut-off race keeps exactly the tokens of a naive race that computes every
+    /// key `ln u_i / w_i` and sorts them: 600 positions of vocabularies of 1 to 5,000 tokens,
+    /// flat, peaked, and with zeros, for k = 1, 2, 5 and more than the support.
+    #[test]
+    fn the_race_equals_a_naive_race() {
+        let noise = PositionalNoise::new(5);
+        let mut out = Vec::new();
+        let mut state = 1u64;
+        let mut next = || {
+            state = mix64(state.wrapping_add(GOLDEN));
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for pos in 0..600u64 {
+            let v = [1usize, 7, 17, 40, 1000, 5000][pos as usize % 6];
+            let sharp = 1 + (pos as i32 / 6) % 4 * 3;
+            let mut w: Vec<f64> =
+                (0..v).map(|_| if next() < 0.2 { 0.0 } else { next().powi(sharp) * next().powi(sharp) }).collect();
+            if w.iter().all(|&x| x == 0.0) {
+                w[v / 2] = 1.0;
+            }
+            let total: f64 = w.iter().sum();
+            w.iter_mut().for_each(|x| *x /= total);
+            let mut keys: Vec<(f64, TokenId)> = (0..v)
+                .filter(|&i| w[i] > 0.0)
+                .map(|i| (noise.uniform(pos, i as TokenId).ln() / w[i], i as TokenId))
+                .collect();
+            keys.sort_by(|a, b| b.0.total_cmp(&a.0));
+            assert_eq!(noise.sample(pos, &w), keys[0].1, "position {pos}, {v} tokens");
+            for k in [1usize, 2, 5, v + 1] {
+                noise.top_k(pos, &w, k.min(MAX_DRAFTS), &mut out).unwrap();
+                let want: Vec<TokenId> = keys.iter().take(k.min(MAX_DRAFTS)).map(|x| x.1).collect();
+                assert_eq!(out, want, "position {pos}, {v} tokens, k {k}");
+            }
+        }
     }
 
     #[test]
