@@ -6,6 +6,8 @@
 //!   `1 - (1 - beta(rho))^n`, RRS with replacement (its residual does not depend on the
 //!   rejected token), the Greedy verifier (enumerating the one random draft: `|supp q|`
 //!   exact output distributions), top-k (`p` of the top `n` tokens of `q`).
+//! - Positional races (`--reproducible`): exact (quadrature) on supports of at most 64 tokens,
+//!   else the fraction of `samples` positions of fresh noise that accept.
 //! - Monte Carlo, with `samples` draws per position, Rao-Blackwellized: RRS without
 //!   replacement scores each sampled rejection path exactly
 //!   (`samplers::alpha::rrs::alpha_rrs_without_replacement_monte_carlo`; exact on supports of
@@ -36,10 +38,11 @@ pub enum Metric {
     GreedyVerify,
     StarGreedy,
     TopK,
+    Positional,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 10] = [
+    pub const ALL: [Metric; 11] = [
         Self::RrsWr,
         Self::KSeq,
         Self::KSeqTheory,
@@ -50,6 +53,7 @@ impl Metric {
         Self::GreedyVerify,
         Self::StarGreedy,
         Self::TopK,
+        Self::Positional,
     ];
 
     /// Key in the JSON output.
@@ -65,6 +69,7 @@ impl Metric {
             Self::GreedyVerify => "greedy",
             Self::StarGreedy => "alpha_star_greedy",
             Self::TopK => "topk",
+            Self::Positional => "positional",
         }
     }
 
@@ -81,6 +86,7 @@ impl Metric {
             Self::GreedyVerify => "Greedy verify",
             Self::StarGreedy => "alpha*, Greedy",
             Self::TopK => "top-k drafts",
+            Self::Positional => "positional races",
         }
     }
 
@@ -88,7 +94,8 @@ impl Metric {
     pub fn reference(self) -> Option<Metric> {
         match self {
             Self::RrsWr | Self::KSeq | Self::KSeqTheory => Some(Self::StarWr),
-            Self::RrsWor | Self::GeneratingFunction => Some(Self::StarWor),
+            // The draft's k best races are an ordered sample without replacement from q.
+            Self::RrsWor | Self::GeneratingFunction | Self::Positional => Some(Self::StarWor),
             Self::GreedyVerify => Some(Self::StarGreedy),
             _ => None,
         }
@@ -138,7 +145,31 @@ pub fn evaluate_pq(p: &[f64], q: &[f64], n: usize, samples: usize, rng: &mut Std
     }
     set(Metric::KSeq, kseq / samples as f64);
     set(Metric::GreedyVerify, greedy_acceptance(p, q, n)?);
+    set(Metric::Positional, positional_acceptance(p, q, n, samples, rng)?);
     Ok(out)
+}
+
+/// Largest union of supports on which positional races are integrated exactly.
+const EXACT_POSITIONAL_SUPPORT: usize = 64;
+
+/// The acceptance of `--reproducible`'s positional races (the target's race winner among the
+/// draft's `n` best races on the same noise): exact by quadrature when `p` and `q` together
+/// have at most 64 tokens, else the fraction of `samples` positions of noise seeded from `rng`.
+fn positional_acceptance(p: &[f64], q: &[f64], n: usize, samples: usize, rng: &mut StdRng) -> anyhow::Result<f64> {
+    let keep: Vec<usize> = (0..p.len()).filter(|&i| p[i] > 0.0 || q[i] > 0.0).collect();
+    if keep.len() <= EXACT_POSITIONAL_SUPPORT {
+        let pk: Vec<f64> = keep.iter().map(|&i| p[i]).collect();
+        let qk: Vec<f64> = keep.iter().map(|&i| q[i]).collect();
+        return Ok(samplers::positional::coupled_acceptance(&pk, &qk, n));
+    }
+    let noise = samplers::PositionalNoise::new(rand::Rng::random(rng));
+    let mut drafts = Vec::with_capacity(n);
+    let mut hits = 0usize;
+    for pos in 0..samples as u64 {
+        noise.top_k(pos, q, n, &mut drafts)?;
+        hits += drafts.contains(&noise.sample(pos, p)) as usize;
+    }
+    Ok(hits as f64 / samples.max(1) as f64)
 }
 
 /// `sum` of `dist` over the distinct tokens of `tuple`.
@@ -287,11 +318,14 @@ mod tests {
                 // K-SEQ is Monte Carlo over tuples: 4000 samples of a value in [0, 1].
                 let k = exact(C::WithReplacement, V::KSeq);
                 assert!((get(Metric::KSeq) - k).abs() < 0.03, "kseq {} vs {k}", get(Metric::KSeq));
+                // Five tokens: positional races are integrated exactly.
+                assert_eq!(get(Metric::Positional), samplers::positional::coupled_acceptance(p, q, n));
                 for (m, star) in [
                     (Metric::RrsWr, Metric::StarWr),
                     (Metric::KSeqTheory, Metric::StarWr),
                     (Metric::RrsWor, Metric::StarWor),
                     (Metric::GreedyVerify, Metric::StarGreedy),
+                    (Metric::Positional, Metric::StarWor),
                 ] {
                     assert!(get(m) <= get(star) + 1e-9, "{m:?} {} > {star:?} {}", get(m), get(star));
                 }

@@ -27,6 +27,7 @@ const ROWS: &[(&str, Metric, &str)] = &[
     ("With replacement", Metric::KSeqTheory, "α K-SEQ (theory)"),
     ("With replacement", Metric::StarWr, "α*"),
     ("Without replacement", Metric::RrsWor, "RRS"),
+    ("Without replacement", Metric::Positional, "positional races (`--reproducible`)"),
     ("Without replacement", Metric::StarWor, "α*"),
     ("Without replacement", Metric::GeneratingFunction, "generating function (paper's α*)"),
     ("Greedy", Metric::GreedyVerify, "Verify"),
