@@ -72,7 +72,10 @@ pub(crate) fn draw_children(
         let kids = tree.children(i);
         match b.noise {
             // The children's tokens sit one position past the node.
-            Some(noise) => noise.top_k((b.root_pos + tree.depth(i) + 1) as u64, q, kids.len(), &mut b.drafts),
+            // Only the draft's own ids can win (the padding is zero): race those.
+            Some(noise) => {
+                noise.top_k((b.root_pos + tree.depth(i) + 1) as u64, &q[..dv.min(vocab)], kids.len(), &mut b.drafts)
+            }
             None => construction.sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts),
         }
         .map_err(|e| Error::Msg(format!("drafting: {e}")))?;

@@ -109,6 +109,20 @@ fn positional(c: &mut Criterion) {
         }
         let mut r = StdRng::seed_from_u64(4);
         g.bench_function("stream_sample", |b| b.iter(|| samplers::dist::sample(black_box(&p), &mut r)));
+        // After top-p: the 64 most probable tokens, renormalised, the rest zero.
+        let mut top = Vec::new();
+        samplers::dist::top_k_support(&p, 64, &mut top);
+        let mut sparse = vec![0.0; vocab];
+        top.iter().for_each(|&t| sparse[t as usize] = p[t as usize]);
+        let total: f64 = sparse.iter().sum();
+        sparse.iter_mut().for_each(|x| *x /= total);
+        g.bench_function("sample_64_tokens", |b| {
+            b.iter(|| {
+                pos += 1;
+                noise.sample(pos, black_box(&sparse))
+            })
+        });
+        g.bench_function("stream_sample_64_tokens", |b| b.iter(|| samplers::dist::sample(black_box(&sparse), &mut r)));
         g.finish();
     }
 }

@@ -162,6 +162,10 @@ impl Race {
         let tail = start + blocks.len() * LANES;
         for (b, block) in blocks.enumerate() {
             let base = start + b * LANES;
+            // Blocks with no light token (zeros past top-k/top-p, heavy tokens) need no hash.
+            if !block.iter().any(|&wi| light(wi)) {
+                continue;
+            }
             let t = self.keys[self.k - 1];
             let mut mask = 0u32;
             for (j, &wi) in block.iter().enumerate() {
