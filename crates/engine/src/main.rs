@@ -3,9 +3,7 @@
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
-use engine::decode::{
-    check_ngram, DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, Stats, TreeChoice,
-};
+use engine::decode::{check_ngram, DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
 use engine::draft_window::DraftWindow;
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
@@ -19,6 +17,8 @@ use samplers::{DraftConstruction, Verifier};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+mod report;
 
 #[derive(Parser)]
 #[command(name = "mdsd", version, about = "Multi-draft speculative decoding (lossless) on CPU and CUDA")]
@@ -434,41 +434,25 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             Ok(())
         },
     )?;
+    let window = generator.draft_window().filter(|_| draft.is_some() && !args.no_spec);
     if json {
-        let text = tok.decode(&out)?;
-        let mut obj = serde_json::to_value(&stats)?;
-        obj["text"] = serde_json::Value::String(text);
-        obj["target"] = serde_json::Value::String(target.path.display().to_string());
-        obj["draft"] = match (&draft, &eagle) {
-            (Some(d), _) => d.path.display().to_string().into(),
-            (None, Some(h)) => h.path().display().to_string().into(),
-            (None, None) if args.ngram == NgramMode::Only && !args.no_spec => {
-                format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max).into()
-            }
-            (None, None) => serde_json::Value::Null,
+        let draft_name = match (&draft, &eagle) {
+            (Some(d), _) => Some(d.path.display().to_string()),
+            (None, Some(h)) => Some(h.path().display().to_string()),
+            (None, None) => None,
         };
-        obj["tree"] = tree_name.clone().into();
-        obj["ngram"] = if args.no_spec { serde_json::Value::Null } else { args.ngram.name().into() };
-        obj["draft_window"] = match generator.draft_window() {
-            Some(w) if draft.is_some() && !args.no_spec => serde_json::json!({ "sinks": w.sinks, "recent": w.recent }),
-            _ => serde_json::Value::Null,
+        let report = report::Json {
+            text: tok.decode(&out)?,
+            target: &target.path,
+            draft: draft_name,
+            tree: &tree_name,
+            window,
+            verifier,
         };
-        let (construction, verifier) = if args.reproducible {
-            ("positional".to_string(), "positional".to_string())
-        } else {
-            (args.construction().to_string(), verifier.to_string())
-        };
-        obj["draft_sampling"] = if args.no_spec { serde_json::Value::Null } else { construction.into() };
-        obj["verifier"] = if args.no_spec { serde_json::Value::Null } else { verifier.into() };
-        obj["randomness"] = if args.reproducible { "positional" } else { "stream" }.into();
-        obj["seed"] = args.seed.into();
-        obj["temperature"] = args.temperature.into();
-        obj["device"] = args.device.clone().into();
-        println!("{obj}");
+        println!("{}", report.into_value(&stats, &args)?);
     } else {
         println!();
-        let window = generator.draft_window().filter(|_| draft.is_some());
-        print_stats(&stats, &args, verifier, window);
+        report::print_stats(&stats, &args, verifier, window);
     }
     Ok(())
 }
@@ -559,48 +543,6 @@ fn note(args: &GenerateArgs, msg: &str) {
     if !args.json {
         eprintln!("mdsd: {msg}");
     }
-}
-
-fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: Option<DraftWindow>) {
-    let mode = if args.no_spec {
-        "no-spec".to_string()
-    } else {
-        let drafts = if args.reproducible { "positional races".to_string() } else { args.construction().to_string() };
-        let source = if args.ngram == NgramMode::Only {
-            format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max)
-        } else if args.ngram == NgramMode::First {
-            format!(
-                "ngram {}-{} on {} first, then {}",
-                args.ngram_flags.ngram_min, args.ngram_flags.ngram_max, args.ngram_flags.ngram_tree, drafts
-            )
-        } else {
-            drafts
-        };
-        let window = window.map_or(String::new(), |w| format!(" · draft window {}+{}", w.sinks, w.recent));
-        let verifier = if args.reproducible { String::new() } else { format!(" + {verifier}") };
-        format!("tree {} · {source}{verifier}{window}", args.tree_name())
-    };
-    let mode = if args.reproducible { format!("{mode} · reproducible (seed {})", args.seed) } else { mode };
-    eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
-    eprintln!(
-        "new tokens {} (prompt {}) · target forwards {} · tau {:.2} · {:.2} tokens/s · stop: {}",
-        s.new_tokens, s.prompt_tokens, s.target_forwards, s.tau, s.tokens_per_s, s.stop_reason
-    );
-    if args.ngram == NgramMode::First && !args.no_spec {
-        eprintln!("n-gram steps: {} of {}, {} tokens", s.ngram_steps, s.target_forwards, s.ngram_tokens);
-    }
-    if !s.acceptance_per_depth.is_empty() {
-        let per: Vec<String> =
-            s.acceptance_per_depth.iter().enumerate().map(|(d, a)| format!("d{}={:.2}", d + 1, a)).collect();
-        eprintln!("acceptance per depth: {}", per.join(" "));
-    }
-    if !s.auto_tree.is_empty() {
-        eprintln!("tree auto: {}", s.auto_tree);
-    }
-    eprintln!(
-        "time: prefill {:.2} s · draft {:.2} s · target {:.2} s · verify {:.3} s · total {:.2} s",
-        s.prefill_s, s.draft_s, s.target_s, s.verify_s, s.total_s
-    );
 }
 
 /// `./models` when it exists, else the repository's `models/` (for `cargo run`).

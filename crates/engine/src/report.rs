@@ -1,0 +1,98 @@
+//! What `mdsd generate` prints after the text: the statistics on stderr, or with `--json` one
+//! JSON object. Part of the `mdsd` binary (`main.rs`), not of the library.
+
+use crate::{GenerateArgs, NgramMode};
+use engine::decode::Stats;
+use engine::draft_window::DraftWindow;
+use samplers::Verifier;
+use serde_json::Value;
+use std::path::Path;
+
+/// The `--json` object: the statistics, then the text and the settings that produced it.
+pub struct Json<'a> {
+    pub text: String,
+    pub target: &'a Path,
+    /// The draft model's or EAGLE head's path (`None`: no draft model).
+    pub draft: Option<String>,
+    pub tree: &'a str,
+    /// The draft window in use (`None`: the whole context, or no draft model).
+    pub window: Option<DraftWindow>,
+    pub verifier: Verifier,
+}
+
+impl Json<'_> {
+    pub fn into_value(self, stats: &Stats, args: &GenerateArgs) -> serde_json::Result<Value> {
+        let mut obj = serde_json::to_value(stats)?;
+        obj["text"] = Value::String(self.text);
+        obj["target"] = Value::String(self.target.display().to_string());
+        obj["draft"] = match self.draft {
+            Some(d) => d.into(),
+            None if args.ngram == NgramMode::Only && !args.no_spec => {
+                format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max).into()
+            }
+            None => Value::Null,
+        };
+        obj["tree"] = self.tree.into();
+        obj["ngram"] = if args.no_spec { Value::Null } else { args.ngram.name().into() };
+        obj["draft_window"] = match self.window {
+            Some(w) => serde_json::json!({ "sinks": w.sinks, "recent": w.recent }),
+            None => Value::Null,
+        };
+        let (construction, verifier) = if args.reproducible {
+            ("positional".to_string(), "positional".to_string())
+        } else {
+            (args.construction().to_string(), self.verifier.to_string())
+        };
+        obj["draft_sampling"] = if args.no_spec { Value::Null } else { construction.into() };
+        obj["verifier"] = if args.no_spec { Value::Null } else { verifier.into() };
+        obj["randomness"] = if args.reproducible { "positional" } else { "stream" }.into();
+        obj["seed"] = args.seed.into();
+        obj["temperature"] = args.temperature.into();
+        obj["device"] = args.device.clone().into();
+        Ok(obj)
+    }
+}
+
+/// The statistics on stderr: the settings, tokens, tau and speed, lookup steps, acceptance per
+/// depth, `auto`'s summary and the time split.
+pub fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: Option<DraftWindow>) {
+    let mode = if args.no_spec {
+        "no-spec".to_string()
+    } else {
+        let drafts = if args.reproducible { "positional races".to_string() } else { args.construction().to_string() };
+        let source = if args.ngram == NgramMode::Only {
+            format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max)
+        } else if args.ngram == NgramMode::First {
+            format!(
+                "ngram {}-{} on {} first, then {}",
+                args.ngram_flags.ngram_min, args.ngram_flags.ngram_max, args.ngram_flags.ngram_tree, drafts
+            )
+        } else {
+            drafts
+        };
+        let window = window.map_or(String::new(), |w| format!(" · draft window {}+{}", w.sinks, w.recent));
+        let verifier = if args.reproducible { String::new() } else { format!(" + {verifier}") };
+        format!("tree {} · {source}{verifier}{window}", args.tree_name())
+    };
+    let mode = if args.reproducible { format!("{mode} · reproducible (seed {})", args.seed) } else { mode };
+    eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
+    eprintln!(
+        "new tokens {} (prompt {}) · target forwards {} · tau {:.2} · {:.2} tokens/s · stop: {}",
+        s.new_tokens, s.prompt_tokens, s.target_forwards, s.tau, s.tokens_per_s, s.stop_reason
+    );
+    if args.ngram == NgramMode::First && !args.no_spec {
+        eprintln!("n-gram steps: {} of {}, {} tokens", s.ngram_steps, s.target_forwards, s.ngram_tokens);
+    }
+    if !s.acceptance_per_depth.is_empty() {
+        let per: Vec<String> =
+            s.acceptance_per_depth.iter().enumerate().map(|(d, a)| format!("d{}={:.2}", d + 1, a)).collect();
+        eprintln!("acceptance per depth: {}", per.join(" "));
+    }
+    if !s.auto_tree.is_empty() {
+        eprintln!("tree auto: {}", s.auto_tree);
+    }
+    eprintln!(
+        "time: prefill {:.2} s · draft {:.2} s · target {:.2} s · verify {:.3} s · total {:.2} s",
+        s.prefill_s, s.draft_s, s.target_s, s.verify_s, s.total_s
+    );
+}
