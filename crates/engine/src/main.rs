@@ -76,7 +76,8 @@ struct GenerateArgs {
     /// Draw every token from noise keyed by (seed, position, token): the text then depends
     /// only on the seed, the prompt, the target and the sampling flags, and equals
     /// `--no-spec --reproducible`'s token for token whatever the tree, draft, lookup or
-    /// `auto` does. Drafts are the draft's best races on the same noise (Gumbel-top-k) and are
+    /// `auto` does (where the target computes a tree's rows as it does one row: our Q4_K/Q6_K
+    /// CPU kernels, f32 weights). Drafts are the draft's best races on the same noise (Gumbel-top-k) and are
     /// accepted when they equal the target's token, in place of --draft-sampling and
     /// --verifier (at temperature > 0 this accepts somewhat less than the default pair).
     #[arg(long)]
