@@ -121,6 +121,56 @@ fn temperature_zero_speculative_equals_plain_decoding() {
     assert!(lookup_accepted > 0, "no lookup draft was ever accepted");
 }
 
+/// Temperature 0.8 with positional randomness (`--reproducible`) and batch-invariant target
+/// numerics: speculative output equals plain output token for token, on two chat prompts with
+/// a seed each, for a chain, a full tree and lookup before the draft model (EAGLE's sparse tree
+/// and more seeds run on tiny models, `tests/positional.rs`); drafts must be accepted somewhere.
+#[test]
+fn positional_randomness_gives_plain_texts() {
+    let path = smollm2();
+    let target =
+        load(&path, &Device::Cpu, &LoadOptions { weights: WeightFormat::Dequantized, ..Default::default() }).unwrap();
+    let draft = load(&path, &Device::Cpu, &LoadOptions { max_layers: Some(10), ..Default::default() }).unwrap();
+    let mut generator = Generator::new(&target.model, Some(&draft.model), 512).unwrap();
+    let configs = [
+        spec("chain-4", DraftConstruction::Greedy, Verifier::Greedy),
+        spec("drafts-2-depth-3", DraftConstruction::Greedy, Verifier::Greedy),
+        spec("chain-2", DraftConstruction::Greedy, Verifier::Greedy).map(|s| SpecConfig {
+            source: DraftSource::NgramFirst {
+                ngram: NgramConfig::default(),
+                tree: DraftTree::preset("chain-4").unwrap(),
+            },
+            ..s
+        }),
+    ];
+    let mut accepted = 0;
+    for (seed, prompt) in PROMPTS[1..].iter().enumerate() {
+        let ids = chat_ids(&target, prompt);
+        let seed = seed as u64;
+        let plain = GenerationConfig {
+            max_new_tokens: 24,
+            warp: Warp { temperature: 0.8, top_k: 0, top_p: 0.95 },
+            seed,
+            randomness: Randomness::Positional,
+            speculative: None,
+        };
+        let stop = |t| target.tokenizer.is_stop(t);
+        let (reference, _) = generator.generate(&ids, &plain, stop, |_| Ok(())).unwrap();
+        for s in &configs {
+            let config = GenerationConfig { speculative: s.clone(), ..plain.clone() };
+            let (out, stats) = generator.generate(&ids, &config, stop, |_| Ok(())).unwrap();
+            assert_eq!(
+                out,
+                reference,
+                "{prompt:?}, seed {seed}, tree of {:?} nodes",
+                s.as_ref().map(|s| s.max_tree_len(plain.warp))
+            );
+            accepted += stats.accepted_at_depth.first().copied().unwrap_or(0);
+        }
+    }
+    assert!(accepted > 0, "no draft was ever accepted");
+}
+
 /// Temperature 0 with the quantized weights as stored: candle's quantized kernels round
 /// differently for one row and for a batch (logits move by up to ~0.3 here), so speculative
 /// and plain decoding may part at near-ties. Every token the speculative run emits must be
