@@ -167,6 +167,10 @@ struct GenerateArgs {
     /// Plain autoregressive decoding of the target (no draft model is loaded).
     #[arg(long)]
     no_spec: bool,
+    /// Keep generating past the end-of-turn token, up to --max-new-tokens (for measurements
+    /// at a fixed length).
+    #[arg(long)]
+    ignore_eos: bool,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -421,7 +425,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let (out, stats) = generator.generate(
         &ids,
         &config,
-        |t| tok.is_stop(t),
+        |t| !args.ignore_eos && tok.is_stop(t),
         |new| {
             if !json {
                 let mut lock = stdout.lock();

@@ -211,3 +211,30 @@ fn temperature_zero_quantized_tokens_are_argmax_up_to_kernel_rounding() {
     }
     assert!(exact * 10 >= total * 9, "{exact} of {total} tokens are the exact argmax");
 }
+
+/// `mdsd generate --ignore-eos` keeps generating past the end-of-turn token: at temperature 0
+/// the model answers the haiku prompt in fewer than 48 tokens and stops; with the flag it emits
+/// exactly 48, beginning with the same text.
+#[test]
+fn ignore_eos_generates_the_full_length() {
+    let path = smollm2();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["generate", "--target", path.to_str().unwrap(), "--no-spec", "--chat"];
+        args.extend_from_slice(&["--prompt", PROMPTS[1], "--temperature", "0", "--max-new-tokens", "48", "--json"]);
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mdsd"))
+            .args(&args)
+            .env("MDSD_OFFLINE", "1")
+            .output()
+            .expect("run mdsd");
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let stopped = run(&[]);
+    assert_eq!(stopped["stop_reason"], "stop_token", "{stopped}");
+    assert!(stopped["new_tokens"].as_u64().unwrap() < 48, "{stopped}");
+    let full = run(&["--ignore-eos"]);
+    assert_eq!((full["new_tokens"].as_u64(), full["stop_reason"].as_str()), (Some(48), Some("max_new_tokens")));
+    let (a, b) = (stopped["text"].as_str().unwrap(), full["text"].as_str().unwrap());
+    assert!(b.starts_with(a) && b.len() > a.len(), "{a:?} / {b:?}");
+}

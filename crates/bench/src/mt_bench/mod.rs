@@ -106,6 +106,10 @@ pub struct MtBenchArgs {
     /// Ask the questions without a chat template (turns joined by blank lines).
     #[arg(long)]
     no_chat: bool,
+    /// Keep generating past the end-of-turn token, up to --max-new-tokens: every answer then
+    /// has that length (as `mdsd generate --ignore-eos`).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Folder of the results (`<name>.records.jsonl`, `<name>.json`, `<name>.md`).
     #[arg(long, default_value = "benches/results")]
     out_dir: PathBuf,
@@ -433,7 +437,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     speculative: speculative.clone(),
                 };
                 let (ids, stats) = generator
-                    .generate(&prompt, &config, |t| tok.is_stop(t), |_| Ok(()))
+                    .generate(&prompt, &config, |t| !args.ignore_eos && tok.is_stop(t), |_| Ok(()))
                     .with_context(|| format!("question {} turn {}: {}", q.id, turn + 1, cell.method.name()))?;
                 let answer = tok.decode(&ids)?;
                 let rec = TurnRecord {
@@ -508,6 +512,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "ngram": [args.ngram.ngram_min, args.ngram.ngram_max],
         "ngram_tree": args.ngram.ngram_tree,
         "chat": chat,
+        "ignore_eos": args.ignore_eos,
         "seed": args.seed,
         "randomness": args.randomness,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),
