@@ -3,10 +3,10 @@
 //! - [`alpha_star`]: the optimal acceptance rate of a draft construction,
 //!   `alpha* = 1 + min_H (P(H) - Q(H))` (paper, eq. (subset)) where `Q(H)` is the probability
 //!   that every draft lies in `H`. For the q-convex constructions the minimum is over the
-//!   prefixes of the tokens sorted by `q/p` (section 4.2), see [`subset_scan`].
+//!   prefixes of the tokens sorted by `q/p` (section 4.2), see `subset_scan`.
 //! - [`alpha_kseq`]: K-SEQ's `1 - (1-beta(rho))^n` (appendix A.2).
 //! - [`rrs`]: exact and Monte Carlo acceptance of recursive rejection sampling.
-//! - [`reference`]: brute force over subsets for any explicit draft table (tests, small
+//! - [`reference`](mod@reference): brute force over subsets for any explicit draft table (tests, small
 //!   vocabularies).
 
 mod bucketed;
