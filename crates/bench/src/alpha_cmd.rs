@@ -166,7 +166,7 @@ fn positional(p: &[f64], q: &[f64], n: usize, args: &AlphaArgs, o: &mut Map<Stri
         let mut hits = 0usize;
         for pos in 0..positions as u64 {
             noise.top_k(pos, q, n, &mut drafts)?;
-            hits += drafts.contains(&noise.sample(pos, p)) as usize;
+            hits += drafts.contains(&noise.sample(pos, p)?) as usize;
         }
         let rate = hits as f64 / positions as f64;
         (rate, (rate * (1.0 - rate) / positions as f64).sqrt(), format!("monte-carlo ({positions} positions)"))

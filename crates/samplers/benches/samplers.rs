@@ -95,7 +95,7 @@ fn positional(c: &mut Criterion) {
         g.bench_function("sample", |b| {
             b.iter(|| {
                 pos += 1;
-                noise.sample(pos, black_box(&p))
+                noise.sample(pos, black_box(&p)).unwrap()
             })
         });
         let mut out = Vec::new();
@@ -119,7 +119,7 @@ fn positional(c: &mut Criterion) {
         g.bench_function("sample_64_tokens", |b| {
             b.iter(|| {
                 pos += 1;
-                noise.sample(pos, black_box(&sparse))
+                noise.sample(pos, black_box(&sparse)).unwrap()
             })
         });
         g.bench_function("stream_sample_64_tokens", |b| b.iter(|| samplers::dist::sample(black_box(&sparse), &mut r)));

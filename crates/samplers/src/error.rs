@@ -21,6 +21,8 @@ pub enum SamplerError {
     BadDrafts(String),
     #[error("unknown {kind} `{name}`; expected one of: {expected}")]
     UnknownName { kind: &'static str, name: String, expected: &'static str },
+    #[error("the distribution `{which}` has no token of positive probability")]
+    NoSupport { which: &'static str },
     #[error("invalid sampling parameter: {0}")]
     BadParameter(String),
 }

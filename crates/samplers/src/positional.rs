@@ -89,13 +89,13 @@ impl PositionalNoise {
         self.stream(position).uniform(token as usize)
     }
 
-    /// The token at `position` under `p` (normalised or not; entries `>= 0`, at least one
-    /// positive): the winner of the exponential race `argmax_i ln u_i / p_i`, distributed as
-    /// `p / sum(p)`. Equal inputs give equal tokens on every machine.
-    pub fn sample(self, position: u64, p: &[f64]) -> TokenId {
+    /// The token at `position` under `p` (normalised or not; entries `>= 0`): the winner of
+    /// the exponential race `argmax_i ln u_i / p_i`, distributed as `p / sum(p)`, and a pure
+    /// function of the seed, the position and `p`. Errors when no entry is positive.
+    pub fn sample(self, position: u64, p: &[f64]) -> Result<TokenId> {
         let mut best = Race::new(1);
         best.run(self.stream(position), p);
-        best.tokens()[0]
+        best.tokens().first().copied().ok_or(SamplerError::NoSupport { which: "p" })
     }
 
     /// The `k` best keys `ln u_i / q_i` at `position`, best first, into `out`: an ordered sample
@@ -334,7 +334,7 @@ mod tests {
                 .map(|i| (noise.uniform(pos, i as TokenId).ln() / w[i], i as TokenId))
                 .collect();
             keys.sort_by(|a, b| b.0.total_cmp(&a.0));
-            assert_eq!(noise.sample(pos, &w), keys[0].1, "position {pos}, {v} tokens");
+            assert_eq!(noise.sample(pos, &w).unwrap(), keys[0].1, "position {pos}, {v} tokens");
             for k in [1usize, 2, 5, v + 1] {
                 noise.top_k(pos, &w, k.min(MAX_DRAFTS), &mut out).unwrap();
                 let want: Vec<TokenId> = keys.iter().take(k.min(MAX_DRAFTS)).map(|x| x.1).collect();
@@ -354,13 +354,17 @@ mod tests {
             sorted.sort();
             assert_eq!(sorted, vec![1, 2, 4]);
             // The first is the race's winner.
-            assert_eq!(out[0], n.sample(pos, &q));
+            assert_eq!(out[0], n.sample(pos, &q).unwrap());
             n.top_k(pos, &q, 2, &mut out).unwrap();
             assert_eq!(out.len(), 2);
         }
         assert!(n.top_k(0, &q, 0, &mut out).is_err());
         assert!(n.top_k(0, &q, MAX_DRAFTS + 1, &mut out).is_err());
         // A one-hot distribution (temperature 0) gives its token.
-        assert_eq!(n.sample(9, &[0.0, 0.0, 1.0]), 2);
+        assert_eq!(n.sample(9, &[0.0, 0.0, 1.0]).unwrap(), 2);
+        // No support: an error, not a panic; drafts: none.
+        assert_eq!(n.sample(9, &[0.0, 0.0]), Err(SamplerError::NoSupport { which: "p" }));
+        n.top_k(9, &[0.0, 0.0], 2, &mut out).unwrap();
+        assert!(out.is_empty());
     }
 }

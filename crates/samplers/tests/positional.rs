@@ -24,7 +24,7 @@ fn the_race_samples_p_exactly() {
         let draws = 200_000u64;
         let mut counts = vec![0u64; p.len()];
         for pos in 0..draws {
-            counts[noise.sample(pos, p) as usize] += 1;
+            counts[noise.sample(pos, p).unwrap() as usize] += 1;
         }
         for (i, &pi) in p.iter().enumerate() {
             if pi == 0.0 {
@@ -43,7 +43,7 @@ fn seeds_give_independent_races() {
     let p = [0.5, 0.3, 0.15, 0.05];
     let mut counts = [0u64; 4];
     for seed in 0..100_000u64 {
-        counts[PositionalNoise::new(seed).sample(17, &p) as usize] += 1;
+        counts[PositionalNoise::new(seed).sample(17, &p).unwrap() as usize] += 1;
     }
     let (stat, df, pv) = chi_square(&counts, &p);
     assert!(pv > 1e-4, "chi2 {stat:.1} on {df} df, p-value {pv:.2e}, counts {counts:?}");
@@ -129,7 +129,7 @@ fn acceptance_matches_monte_carlo() {
             let hits = (0..n)
                 .filter(|&pos| {
                     noise.top_k(pos, &q, k, &mut drafts).unwrap();
-                    drafts.contains(&noise.sample(pos, &p))
+                    drafts.contains(&noise.sample(pos, &p).unwrap())
                 })
                 .count() as f64;
             let rate = hits / n as f64;
@@ -149,7 +149,7 @@ fn equal_distributions_always_match() {
     let mut drafts = Vec::new();
     for pos in 0..1000 {
         noise.top_k(pos, &p, 1, &mut drafts).unwrap();
-        assert_eq!(drafts[0], noise.sample(pos, &p));
+        assert_eq!(drafts[0], noise.sample(pos, &p).unwrap());
         assert_eq!(noise.sample(pos, &scaled), noise.sample(pos, &p));
     }
     assert!((coupled_match_probability(&p, &p) - 1.0).abs() < 1e-12);

@@ -167,7 +167,7 @@ fn positional_acceptance(p: &[f64], q: &[f64], n: usize, samples: usize, rng: &m
     let mut hits = 0usize;
     for pos in 0..samples as u64 {
         noise.top_k(pos, q, n, &mut drafts)?;
-        hits += drafts.contains(&noise.sample(pos, p)) as usize;
+        hits += drafts.contains(&noise.sample(pos, p)?) as usize;
     }
     Ok(hits as f64 / samples.max(1) as f64)
 }

@@ -271,7 +271,7 @@ impl<'a> Generator<'a> {
                     // The cache now ends at the sampled token's position.
                     let position = self.target_cache.len() as u64;
                     self.buf.emitted.push(match self.buf.noise {
-                        Some(noise) => noise.sample(position, &self.buf.p),
+                        Some(noise) => noise.sample(position, &self.buf.p).map_err(|e| nan_error(e, "target"))?,
                         None => samplers::dist::sample(&self.buf.p, &mut rng),
                     });
                     timings[2] += t1.elapsed();
@@ -475,7 +475,7 @@ impl<'a> Generator<'a> {
             let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {
                 b.emitted.push(match b.noise {
-                    Some(noise) => noise.sample(position, &b.p),
+                    Some(noise) => noise.sample(position, &b.p).map_err(|e| nan_error(e, "target"))?,
                     None => samplers::dist::sample(&b.p, rng),
                 });
                 break;
@@ -484,8 +484,9 @@ impl<'a> Generator<'a> {
             b.drafts.extend_from_slice(&b.drawn[node]);
             let verdict = if let Some(noise) = b.noise {
                 // The target's own race decides; a draft equal to it is accepted.
-                let token = noise.sample(position, &b.p);
-                Ok(Verdict { token, accepted: b.drafts.iter().position(|&d| d == token) })
+                noise
+                    .sample(position, &b.p)
+                    .map(|token| Verdict { token, accepted: b.drafts.iter().position(|&d| d == token) })
             } else if step.lookup {
                 samplers::verify_deterministic(&b.p, &b.drafts, rng, &mut b.verify_scratch)
             } else {
