@@ -162,22 +162,9 @@ fn reproducible_texts_do_not_depend_on_the_drafts() {
         assert_eq!((&v["verifier"], &v["randomness"]), (&"positional".into(), &"positional".into()), "{v}");
     }
     assert_ne!(run("6", &["--tree", "chain-2"])["text"], plain["text"], "seeds 5 and 6 gave one text");
-    let out = mdsd(&[
-        "generate",
-        "--target",
-        s(&target),
-        "--draft",
-        s(&draft),
-        "--prompt",
-        "ABC",
-        "--max-new-tokens",
-        "4",
-        "--tree",
-        "chain-2",
-        "--reproducible",
-        "--seed",
-        "9",
-    ]);
+    let mut args = vec!["generate", "--target", s(&target), "--draft", s(&draft), "--prompt", "ABC"];
+    args.extend_from_slice(&["--max-new-tokens", "4", "--tree", "chain-2", "--reproducible", "--seed", "9"]);
+    let out = mdsd(&args);
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("then positional races · draft window 4+256 · reproducible (seed 9)"), "{err}");

@@ -91,13 +91,7 @@ fn repeated_drafts_get_no_tree_nodes() {
     let draft = model(Tiny { layers: 1, ..Tiny::llama(22) }, "dup-draft");
     let prompt = [3u32, 14, 15, 9, 2, 6];
     let mut generator = Generator::new(&target, Some(&draft), 128).unwrap();
-    let plain = GenerationConfig {
-        max_new_tokens: 24,
-        warp: Warp::temperature(0.0),
-        seed: 0,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let plain = common::greedy(24, 0);
     let (want, _) = generator.generate(&prompt, &plain, |_| false, |_| Ok(())).unwrap();
     for v in [samplers::Verifier::Rrs, samplers::Verifier::KSeq] {
         let tree = DraftTree::preset("drafts-3-depth-3").unwrap();
@@ -284,13 +278,7 @@ fn quantized_models_at_temperature_zero_equal_plain_decoding() {
     // The target drafts for itself: every draft is accepted, so every tree node's row decides
     // the output, with up to 26 rows in one product.
     let (target, draft) = (common::load_cpu(&file), common::load_cpu(&file));
-    let base = GenerationConfig {
-        max_new_tokens: 40,
-        warp: Warp::temperature(0.0),
-        seed: 1,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let base = common::greedy(40, 1);
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 40);
@@ -322,13 +310,7 @@ const PRUNE_CUTOFF: f64 = 0.7;
 fn greedy_setup(tag: &str) -> (DecoderModel, DecoderModel, GenerationConfig, Vec<u32>) {
     let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, &format!("{tag}-target"));
     let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, &format!("{tag}-draft"));
-    let base = GenerationConfig {
-        max_new_tokens: 40,
-        warp: Warp::temperature(0.0),
-        seed: 1,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let base = common::greedy(40, 1);
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 40);
@@ -418,13 +400,7 @@ fn draft_windows_are_exact() {
     let target = model(Tiny { scale: 0.8, ..Tiny::llama(21) }, "window-t0-target");
     let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "window-t0-draft");
     let prompt: Vec<u32> = (0..14u32).map(|i| (i * 11 + 2) % 32).collect();
-    let base = GenerationConfig {
-        max_new_tokens: 60,
-        warp: Warp::temperature(0.0),
-        seed: 1,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let base = common::greedy(60, 1);
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 60);

@@ -178,7 +178,7 @@ fn bad_heads_give_clear_errors() {
 
 mod decoding {
     use super::*;
-    use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
+    use engine::decode::{GenerationConfig, Generator, SpecConfig, TreeChoice};
     use samplers::dist::Warp;
     use samplers::{DraftConstruction, Verifier, VALID_PAIRS};
 
@@ -191,13 +191,7 @@ mod decoding {
         let target = load_on_test_device(&tiny.write_hf(&temp_dir("eagle-t0-target")));
         let spec = TinyEagle { target: tiny, seed: 72, own_embedding: false, scale: 0.5 };
         let head = EagleHead::load(&spec.write(&temp_dir("eagle-t0-head"), true), &target).unwrap();
-        let base = GenerationConfig {
-            max_new_tokens: 30,
-            warp: Warp::temperature(0.0),
-            seed: 3,
-            randomness: Randomness::Stream,
-            speculative: None,
-        };
+        let base = common::greedy(30, 3);
         let prompt = [5u32, 1, 7, 3];
         let (reference, _) =
             Generator::new(&target, None, 128).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();

@@ -37,13 +37,7 @@ fn ngram_spec(tree: impl Into<TreeChoice>, min: usize, max: usize) -> SpecConfig
 fn temperature_zero_ngram_equals_plain_decoding() {
     let target = model(Tiny { scale: 0.8, ..Tiny::llama(41) }, "ngram-t0");
     let prompt = [7u32, 3, 30, 12, 5, 7, 3, 30, 9, 7, 3];
-    let base = GenerationConfig {
-        max_new_tokens: 48,
-        warp: Warp::temperature(0.0),
-        seed: 1,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let base = common::greedy(48, 1);
     let mut generator = Generator::new(&target, None, 200).unwrap();
     let (reference, _) = generator.generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
     assert_eq!(reference.len(), 48);
@@ -165,13 +159,7 @@ fn temperature_zero_ngram_first_equals_plain_decoding() {
     let head_spec = TinyEagle { target: tiny, seed: 47, own_embedding: false, scale: 0.3 };
     let head = EagleHead::load(&head_spec.write(&temp_dir("ngram-first-head"), false), &target).unwrap();
     let prompt = [7u32, 3, 30, 12, 5, 7, 3, 30, 9, 7, 3];
-    let base = GenerationConfig {
-        max_new_tokens: 40,
-        warp: Warp::temperature(0.0),
-        seed: 1,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let base = common::greedy(40, 1);
     let (reference, _) =
         Generator::new(&target, None, 200).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
     let mut with_draft = Generator::new(&target, Some(&draft), 200).unwrap();

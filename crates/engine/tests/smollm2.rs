@@ -47,6 +47,25 @@ fn spec(tree: &str, c: DraftConstruction, v: Verifier) -> Option<SpecConfig> {
     })
 }
 
+/// The batch-invariant target (weights dequantized to f32) and the same file's first 10 layers
+/// as the draft.
+fn f32_target_and_short_draft() -> (LoadedModel, LoadedModel) {
+    let path = smollm2();
+    let target =
+        load(&path, &Device::Cpu, &LoadOptions { weights: WeightFormat::Dequantized, ..Default::default() }).unwrap();
+    let draft = load(&path, &Device::Cpu, &LoadOptions { max_layers: Some(10), ..Default::default() }).unwrap();
+    (target, draft)
+}
+
+/// Lookup drafts on `chain-4` where the context has a match, else the draft model on `chain-2`
+/// (`mdsd generate`'s default source).
+fn ngram_first_chain_2() -> Option<SpecConfig> {
+    spec("chain-2", DraftConstruction::Greedy, Verifier::Greedy).map(|s| SpecConfig {
+        source: DraftSource::NgramFirst { ngram: NgramConfig::default(), tree: DraftTree::preset("chain-4").unwrap() },
+        ..s
+    })
+}
+
 /// The GGUF tokenizer: chat template, special tokens and a lossless round trip.
 #[test]
 fn tokenizer_and_chat_template() {
@@ -73,22 +92,13 @@ fn tokenizer_and_chat_template() {
 /// Model drafts and lookup drafts must both be accepted somewhere.
 #[test]
 fn temperature_zero_speculative_equals_plain_decoding() {
-    let path = smollm2();
-    let target =
-        load(&path, &Device::Cpu, &LoadOptions { weights: WeightFormat::Dequantized, ..Default::default() }).unwrap();
-    let draft = load(&path, &Device::Cpu, &LoadOptions { max_layers: Some(10), ..Default::default() }).unwrap();
+    let (target, draft) = f32_target_and_short_draft();
     let mut generator = Generator::new(&target.model, Some(&draft.model), 512).unwrap();
     let configs = [
         spec("chain-4", DraftConstruction::Greedy, Verifier::Greedy),
         spec("drafts-2-depth-3", DraftConstruction::WithoutReplacement, Verifier::Rrs),
         spec("mc_sim_7b_63", DraftConstruction::WithReplacement, Verifier::KSeq),
-        spec("chain-2", DraftConstruction::Greedy, Verifier::Greedy).map(|s| SpecConfig {
-            source: DraftSource::NgramFirst {
-                ngram: NgramConfig::default(),
-                tree: DraftTree::preset("chain-4").unwrap(),
-            },
-            ..s
-        }),
+        ngram_first_chain_2(),
         spec("chain-4", DraftConstruction::TopK, Verifier::TopK)
             .map(|s| SpecConfig { source: DraftSource::Ngram(NgramConfig::default()), ..s }),
     ];
@@ -127,21 +137,12 @@ fn temperature_zero_speculative_equals_plain_decoding() {
 /// and more seeds run on tiny models, `tests/positional.rs`); drafts must be accepted somewhere.
 #[test]
 fn positional_randomness_gives_plain_texts() {
-    let path = smollm2();
-    let target =
-        load(&path, &Device::Cpu, &LoadOptions { weights: WeightFormat::Dequantized, ..Default::default() }).unwrap();
-    let draft = load(&path, &Device::Cpu, &LoadOptions { max_layers: Some(10), ..Default::default() }).unwrap();
+    let (target, draft) = f32_target_and_short_draft();
     let mut generator = Generator::new(&target.model, Some(&draft.model), 512).unwrap();
     let configs = [
         spec("chain-4", DraftConstruction::Greedy, Verifier::Greedy),
         spec("drafts-2-depth-3", DraftConstruction::Greedy, Verifier::Greedy),
-        spec("chain-2", DraftConstruction::Greedy, Verifier::Greedy).map(|s| SpecConfig {
-            source: DraftSource::NgramFirst {
-                ngram: NgramConfig::default(),
-                tree: DraftTree::preset("chain-4").unwrap(),
-            },
-            ..s
-        }),
+        ngram_first_chain_2(),
     ];
     let mut accepted = 0;
     for (seed, prompt) in PROMPTS[1..].iter().enumerate() {

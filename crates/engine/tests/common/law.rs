@@ -152,6 +152,18 @@ pub fn generate_streamed(
     (out, stats)
 }
 
+/// Plain greedy decoding of `max_new_tokens` tokens with `seed` and the stream randomness: the
+/// base the temperature-0 tests add a speculative configuration to.
+pub fn greedy(max_new_tokens: usize, seed: u64) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens,
+        warp: Warp::temperature(0.0),
+        seed,
+        randomness: Randomness::Stream,
+        speculative: None,
+    }
+}
+
 /// A speculative configuration: `tree`, construction `c`, verifier `v`, the draft's own warp
 /// (`None`: the target's) and a confidence cutoff (0: no pruning).
 pub fn spec(
