@@ -45,18 +45,21 @@ pub struct Summary {
     pub cells: Vec<CellSummary>,
     /// The same per category, when the questions have more than one.
     pub by_category: Vec<CellSummary>,
-    /// Per speculative cell with positional randomness: its answers equal to the
-    /// `baseline:positional` answer of the same turn, of the turns both answered.
-    pub positional_equal: Vec<PositionalEqual>,
+    /// Per speculative cell whose answers must be the baseline's (positional randomness at any
+    /// temperature, or temperature 0): how many are, of the turns both answered.
+    pub equal_answers: Vec<EqualAnswers>,
 }
 
-/// How many answers of a positional cell equal plain decoding's (they all should, up to
-/// floating-point differences between the tree and the plain forward).
+/// How many answers of a speculative cell equal plain decoding's. They all should, up to
+/// floating-point differences between a tree and a single row where the target has them (at
+/// temperature 0 only near-ties can part).
 #[derive(Debug, Clone, Serialize)]
-pub struct PositionalEqual {
+pub struct EqualAnswers {
     pub method: String,
     pub tree: String,
     pub temperature: f64,
+    /// The baseline compared with: `baseline:positional` or `baseline`.
+    pub reference: String,
     pub equal: usize,
     pub turns: usize,
 }
@@ -200,32 +203,35 @@ pub fn summarize(cells: &[Cell], records: &[TurnRecord]) -> Summary {
             by_category.extend(summarize_group(cells, &sub, Some(cat)));
         }
     }
-    Summary {
-        cells: summarize_group(cells, records, None),
-        by_category,
-        positional_equal: positional_equal(cells, records),
-    }
+    Summary { cells: summarize_group(cells, records, None), by_category, equal_answers: equal_answers(cells, records) }
 }
 
-/// [`Summary::positional_equal`].
-fn positional_equal(cells: &[Cell], records: &[TurnRecord]) -> Vec<PositionalEqual> {
-    let plain: BTreeMap<(&str, usize, String), &str> = records
+/// [`Summary::equal_answers`].
+fn equal_answers(cells: &[Cell], records: &[TurnRecord]) -> Vec<EqualAnswers> {
+    let plain: BTreeMap<(&str, &str, usize, String), &str> = records
         .iter()
-        .filter(|r| r.method == "baseline:positional")
-        .map(|r| ((r.question_id.as_str(), r.turn, r.temperature.to_string()), r.answer.as_str()))
+        .filter(|r| r.method.starts_with("baseline"))
+        .map(|r| ((r.method.as_str(), r.question_id.as_str(), r.turn, r.temperature.to_string()), r.answer.as_str()))
         .collect();
     let mut out = Vec::new();
-    for c in cells.iter().filter(|c| c.randomness == Randomness::Positional && c.method != Method::Baseline) {
+    for c in cells.iter().filter(|c| c.method != Method::Baseline) {
+        let reference = match c.randomness {
+            Randomness::Positional => "baseline:positional",
+            Randomness::Stream if c.temperature == 0.0 => "baseline",
+            Randomness::Stream => continue,
+        };
         let (m, tree) = (c.method_name(), c.tree_name());
         let (mut equal, mut turns) = (0, 0);
         for r in records.iter().filter(|r| r.method == m && r.tree == tree && r.temperature == c.temperature) {
-            if let Some(&answer) = plain.get(&(r.question_id.as_str(), r.turn, r.temperature.to_string())) {
+            let key = (reference, r.question_id.as_str(), r.turn, r.temperature.to_string());
+            if let Some(&answer) = plain.get(&key) {
                 turns += 1;
                 equal += (answer == r.answer) as usize;
             }
         }
         if turns > 0 {
-            out.push(PositionalEqual { method: m, tree: tree.to_string(), temperature: c.temperature, equal, turns });
+            let (tree, temperature, reference) = (tree.to_string(), c.temperature, reference.to_string());
+            out.push(EqualAnswers { method: m, tree, temperature, reference, equal, turns });
         }
     }
     out
@@ -291,10 +297,13 @@ pub fn markdown(meta: &Value, summary: &Summary) -> String {
             ));
         }
     }
-    if !summary.positional_equal.is_empty() {
-        s.push_str("\n## Positional randomness: answers equal to `baseline:positional`\n\n| method | tree | T | equal answers |\n|---|---|---|---|\n");
-        for e in &summary.positional_equal {
-            s.push_str(&format!("| {} | {} | {} | {} of {} |\n", e.method, e.tree, e.temperature, e.equal, e.turns));
+    if !summary.equal_answers.is_empty() {
+        s.push_str("\n## Answers equal to the baseline's (temperature 0, or positional randomness)\n\n| method | tree | T | baseline | equal answers |\n|---|---|---|---|---|\n");
+        for e in &summary.equal_answers {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} of {} |\n",
+                e.method, e.tree, e.temperature, e.reference, e.equal, e.turns
+            ));
         }
     }
     if !summary.by_category.is_empty() {
@@ -374,14 +383,14 @@ mod tests {
             records.push(r);
         }
         let s = summarize(&cells, &records);
-        assert_eq!(s.positional_equal.len(), 1);
-        let e = &s.positional_equal[0];
+        assert_eq!(s.equal_answers.len(), 1, "a stream cell at T = 0.7 is not compared");
+        let e = &s.equal_answers[0];
         assert_eq!((e.method.as_str(), e.tree.as_str(), e.equal, e.turns), ("greedy:positional", "chain-2", 1, 2));
         // Against the positional baseline (2 s per turn), not the stream one (1 s).
         let g = s.cells.iter().find(|c| c.method == "greedy:positional").unwrap();
         assert!((g.speedup_vs_baseline.unwrap().mean - 2.0).abs() < 1e-12);
         let md = markdown(&serde_json::json!({}), &s);
-        assert!(md.contains("| greedy:positional | chain-2 | 0.7 | 1 of 2 |"), "{md}");
+        assert!(md.contains("| greedy:positional | chain-2 | 0.7 | baseline:positional | 1 of 2 |"), "{md}");
     }
 
     #[test]
@@ -426,6 +435,11 @@ mod tests {
         assert!((g.tau.mean - 1.5).abs() < 1e-12);
         assert!((g.alpha_per_depth[0].mean - 0.625).abs() < 1e-12);
         assert!(s.cells[0].speedup_vs_baseline.is_none() && s.cells[1].speedup_vs_rrs_wr.is_none());
+        // Temperature 0: every speculative cell's answers are compared with the baseline's, on
+        // the turns both answered (greedy's second turn of question 2 has no baseline turn).
+        let eq: Vec<_> =
+            s.equal_answers.iter().map(|e| (e.method.as_str(), e.reference.as_str(), e.equal, e.turns)).collect();
+        assert_eq!(eq, [("rrs-wr", "baseline", 2, 2), ("greedy", "baseline", 2, 2)]);
         // With the 0.1 s prefill of every turn: q1 10 / 0.35 s against 10 / 1.1 s (22/7); q2
         // 20 / 2.2 s against 10 / 2.1 s (21/11). Prefill: 5 prompt tokens per 0.1 s.
         let w = g.speedup_with_prefill_vs_baseline.unwrap();
