@@ -116,6 +116,17 @@ fn speculative_text_equals_plain_text() {
     assert!(accepted[0] > 1500, "accepted drafts: {accepted:?}");
 }
 
+/// A node with more children than positional races draw is refused before anything runs.
+#[test]
+fn too_wide_a_tree_is_an_error() {
+    let target = model(Tiny { scale: 0.8, ..Tiny::llama(88) }, "positional-wide-target");
+    let mut generator = Generator::new(&target, Some(&target), 200).unwrap();
+    let wide = spec(DraftTree::preset("drafts-65-depth-1").unwrap(), None, 0.0, DraftSource::Model);
+    let config = GenerationConfig { speculative: Some(wide), ..plain(4, Warp::temperature(1.0), 0) };
+    let err = generator.generate(&[1, 2, 3], &config, |_| false, |_| Ok(())).unwrap_err().to_string();
+    assert!(err.contains("at most 64 drafts per node") && err.contains("65 children"), "{err}");
+}
+
 /// With an EAGLE head: chains, trees and the sparse tree, same warps and seeds.
 #[test]
 fn eagle_text_equals_plain_text() {

@@ -193,6 +193,19 @@ impl<'a> Generator<'a> {
             }
             (None, _) => None,
         };
+        // Positional drafts race at most `MAX_DRAFTS` tokens per node (lookup nodes do not race;
+        // `auto`'s trees are narrow).
+        if let (Some(s), Randomness::Positional, TreeChoice::Fixed(t)) =
+            (spec, config.randomness, spec.map(|s| &s.tree).unwrap_or(&TreeChoice::Auto))
+        {
+            let widest = (0..t.len()).map(|i| t.children(i).len()).max().unwrap_or(0);
+            if widest > samplers::positional::MAX_DRAFTS && !matches!(s.source, DraftSource::Ngram(_)) {
+                candle_core::bail!(
+                    "positional randomness draws at most {} drafts per node; the tree has a node with {widest} children",
+                    samplers::positional::MAX_DRAFTS
+                );
+            }
+        }
         let tree_len = spec.map_or(1, |s| s.max_tree_len(config.warp));
         let capacity = self.target_cache.capacity();
         if prompt.len() + tree_len > capacity {
