@@ -549,11 +549,8 @@ fn load_file(
             if let Some(l) = repacked_from_map(file, &weight_name, None, format, device, b.clone())? {
                 return Ok(l);
             }
-            let w = file.tensor(&weight_name, device)?;
-            let converted_pad =
-                super::converted::padding(file, &weight_name, w.shape().dims().last().copied().unwrap_or(0))?;
-            let (w, pad) = format.matmul(Arc::new(w), device)?;
-            Linear::padded(w, b, pad + converted_pad)
+            let w = Arc::new(file.tensor(&weight_name, device)?);
+            stored_linear(file, &weight_name, w, b, format, device)
         };
         let qkv_bias = config.architecture == Architecture::Qwen2;
         layers.push(Layer {
@@ -572,26 +569,42 @@ fn load_file(
     // Tied embeddings (SmolLM2) use the embedding matrix as the output head.
     let head_name = if file.has_tensor("output.weight") { "output.weight" } else { "token_embd.weight" };
     let head_rows = output_rows.filter(|&rows| rows < config.vocab_size);
-    // The tied head at full size shares the embedding's matrix instead.
-    if head_name == "output.weight" || head_rows.is_some() {
-        if let Some(lm_head) = repacked_from_map(&file, head_name, head_rows, format, device, None)? {
-            let embed = super::embedding::TokenEmbedding::from_qtensor(embed_q, device)?;
-            let model = DecoderModel::new(config, embed, layers, norm, lm_head, dtype, device)?;
-            return Ok((model, file));
+    // The tied head at full size shares the embedding's matrix instead of a repacked copy.
+    let repacked = if head_name == "output.weight" || head_rows.is_some() {
+        repacked_from_map(&file, head_name, head_rows, format, device, None)?
+    } else {
+        None
+    };
+    let lm_head = match repacked {
+        Some(l) => l,
+        None => {
+            let head = match head_rows {
+                Some(rows) => Arc::new(file.tensor_rows(head_name, rows, device)?),
+                // Tied: the embedding's own matrix, shared (a repacked head keeps its own layout).
+                _ if head_name == "token_embd.weight" => embed_q.clone(),
+                _ => Arc::new(file.tensor(head_name, device)?),
+            };
+            stored_linear(&file, head_name, head, None, format, device)?
         }
-    }
-    let head = match head_rows {
-        Some(rows) => Arc::new(file.tensor_rows(head_name, rows, device)?),
-        // Tied: the embedding's own matrix, shared (a repacked head keeps its own layout).
-        _ if head_name == "token_embd.weight" => embed_q.clone(),
-        _ => Arc::new(file.tensor(head_name, device)?),
     };
     let embed = super::embedding::TokenEmbedding::from_qtensor(embed_q, device)?;
-    let converted_pad = super::converted::padding(&file, head_name, head.shape().dims().last().copied().unwrap_or(0))?;
-    let (lm_head, pad) = format.matmul(head, device)?;
-    let pad = pad + converted_pad;
-    let model = DecoderModel::new(config, embed, layers, norm, Linear::padded(lm_head, None, pad)?, dtype, device)?;
+    let model = DecoderModel::new(config, embed, layers, norm, lm_head, dtype, device)?;
     Ok((model, file))
+}
+
+/// Matrix `name` of `file`, read as `w`, as a layer with `bias` in `format` (converted, or kept
+/// as stored): its padding is the conversion's plus any a converted file records for it.
+fn stored_linear(
+    file: &GgufFile,
+    name: &str,
+    w: Arc<QTensor>,
+    bias: Option<Tensor>,
+    format: WeightFormat,
+    device: &Device,
+) -> Result<Linear> {
+    let converted_pad = super::converted::padding(file, name, w.shape().dims().last().copied().unwrap_or(0))?;
+    let (w, pad) = format.matmul(w, device)?;
+    Linear::padded(w, bias, pad + converted_pad)
 }
 
 #[cfg(test)]

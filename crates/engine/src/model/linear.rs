@@ -37,22 +37,22 @@ impl Linear {
     /// A matrix whose rows were padded with `pad_input` zero columns.
     pub fn padded(weight: QMatMul, bias: Option<Tensor>, pad_input: usize) -> Result<Self> {
         let few_rows_max = match &weight {
-            QMatMul::QTensor(w) if qgemv::supports(w) => few_rows_max_from_env(),
+            QMatMul::QTensor(w) if qgemv::supports(w) => {
+                let (dtype, dims) = (w.dtype(), w.shape().dims());
+                if let Some(l) = Self::repacked_from_raw(dtype, dims, &w.data()?, bias.clone(), pad_input)? {
+                    return Ok(l);
+                }
+                few_rows_max_from_env()
+            }
             _ => 0,
         };
-        let repacked = match &weight {
-            QMatMul::QTensor(w) if few_rows_max > 0 && repack_from_env() => {
-                Repacked::from_raw(w.dtype(), w.shape().dims(), &w.data()?)?
-            }
-            _ => None,
-        };
-        let weight = if repacked.is_some() { None } else { Some(weight) };
-        Ok(Self { weight, repacked, bias, pad_input, few_rows_max })
+        Ok(Self { weight: Some(weight), repacked: None, bias, pad_input, few_rows_max })
     }
 
     /// The CPU matrix of a stored ggml tensor (`dtype`, `dims`, its raw `bytes`) when our
     /// kernels take it: repacked straight from the bytes (mapped from a GGUF file), with no
-    /// `QTensor` copy first. `None` when [`Self::padded`] would keep candle's form; the caller
+    /// `QTensor` copy first; [`Self::padded`] asks it too. `None` when the matrix is kept in
+    /// ggml's layout (other types or CPUs, `MDSD_REPACK=0`, `MDSD_FEW_ROWS_MAX=0`); the caller
     /// then builds the `QTensor`.
     pub fn repacked_from_raw(
         dtype: GgmlDType,
