@@ -62,10 +62,6 @@ struct Line {
 /// Largest support on which RRS without replacement is enumerated exactly.
 const EXACT_RRS_WOR_SUPPORT: usize = 8;
 
-/// Largest union of the supports of `p` and `q` on which the acceptance of positional races
-/// is integrated (O(V^2 n) per abscissa); beyond it, Monte Carlo.
-const EXACT_POSITIONAL_SUPPORT: usize = 64;
-
 /// Runs the calculator; returns the number of bad lines (each reported on stderr).
 pub fn run(args: &AlphaArgs) -> Result<usize> {
     let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
@@ -154,22 +150,12 @@ fn evaluate(text: &str, args: &AlphaArgs, warp: &Warp, rng: &mut StdRng) -> Resu
 /// quadrature on small supports, else the fraction of `10 × --samples` positions where the
 /// target's token is a draft.
 fn positional(p: &[f64], q: &[f64], n: usize, args: &AlphaArgs, o: &mut Map<String, Value>) -> Result<()> {
-    let keep: Vec<usize> = (0..p.len()).filter(|&i| p[i] > 0.0 || q[i] > 0.0).collect();
-    let (rate, stderr, method) = if keep.len() <= EXACT_POSITIONAL_SUPPORT {
-        let pk: Vec<f64> = keep.iter().map(|&i| p[i]).collect();
-        let qk: Vec<f64> = keep.iter().map(|&i| q[i]).collect();
-        (positional::coupled_acceptance(&pk, &qk, n), 0.0, "exact".to_string())
+    let positions = 10 * args.samples.max(1);
+    let (rate, exact) = positional::estimated_acceptance(p, q, n, PositionalNoise::new(args.seed), positions as u64)?;
+    let (stderr, method) = if exact {
+        (0.0, "exact".to_string())
     } else {
-        let noise = PositionalNoise::new(args.seed);
-        let positions = 10 * args.samples.max(1);
-        let mut drafts = Vec::with_capacity(n);
-        let mut hits = 0usize;
-        for pos in 0..positions as u64 {
-            noise.top_k(pos, q, n, &mut drafts)?;
-            hits += drafts.contains(&noise.sample(pos, p)?) as usize;
-        }
-        let rate = hits as f64 / positions as f64;
-        (rate, (rate * (1.0 - rate) / positions as f64).sqrt(), format!("monte-carlo ({positions} positions)"))
+        ((rate * (1.0 - rate) / positions as f64).sqrt(), format!("monte-carlo ({positions} positions)"))
     };
     o.insert("alpha_positional".into(), json!(rate));
     o.insert("alpha_positional_stderr".into(), json!(stderr));

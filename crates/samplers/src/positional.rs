@@ -289,6 +289,37 @@ pub fn coupled_acceptance(p: &[f64], q: &[f64], k: usize) -> f64 {
     total
 }
 
+/// Largest union of the supports of `p` and `q` on which [`estimated_acceptance`] integrates.
+pub const EXACT_ACCEPTANCE_SUPPORT: usize = 64;
+
+/// The acceptance of `k` positional drafts at any vocabulary size: [`coupled_acceptance`] on the
+/// union of the supports of `p` and `q` when it holds at most [`EXACT_ACCEPTANCE_SUPPORT`]
+/// tokens, else the fraction of the positions `0..positions` (at least one) of `noise` at which
+/// the target's race winner is among the draft's `k` best races, an unbiased estimate. Returns
+/// the rate and whether it is exact.
+pub fn estimated_acceptance(
+    p: &[f64],
+    q: &[f64],
+    k: usize,
+    noise: PositionalNoise,
+    positions: u64,
+) -> Result<(f64, bool)> {
+    let keep: Vec<usize> = (0..p.len()).filter(|&i| p[i] > 0.0 || q[i] > 0.0).collect();
+    if keep.len() <= EXACT_ACCEPTANCE_SUPPORT {
+        let pk: Vec<f64> = keep.iter().map(|&i| p[i]).collect();
+        let qk: Vec<f64> = keep.iter().map(|&i| q[i]).collect();
+        return Ok((coupled_acceptance(&pk, &qk, k), true));
+    }
+    let positions = positions.max(1);
+    let mut drafts = Vec::with_capacity(k);
+    let mut hits = 0u64;
+    for pos in 0..positions {
+        noise.top_k(pos, q, k, &mut drafts)?;
+        hits += drafts.contains(&noise.sample(pos, p)?) as u64;
+    }
+    Ok((hits as f64 / positions as f64, false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

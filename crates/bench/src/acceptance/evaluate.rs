@@ -149,27 +149,12 @@ pub fn evaluate_pq(p: &[f64], q: &[f64], n: usize, samples: usize, rng: &mut Std
     Ok(out)
 }
 
-/// Largest union of supports on which positional races are integrated exactly.
-const EXACT_POSITIONAL_SUPPORT: usize = 64;
-
 /// The acceptance of `--reproducible`'s positional races (the target's race winner among the
 /// draft's `n` best races on the same noise): exact by quadrature when `p` and `q` together
 /// have at most 64 tokens, else the fraction of `samples` positions of noise seeded from `rng`.
 fn positional_acceptance(p: &[f64], q: &[f64], n: usize, samples: usize, rng: &mut StdRng) -> anyhow::Result<f64> {
-    let keep: Vec<usize> = (0..p.len()).filter(|&i| p[i] > 0.0 || q[i] > 0.0).collect();
-    if keep.len() <= EXACT_POSITIONAL_SUPPORT {
-        let pk: Vec<f64> = keep.iter().map(|&i| p[i]).collect();
-        let qk: Vec<f64> = keep.iter().map(|&i| q[i]).collect();
-        return Ok(samplers::positional::coupled_acceptance(&pk, &qk, n));
-    }
     let noise = samplers::PositionalNoise::new(rand::Rng::random(rng));
-    let mut drafts = Vec::with_capacity(n);
-    let mut hits = 0usize;
-    for pos in 0..samples as u64 {
-        noise.top_k(pos, q, n, &mut drafts)?;
-        hits += drafts.contains(&noise.sample(pos, p)?) as usize;
-    }
-    Ok(hits as f64 / samples.max(1) as f64)
+    Ok(samplers::positional::estimated_acceptance(p, q, n, noise, samples as u64)?.0)
 }
 
 /// `sum` of `dist` over the distinct tokens of `tuple`.

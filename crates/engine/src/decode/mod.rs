@@ -195,11 +195,10 @@ impl<'a> Generator<'a> {
         };
         // Positional drafts race at most `MAX_DRAFTS` tokens per node (lookup nodes do not race;
         // `auto`'s trees are narrow).
-        if let (Some(s), Randomness::Positional, TreeChoice::Fixed(t)) =
-            (spec, config.randomness, spec.map(|s| &s.tree).unwrap_or(&TreeChoice::Auto))
-        {
+        let model_tree = spec.filter(|s| !matches!(s.source, DraftSource::Ngram(_))).map(|s| &s.tree);
+        if let (Some(TreeChoice::Fixed(t)), Randomness::Positional) = (model_tree, config.randomness) {
             let widest = (0..t.len()).map(|i| t.children(i).len()).max().unwrap_or(0);
-            if widest > samplers::positional::MAX_DRAFTS && !matches!(s.source, DraftSource::Ngram(_)) {
+            if widest > samplers::positional::MAX_DRAFTS {
                 candle_core::bail!(
                     "positional randomness draws at most {} drafts per node; the tree has a node with {widest} children",
                     samplers::positional::MAX_DRAFTS
@@ -283,10 +282,7 @@ impl<'a> Generator<'a> {
                     config.warp.apply(&logits, &mut self.buf.p).map_err(|e| nan_error(e, "target"))?;
                     // The cache now ends at the sampled token's position.
                     let position = self.target_cache.len() as u64;
-                    self.buf.emitted.push(match self.buf.noise {
-                        Some(noise) => noise.sample(position, &self.buf.p).map_err(|e| nan_error(e, "target"))?,
-                        None => samplers::dist::sample(&self.buf.p, &mut rng),
-                    });
+                    self.buf.emitted.push(sample_token(self.buf.noise, position, &self.buf.p, &mut rng)?);
                     timings[2] += t1.elapsed();
                     stats.target_forwards += 1;
                     stats.target_rows += 1;
@@ -487,10 +483,7 @@ impl<'a> Generator<'a> {
             // The position of the token sampled at this node.
             let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {
-                b.emitted.push(match b.noise {
-                    Some(noise) => noise.sample(position, &b.p).map_err(|e| nan_error(e, "target"))?,
-                    None => samplers::dist::sample(&b.p, rng),
-                });
+                b.emitted.push(sample_token(b.noise, position, &b.p, rng)?);
                 break;
             }
             b.drafts.clear();
@@ -575,6 +568,15 @@ struct StepInput<'t> {
     warp: Warp,
     /// Drafted by n-gram lookup (else by the draft model or head).
     lookup: bool,
+}
+
+/// The target's token at `position` of the text from its distribution `p`: the positional race
+/// with `noise`, else a draw from the stream `rng`.
+fn sample_token(noise: Option<PositionalNoise>, position: u64, p: &[f64], rng: &mut StdRng) -> Result<u32> {
+    match noise {
+        Some(noise) => noise.sample(position, p).map_err(|e| nan_error(e, "target")),
+        None => Ok(samplers::dist::sample(p, rng)),
+    }
 }
 
 /// Tokens for a draft whose vocabulary is a prefix of the target's: ids beyond it (which the
