@@ -190,6 +190,8 @@ fn mt_bench_rejects_bad_input_clearly() {
     assert!(e.contains("-1"), "{e}");
     let e = run(&["--questions", s(&q), "--draft-temperature=-0.5"]);
     assert!(e.contains("--draft-temperature") && e.contains("-0.5"), "{e}");
+    let e = run(&["--questions", s(&q), "--randomness", "stream,wild"]);
+    assert!(e.contains("`wild`") && e.contains("stream or positional"), "{e}");
     // Valid options: the missing model file is named.
     let e = run(&["--questions", s(&q)]);
     assert!(e.contains("/nonexistent/t.gguf"), "{e}");

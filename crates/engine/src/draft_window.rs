@@ -36,6 +36,17 @@ impl DraftWindow {
     /// dropped τ on summaries from 2.32 to 1.55 (`benches/RESULTS.md`).
     pub const DEFAULT_WITH_LOOKUP: usize = 256;
 
+    /// The recent tokens kept by default (0: the whole context): [`Self::DEFAULT_WITH_LOOKUP`]
+    /// when n-gram lookup drafts first (`--ngram first`, `bench mt-bench`'s `ngram+METHOD`),
+    /// else none.
+    pub fn default_recent(lookup_first: bool) -> usize {
+        if lookup_first {
+            Self::DEFAULT_WITH_LOOKUP
+        } else {
+            0
+        }
+    }
+
     /// A window of `recent` tokens (at least 1) after `sinks` sink tokens.
     pub fn new(sinks: usize, recent: usize) -> Result<Self> {
         if recent == 0 {

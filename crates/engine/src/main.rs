@@ -404,17 +404,14 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         max_new_tokens: args.max_new_tokens,
         warp,
         seed: args.seed,
-        randomness: if args.reproducible { Randomness::Positional } else { Randomness::Stream },
+        randomness: args.randomness(),
         speculative: spec,
     };
     let mut generator = match &eagle {
         Some(head) => Generator::with_eagle(&target.model, head, capacity)?,
         None => Generator::new(&target.model, draft.as_ref().map(|d: &LoadedModel| &d.model), capacity)?,
     };
-    let window = args.draft_window.unwrap_or(match args.ngram {
-        NgramMode::First => DraftWindow::DEFAULT_WITH_LOOKUP,
-        NgramMode::Off | NgramMode::Only => 0,
-    });
+    let window = args.draft_window.unwrap_or(DraftWindow::default_recent(args.ngram == NgramMode::First));
     if window > 0 {
         generator.set_draft_window(Some(DraftWindow::new(args.draft_sinks, window)?));
     }
@@ -523,6 +520,15 @@ fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf
 }
 
 impl GenerateArgs {
+    /// The randomness `--reproducible` asks for.
+    fn randomness(&self) -> Randomness {
+        if self.reproducible {
+            Randomness::Positional
+        } else {
+            Randomness::Stream
+        }
+    }
+
     /// `--tree`, or its default: `auto`, `drafts-2-depth-2` for SpecHub drafts, `chain-4` for
     /// n-gram drafts.
     fn tree_name(&self) -> String {

@@ -45,7 +45,7 @@ impl Json<'_> {
         };
         obj["draft_sampling"] = if args.no_spec { Value::Null } else { construction.into() };
         obj["verifier"] = if args.no_spec { Value::Null } else { verifier.into() };
-        obj["randomness"] = if args.reproducible { "positional" } else { "stream" }.into();
+        obj["randomness"] = args.randomness().name().into();
         obj["seed"] = args.seed.into();
         obj["temperature"] = args.temperature.into();
         obj["device"] = args.device.clone().into();

@@ -133,7 +133,7 @@ impl Cell {
     pub fn method_name(&self) -> String {
         match self.randomness {
             Randomness::Stream => self.method.name(),
-            Randomness::Positional => format!("{}:positional", self.method.name()),
+            Randomness::Positional => format!("{}:{}", self.method.name(), Randomness::Positional.name()),
         }
     }
 
@@ -329,11 +329,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     if args.turns > 0 {
         questions.iter_mut().for_each(|q| q.turns.truncate(args.turns));
     }
-    let randomness = parse_list(&args.randomness, "randomness", |s| match s {
-        "stream" => Ok(Randomness::Stream),
-        "positional" => Ok(Randomness::Positional),
-        _ => bail!("expected stream or positional"),
-    })?;
+    let randomness = parse_list(&args.randomness, "randomness", |s| s.parse().map_err(anyhow::Error::msg))?;
     let (cells, notes) = cells(&methods, &trees, &temperatures, &randomness);
     for n in &notes {
         eprintln!("bench: note: {n}");
@@ -409,10 +405,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                 Method::Baseline => unreachable!("the baseline has no tree"),
             });
             let window = cell.tree.as_ref().and_then(|(name, _)| parse_tree_spec(name).ok()?.window);
-            let window = window.or(args.draft_window).unwrap_or(match cell.method {
-                Method::NgramFirst { .. } => DraftWindow::DEFAULT_WITH_LOOKUP,
-                _ => 0,
-            });
+            let lookup_first = matches!(cell.method, Method::NgramFirst { .. });
+            let window = window.or(args.draft_window).unwrap_or(DraftWindow::default_recent(lookup_first));
             generator.set_draft_window(if window > 0 {
                 Some(DraftWindow::new(args.draft_sinks, window)?)
             } else {

@@ -109,6 +109,27 @@ pub enum Randomness {
     Positional,
 }
 
+impl Randomness {
+    /// `stream` or `positional`, as `--json` and `bench mt-bench --randomness` write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Stream => "stream",
+            Self::Positional => "positional",
+        }
+    }
+}
+
+impl std::str::FromStr for Randomness {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        [Self::Stream, Self::Positional]
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| format!("unknown randomness `{s}`: expected stream or positional"))
+    }
+}
+
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct GenerationConfig {
