@@ -109,6 +109,44 @@ impl DraftContext {
         Ok(())
     }
 
+    /// [`Self::prefill`] for `tokens` whose first `reusable` the cache's text begins with (the
+    /// caller's word): the cached rows among them stay, and only the tokens after the last kept
+    /// row run, where that is fewer than a fresh prefill runs. A row sits at its index below the
+    /// sinks and `skipped` positions later above, so a window that skipped tokens keeps its rows
+    /// only while the shared text reaches past the sinks' part. Returns the tokens run.
+    pub fn prefill_reusing(
+        &mut self,
+        draft: &DecoderModel,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        reusable: usize,
+    ) -> Result<usize> {
+        let n = tokens.len();
+        let keep = match self.window {
+            _ if reusable == 0 => None,
+            _ if self.skipped == 0 => Some(reusable.min(cache.len())),
+            Some(w) if reusable >= self.skipped + w.sinks => Some((reusable - self.skipped).min(cache.len())),
+            _ => None,
+        };
+        let fresh = match self.window {
+            Some(w) if n > w.sinks.saturating_add(w.recent) => w.sinks + w.recent,
+            _ => n,
+        };
+        match keep.map(|k| (k, self.skipped + k)) {
+            Some((keep, next)) if n.saturating_sub(next) <= fresh => {
+                cache.truncate(keep);
+                if next < n {
+                    draft.forward_chain_from(&tokens[next..], next, cache)?;
+                }
+                Ok(n.saturating_sub(next))
+            }
+            _ => {
+                self.prefill(draft, cache, tokens)?;
+                Ok(fresh)
+            }
+        }
+    }
+
     /// Drops the rows between the sinks and the last `recent` once the cache holds more than
     /// `sinks + recent + slack` rows. Call between steps (every cached row committed).
     pub fn slide(&mut self, cache: &mut KvCache) -> Result<()> {

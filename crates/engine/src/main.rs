@@ -3,22 +3,20 @@
 use anyhow::{bail, Context};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand};
-use engine::decode::{check_ngram, DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
+use engine::decode::{DraftSource, Randomness};
 use engine::draft_window::DraftWindow;
-use engine::load::{load, parse_device, LoadOptions, LoadedModel};
-use engine::model::eagle::EagleHead;
 use engine::model::gguf::WeightFormat;
 use engine::ngram::NgramFlags;
 use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
-use engine::tokenizer::{check_vocabularies, TokenStream};
-use engine::DraftTree;
-use samplers::dist::Warp;
+use engine::tokenizer::TokenStream;
 use samplers::{DraftConstruction, Verifier};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
+mod chat;
 mod report;
+mod session;
+
+use session::Plan;
 
 #[derive(Parser)]
 #[command(name = "mdsd", version, about = "Multi-draft speculative decoding (lossless) on CPU and CUDA")]
@@ -31,6 +29,9 @@ struct Cli {
 enum Command {
     /// Generate text with multi-draft speculative decoding (or plain decoding with --no-spec).
     Generate(Box<GenerateArgs>),
+    /// Chat with the model: one line per message, each answer streamed; the models run only the
+    /// tokens each turn adds (the conversation's cached prefix is reused).
+    Chat(Box<chat::ChatArgs>),
     /// Fetch and verify the files of a model pair without generating.
     Fetch {
         /// Model pair name (a manifest `models/NAME.toml`).
@@ -54,7 +55,7 @@ struct GenerateArgs {
     #[arg(long)]
     chat: bool,
     /// System prompt for --chat (default: the template's own).
-    #[arg(long, requires = "chat")]
+    #[arg(long)]
     system: Option<String>,
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
@@ -224,6 +225,7 @@ fn plain(e: &candle_core::Error) -> String {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => generate(*args),
+        Command::Chat(args) => chat::chat(*args),
         Command::Fetch { pair, models_dir } => {
             let dir = models_dir.unwrap_or_else(default_models_dir);
             let manifest = PairManifest::find(&pair, &dir)?;
@@ -249,76 +251,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Everything that can be checked without loading a model comes first.
-    let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.construction()));
-    let tree_name = args.tree_name();
-    if args.reproducible && !args.no_spec {
-        if let Some(flag) =
-            [("--draft-sampling", args.draft_sampling.is_some()), ("--verifier", args.verifier.is_some())]
-                .iter()
-                .find_map(|&(flag, given)| given.then_some(flag))
-        {
-            bail!("{flag} does not apply with --reproducible, whose drafts and verdicts are races on positional noise");
-        }
-    }
-    let spec = if args.no_spec {
-        None
-    } else {
-        if args.ngram == NgramMode::Only {
-            let model_flags = [
-                ("--draft", args.draft.is_some()),
-                ("--eagle", args.eagle.is_some()),
-                ("--draft-sampling", args.draft_sampling.is_some()),
-                ("--draft-temperature", args.draft_temperature.is_some()),
-                ("--draft-layers", args.draft_layers.is_some()),
-            ];
-            if let Some((flag, _)) = model_flags.iter().find(|f| f.1) {
-                bail!("{flag} does not apply to --ngram only, which drafts without a draft model");
-            }
-        }
-        let tree = if tree_name == "auto" {
-            if args.construction() == DraftConstruction::SpecHub {
-                bail!("--tree auto picks among chains and trees that --draft-sampling spechub (2 drafts per node) cannot draw; give a tree");
-            }
-            TreeChoice::Auto
-        } else {
-            let tree = DraftTree::load(&tree_name).with_context(|| {
-                format!("--tree `{tree_name}` (it takes a preset, `auto`, or a TOML file as in configs/trees/)")
-            })?;
-            if args.construction() == DraftConstruction::SpecHub {
-                if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {
-                    bail!(
-                        "--draft-sampling spechub draws exactly 2 drafts per node, but node {i} of tree `{}` has {} (chain-D-forks-D and drafts-2-depth-D fit)",
-                        tree_name,
-                        match tree.children(i).len() {
-                            1 => "1 child".to_string(),
-                            n => format!("{n} children"),
-                        }
-                    );
-                }
-            }
-            TreeChoice::Fixed(tree)
-        };
-        let draft_warp = args.draft_temperature.map(|t| Warp { temperature: t, top_k: args.top_k, top_p: args.top_p });
-        if !(0.0..=1.0).contains(&args.draft_confidence) {
-            anyhow::bail!("--draft-confidence must be in [0, 1], got {}", args.draft_confidence);
-        }
-        Some(SpecConfig {
-            tree,
-            construction: args.construction(),
-            verifier,
-            draft_warp,
-            confidence_cutoff: args.draft_confidence,
-            source: draft_source(&args)?,
-        })
-    };
-    if let Some(s) = &spec {
-        // The n-gram checks first: with `--ngram only` they name what its drafts need (the
-        // topk verifier) before the pair check would.
-        check_ngram(s).context(format!("--ngram {}", args.ngram.name()))?;
-        samplers::validate_pair(s.construction, s.verifier)?;
-    }
-    let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
-    warp.check()?;
+    let plan = Plan::new(&args)?;
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => {
@@ -326,135 +259,35 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
     };
-    let device = parse_device(&args.device)?;
-
-    // Model files: explicit paths, else the pair's manifest (cache, hub, PyPI mirror).
-    let need_draft = spec.is_some() && args.ngram != NgramMode::Only;
-    let (target_path, draft_path) = model_paths(&args, need_draft)?;
-    let opts = LoadOptions {
-        max_layers: None,
-        tokenizer: args.tokenizer.clone(),
-        weights: args.target_weights,
-        output_rows: None,
-        dtype: args.dtype,
-    };
-    let t0 = Instant::now();
-    let target = load(&target_path, &device, &opts).context("loading the target model")?;
-    note(
-        &args,
-        &format!(
-            "target {} loaded in {:.1} s ({} layers)",
-            target_path.display(),
-            t0.elapsed().as_secs_f64(),
-            target.model.num_layers()
-        ),
-    );
-    let eagle = match &draft_path {
-        Some(DraftFiles::Eagle(p)) => {
-            let t0 = Instant::now();
-            let head = EagleHead::load(p, &target.model).context("loading the EAGLE head")?;
-            note(&args, &format!("EAGLE head {} loaded in {:.1} s", head.path().display(), t0.elapsed().as_secs_f64()));
-            Some(head)
-        }
-        _ => None,
-    };
-    let draft = match &draft_path {
-        Some(DraftFiles::Model(p)) => {
-            let t0 = Instant::now();
-            let opts = LoadOptions {
-                max_layers: args.draft_layers,
-                tokenizer: args.tokenizer.clone(),
-                weights: args.draft_weights,
-                output_rows: (args.draft_vocab > 0).then_some(args.draft_vocab),
-                dtype: args.dtype,
-            };
-            let d = load(p, &device, &opts).context("loading the draft model")?;
-            check_vocabularies(target.tokenizer.vocab(), d.tokenizer.vocab(), &target.path, &d.path)?;
-            note(
-                &args,
-                &format!(
-                    "draft {} loaded in {:.1} s ({} layers)",
-                    p.display(),
-                    t0.elapsed().as_secs_f64(),
-                    d.model.num_layers()
-                ),
-            );
-            Some(d)
-        }
-        _ => None,
-    };
-
-    let text = if args.chat { target.tokenizer.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
-    let ids = target.tokenizer.encode(&text)?;
-    let context = target
-        .model
-        .config()
-        .context_length
-        .min(draft.as_ref().map_or(usize::MAX, |d| d.model.config().context_length));
-    let tree_len = spec.as_ref().map_or(1, |s| s.max_tree_len(warp));
-    if ids.len() + tree_len >= context {
-        bail!(
-            "the prompt has {} tokens, too long for the context of {context} positions of {}",
-            ids.len(),
-            target.path.display()
-        );
-    }
-    let capacity = (ids.len() + args.max_new_tokens + 2 * tree_len + 1).min(context);
-    let config = GenerationConfig {
-        max_new_tokens: args.max_new_tokens,
-        warp,
-        seed: args.seed,
-        randomness: args.randomness(),
-        speculative: spec,
-    };
-    let mut generator = match &eagle {
-        Some(head) => Generator::with_eagle(&target.model, head, capacity)?,
-        None => Generator::new(&target.model, draft.as_ref().map(|d: &LoadedModel| &d.model), capacity)?,
-    };
-    let window = args.draft_window.unwrap_or(DraftWindow::default_recent(args.ngram == NgramMode::First));
-    if window > 0 {
-        generator.set_draft_window(Some(DraftWindow::new(args.draft_sinks, window)?));
-    }
-    let tok = &target.tokenizer;
-    let mut stream = TokenStream::default();
-    let stdout = std::io::stdout();
+    let session = plan.load(&args)?;
+    let tok = &session.target.tokenizer;
+    let text = if args.chat { tok.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
+    let ids = tok.encode(&text)?;
+    session.check_fits(ids.len(), session.context, "prompt")?;
+    let capacity = (ids.len() + args.max_new_tokens + 2 * session.tree_len + 1).min(session.context);
+    let mut generator = session.generator(&args, capacity)?;
     let json = args.json;
+    let mut stream = TokenStream::default();
     let (out, stats) = generator.generate(
         &ids,
-        &config,
+        &session.config,
         |t| !args.ignore_eos && tok.is_stop(t),
-        |new| {
-            if !json {
-                let mut lock = stdout.lock();
-                for &t in new {
-                    if let Some(piece) = stream.push(tok, t)? {
-                        let _ = lock.write_all(piece.as_bytes());
-                    }
-                }
-                let _ = lock.flush();
-            }
-            Ok(())
-        },
+        |new| if json { Ok(()) } else { stream.write(tok, new, &mut std::io::stdout().lock()) },
     )?;
-    let window = generator.draft_window().filter(|_| draft.is_some() && !args.no_spec);
+    let window = session.window(&generator, &args);
     if json {
-        let draft_name = match (&draft, &eagle) {
-            (Some(d), _) => Some(d.path.display().to_string()),
-            (None, Some(h)) => Some(h.path().display().to_string()),
-            (None, None) => None,
-        };
         let report = report::Json {
             text: tok.decode(&out)?,
-            target: &target.path,
-            draft: draft_name,
-            tree: &tree_name,
+            target: &session.target.path,
+            draft: session.draft_name(),
+            tree: &session.tree_name,
             window,
-            verifier,
+            verifier: session.verifier,
         };
         println!("{}", report.into_value(&stats, &args)?);
     } else {
         println!();
-        report::print_stats(&stats, &args, verifier, window);
+        report::print_stats(&stats, &args, session.verifier, window);
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! What `mdsd generate` prints after the text: the statistics on stderr, or with `--json` one
+//! What `mdsd generate` (and `mdsd chat`) prints after the text: the statistics on stderr, or with `--json` one
 //! JSON object. Part of the `mdsd` binary (`main.rs`), not of the library.
 
 use crate::{GenerateArgs, NgramMode};
@@ -56,26 +56,7 @@ impl Json<'_> {
 /// The statistics on stderr: the settings, tokens, tau and speed, lookup steps, acceptance per
 /// depth, `auto`'s summary and the time split.
 pub fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: Option<DraftWindow>) {
-    let mode = if args.no_spec {
-        "no-spec".to_string()
-    } else {
-        let drafts = if args.reproducible { "positional races".to_string() } else { args.construction().to_string() };
-        let source = if args.ngram == NgramMode::Only {
-            format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max)
-        } else if args.ngram == NgramMode::First {
-            format!(
-                "ngram {}-{} on {} first, then {}",
-                args.ngram_flags.ngram_min, args.ngram_flags.ngram_max, args.ngram_flags.ngram_tree, drafts
-            )
-        } else {
-            drafts
-        };
-        let window = window.map_or(String::new(), |w| format!(" · draft window {}+{}", w.sinks, w.recent));
-        let verifier = if args.reproducible { String::new() } else { format!(" + {verifier}") };
-        format!("tree {} · {source}{verifier}{window}", args.tree_name())
-    };
-    let mode = if args.reproducible { format!("{mode} · reproducible (seed {})", args.seed) } else { mode };
-    eprintln!("--- {mode} · temperature {} · {}", args.temperature, args.device);
+    eprintln!("--- {}", mode(args, verifier, window));
     eprintln!(
         "new tokens {} (prompt {}) · target forwards {} · tau {:.2} · {:.2} tokens/s · stop: {}",
         s.new_tokens, s.prompt_tokens, s.target_forwards, s.tau, s.tokens_per_s, s.stop_reason
@@ -95,4 +76,29 @@ pub fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: O
         "time: prefill {:.2} s · draft {:.2} s · target {:.2} s · verify {:.3} s · total {:.2} s",
         s.prefill_s, s.draft_s, s.target_s, s.verify_s, s.total_s
     );
+}
+
+/// The settings in one line: tree, draft source, construction and verifier, window,
+/// randomness, temperature and device.
+pub fn mode(args: &GenerateArgs, verifier: Verifier, window: Option<DraftWindow>) -> String {
+    let mode = if args.no_spec {
+        "no-spec".to_string()
+    } else {
+        let drafts = if args.reproducible { "positional races".to_string() } else { args.construction().to_string() };
+        let source = if args.ngram == NgramMode::Only {
+            format!("ngram {}-{}", args.ngram_flags.ngram_min, args.ngram_flags.ngram_max)
+        } else if args.ngram == NgramMode::First {
+            format!(
+                "ngram {}-{} on {} first, then {}",
+                args.ngram_flags.ngram_min, args.ngram_flags.ngram_max, args.ngram_flags.ngram_tree, drafts
+            )
+        } else {
+            drafts
+        };
+        let window = window.map_or(String::new(), |w| format!(" · draft window {}+{}", w.sinks, w.recent));
+        let verifier = if args.reproducible { String::new() } else { format!(" + {verifier}") };
+        format!("tree {} · {source}{verifier}{window}", args.tree_name())
+    };
+    let mode = if args.reproducible { format!("{mode} · reproducible (seed {})", args.seed) } else { mode };
+    format!("{mode} · temperature {} · {}", args.temperature, args.device)
 }

@@ -145,6 +145,12 @@ pub struct GenerationConfig {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Stats {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values the target kept from the previous generation
+    /// ([`crate::Generator::set_prefix_reuse`]): the prompt's pass ran only the others.
+    pub reused_tokens: usize,
+    /// Prompt tokens the draft model ran before the first step (fewer than the prompt's with a
+    /// draft window or prefix reuse; 0 without a draft model).
+    pub draft_prefill_tokens: usize,
     pub new_tokens: usize,
     /// Target forwards after the prompt (one per step).
     pub target_forwards: usize,

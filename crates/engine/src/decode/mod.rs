@@ -68,6 +68,11 @@ pub struct Generator<'a> {
     ngram: NgramDrafter,
     /// Which part of the context the draft model's cache holds ([`DraftWindow`]).
     draft_context: DraftContext,
+    /// Keep the cached prefix a new prompt shares with the last text ([`Self::set_prefix_reuse`]).
+    prefix_reuse: bool,
+    /// The tokens whose keys and values the target cache holds, in order (empty after a
+    /// failed generation).
+    history: Vec<u32>,
 }
 
 /// Per-step buffers, reused across steps.
@@ -130,6 +135,8 @@ impl<'a> Generator<'a> {
             eagle: None,
             ngram: NgramDrafter::default(),
             draft_context: DraftContext::default(),
+            prefix_reuse: false,
+            history: Vec::new(),
         })
     }
 
@@ -148,6 +155,23 @@ impl<'a> Generator<'a> {
         self.draft_context = DraftContext::new(window);
     }
 
+    /// Keeps, for the next generations, the cached keys and values of the longest prefix a new
+    /// prompt shares with the previous prompt and its generated text (default: off). Chat turns
+    /// then run only their new tokens through the models, not the whole conversation.
+    ///
+    /// Exactness does not depend on it: the cache holds the same tokens either way. The keys and
+    /// values come from the passes that ran them (the prompt's, or a step's tree rows) rather
+    /// than one prompt pass; where the target computes a row the same in every batch (our
+    /// Q4_K/Q6_K CPU kernels, f32 weights) they are the very same numbers. The draft model's
+    /// cache is reused where its context has no window to slide; an EAGLE head's prompt always
+    /// runs in full (it needs the target's hidden states of every prompt position).
+    pub fn set_prefix_reuse(&mut self, on: bool) {
+        self.prefix_reuse = on;
+        if !on {
+            self.history.clear();
+        }
+    }
+
     /// The draft window set with [`Self::set_draft_window`].
     pub fn draft_window(&self) -> Option<DraftWindow> {
         self.draft_context.window()
@@ -164,6 +188,21 @@ impl<'a> Generator<'a> {
     /// streaming); stops after `max_new_tokens` or at a token for which `is_stop` holds (that
     /// token is not emitted). Returns the new tokens and the statistics.
     pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        is_stop: impl Fn(u32) -> bool,
+        on_tokens: impl FnMut(&[u32]) -> Result<()>,
+    ) -> Result<(Vec<u32>, Stats)> {
+        let result = self.generate_after(prompt, config, is_stop, on_tokens);
+        // The caches of a failed generation may hold rows no token list describes.
+        if result.is_err() {
+            self.history.clear();
+        }
+        result
+    }
+
+    fn generate_after(
         &mut self,
         prompt: &[u32],
         config: &GenerationConfig,
@@ -218,13 +257,23 @@ impl<'a> Generator<'a> {
             Randomness::Stream => None,
             Randomness::Positional => Some(PositionalNoise::new(config.seed)),
         };
-        let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
+        let n = prompt.len();
+        // The cached prefix this prompt shares with the last text (`set_prefix_reuse`).
+        let reused = match self.prefix_reuse && self.eagle.is_none() {
+            true => self.history.iter().zip(&prompt[..n - 1]).take_while(|(a, b)| a == b).count(),
+            false => 0,
+        };
+        self.history.clear();
+        self.history.extend_from_slice(prompt);
+        let mut stats = Stats { prompt_tokens: n, reused_tokens: reused, ..Stats::default() };
         let start = Instant::now();
         // Prefill every prompt token but the last, which becomes the pending token.
-        self.target_cache.truncate(0);
-        let n = prompt.len();
-        let prompt_hidden =
-            if n > 1 { Some(self.target.forward_chain(&prompt[..n - 1], &mut self.target_cache)?) } else { None };
+        self.target_cache.truncate(reused);
+        let prompt_hidden = if n - 1 > reused {
+            Some(self.target.forward_chain(&prompt[reused..n - 1], &mut self.target_cache)?)
+        } else {
+            None
+        };
         if let Some(e) = self.eagle.as_mut() {
             e.reset(prompt_hidden, &prompt[1..]);
         }
@@ -234,7 +283,9 @@ impl<'a> Generator<'a> {
         let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
             let context = if spec.is_some() && !ngram_only { &prompt[..n - 1] } else { &[] };
-            self.draft_context.prefill(d, cache, &for_draft(context, d.config().vocab_size))?;
+            let reusable = reused.min(context.len());
+            stats.draft_prefill_tokens =
+                self.draft_context.prefill_reusing(d, cache, &for_draft(context, d.config().vocab_size), reusable)?;
         }
         let mut pending = prompt[n - 1];
         let mut auto = match spec.map(|s| (&s.tree, s.draft_samples(config.warp))) {
@@ -319,6 +370,8 @@ impl<'a> Generator<'a> {
                     }
                 }
             }
+            // Every emitted token, past a cut too: the caches may hold accepted drafts beyond it.
+            self.history.extend_from_slice(&self.buf.emitted);
             for i in 0..self.buf.emitted.len() {
                 let t = self.buf.emitted[i];
                 if is_stop(t) {
@@ -336,6 +389,12 @@ impl<'a> Generator<'a> {
             on_tokens(&self.buf.emitted)?;
             out.extend_from_slice(&self.buf.emitted);
             pending = *self.buf.emitted.last().expect("a step emits at least one token");
+        }
+        // The target cache holds the text up to the pending token.
+        if self.history.len() >= self.target_cache.len() {
+            self.history.truncate(self.target_cache.len());
+        } else {
+            self.history.clear();
         }
         stats.new_tokens = out.len();
         let steps = stats.target_forwards.max(1) as f64;

@@ -1,0 +1,223 @@
+//! Prefix reuse (`Generator::set_prefix_reuse`): a prompt that extends, repeats or shares a
+//! prefix with the last text runs only its new tokens, and generates exactly what a fresh
+//! generator generates from the whole prompt.
+
+mod common;
+
+use common::{load_on_test_device, temp_dir, Tiny, TinyEagle};
+use engine::decode::{DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
+use engine::draft_window::DraftWindow;
+use engine::model::eagle::EagleHead;
+use engine::model::DecoderModel;
+use engine::ngram::NgramConfig;
+use engine::DraftTree;
+use samplers::dist::Warp;
+use samplers::{DraftConstruction, Verifier};
+
+fn model(tiny: Tiny, name: &str) -> DecoderModel {
+    load_on_test_device(&tiny.write_hf(&temp_dir(name)))
+}
+
+fn spec(tree: impl Into<TreeChoice>, source: DraftSource) -> SpecConfig {
+    SpecConfig {
+        tree: tree.into(),
+        construction: DraftConstruction::Greedy,
+        verifier: Verifier::Greedy,
+        draft_warp: Some(Warp::temperature(1.5)),
+        confidence_cutoff: 0.0,
+        source,
+    }
+}
+
+/// One case: a name, the speculative configuration (`None`: plain decoding) and the window.
+type Case = (&'static str, Option<SpecConfig>, Option<DraftWindow>);
+
+fn cases() -> Vec<Case> {
+    let tree = |name| DraftTree::preset(name).unwrap();
+    let ngram =
+        DraftSource::NgramFirst { ngram: NgramConfig { min: 1, max: 3 }, tree: DraftTree::preset("chain-3").unwrap() };
+    vec![
+        ("plain", None, None),
+        ("chain-4", Some(spec(tree("chain-4"), DraftSource::Model)), None),
+        ("drafts-2-depth-3", Some(spec(tree("drafts-2-depth-3"), DraftSource::Model)), None),
+        ("auto", Some(spec(TreeChoice::Auto, DraftSource::Model)), None),
+        ("n-gram first", Some(spec(tree("chain-2"), ngram)), None),
+        // The window slides in the second turn: the repeated prompt keeps the draft's recent
+        // rows (positions past the skipped ones), the parting one prefills afresh.
+        ("chain-3, window 1+16", Some(spec(tree("chain-3"), DraftSource::Model)), DraftWindow::new(1, 16).ok()),
+    ]
+}
+
+/// Stream sampling at temperatures 0 and 1, and positional races at 1.
+fn samplings() -> [(Warp, Randomness); 3] {
+    [
+        (Warp::temperature(0.0), Randomness::Stream),
+        (Warp::temperature(1.0), Randomness::Stream),
+        (Warp::temperature(1.0), Randomness::Positional),
+    ]
+}
+
+fn fresh(
+    target: &DecoderModel,
+    draft: Option<&DecoderModel>,
+    window: Option<DraftWindow>,
+    prompt: &[u32],
+    config: &GenerationConfig,
+) -> Vec<u32> {
+    let mut g = Generator::new(target, draft, 400).unwrap();
+    g.set_draft_window(window);
+    g.generate(prompt, config, |_| false, |_| Ok(())).unwrap().0
+}
+
+/// Three turns per case, sampling and draft: the conversation's second turn (the first prompt,
+/// its answer and new tokens), the same prompt again, and a prompt that leaves the text after
+/// eight tokens. Each equals a fresh generator's text from the whole prompt, and reuses what
+/// it shares: at least the first turn's prompt and answer but the answer's last token, every
+/// token but the last of a repeated prompt, exactly the shared eight of the third; the draft
+/// runs fewer of the second turn's tokens than a fresh prefill (with a window, where the
+/// draft's rows differ from a fresh prefill's, only temperature 0 and races must give the
+/// fresh text).
+#[test]
+fn reused_prefixes_give_the_fresh_texts() {
+    let target = model(Tiny { scale: 0.8, ..Tiny::llama(91) }, "reuse-target");
+    let other = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(92) }, "reuse-draft");
+    let first: Vec<u32> = (0..14u32).map(|i| (i * 5 + 2) % 48).collect();
+    let mut reused_rows = 0;
+    for (name, s, window) in cases() {
+        for draft in [&target, &other] {
+            for (warp, randomness) in samplings() {
+                // `auto` picks trees by measured times: only its stream at temperature 0 and
+                // its races give one text whatever it picks.
+                if name == "auto" && randomness == Randomness::Stream && warp.temperature > 0.0 {
+                    continue;
+                }
+                let config = GenerationConfig { max_new_tokens: 20, warp, seed: 7, randomness, speculative: s.clone() };
+                let what = format!("{name}, {warp:?}, {randomness:?}");
+                let draft = s.as_ref().map(|_| draft);
+                let mut g = Generator::new(&target, draft, 400).unwrap();
+                g.set_draft_window(window);
+                g.set_prefix_reuse(true);
+                let (answer, stats) = g.generate(&first, &config, |_| false, |_| Ok(())).unwrap();
+                assert_eq!(stats.reused_tokens, 0, "{what}: nothing to reuse on the first turn");
+                assert_eq!(answer, fresh(&target, draft, window, &first, &config), "{what}: first turn");
+
+                let mut second = first.clone();
+                second.extend_from_slice(&answer);
+                second.extend_from_slice(&[3, 1, 4, 1, 5]);
+                // The target's cache is the fresh one's; a window's draft keeps rows a fresh
+                // prefill would not run, so its stream texts at temperature > 0 may differ.
+                let same_draft = window.is_none() || randomness == Randomness::Positional || warp.temperature == 0.0;
+                let (out, stats) = g.generate(&second, &config, |_| false, |_| Ok(())).unwrap();
+                if same_draft {
+                    assert_eq!(out, fresh(&target, draft, window, &second, &config), "{what}: second turn");
+                }
+                if draft.is_some() {
+                    let fresh_rows = if window.is_some() { 17 } else { second.len() - 1 };
+                    assert!(
+                        stats.draft_prefill_tokens < fresh_rows,
+                        "{what}: the draft ran {} of the second turn's tokens",
+                        stats.draft_prefill_tokens
+                    );
+                }
+                let least = first.len() + answer.len() - 1;
+                assert!(
+                    (least..second.len()).contains(&stats.reused_tokens),
+                    "{what}: reused {} of the second turn's {} tokens (at least {least})",
+                    stats.reused_tokens,
+                    second.len()
+                );
+                reused_rows += stats.reused_tokens;
+
+                let (again, stats) = g.generate(&second, &config, |_| false, |_| Ok(())).unwrap();
+                if same_draft {
+                    assert_eq!(again, out, "{what}: the same prompt again");
+                }
+                assert_eq!(stats.reused_tokens, second.len() - 1, "{what}: the same prompt again");
+
+                let mut third = first[..8].to_vec();
+                // One token differs; the three after it are the first turn's again.
+                third.push((first[8] + 1) % 48);
+                third.extend_from_slice(&first[9..12]);
+                third.push(2);
+                let (out, stats) = g.generate(&third, &config, |_| false, |_| Ok(())).unwrap();
+                assert_eq!(out, fresh(&target, draft, window, &third, &config), "{what}: a parting prompt");
+                assert_eq!(stats.reused_tokens, 8, "{what}: a parting prompt");
+            }
+        }
+    }
+    assert!(reused_rows > 0);
+}
+
+/// Off (the default), nothing is reused; switching it on reuses the last text, switching it
+/// off forgets it.
+#[test]
+fn reuse_is_off_by_default() {
+    let target = model(Tiny::llama(93), "reuse-off-target");
+    let config = GenerationConfig {
+        max_new_tokens: 6,
+        warp: Warp::temperature(0.0),
+        seed: 0,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
+    let prompt = [1u32, 2, 3, 4];
+    let mut g = Generator::new(&target, None, 100).unwrap();
+    let (out, _) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+    let (again, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+    assert_eq!((again, stats.reused_tokens), (out.clone(), 0));
+    // Switched on, it reuses the last text, which the cache holds either way.
+    g.set_prefix_reuse(true);
+    assert_eq!(g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap().1.reused_tokens, 3);
+    g.set_prefix_reuse(false);
+    g.set_prefix_reuse(true);
+    assert_eq!(g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap().1.reused_tokens, 0);
+}
+
+/// A failed generation forgets the text: its caches may hold rows of a step that never ended.
+#[test]
+fn a_failed_generation_reuses_nothing_after() {
+    let target = model(Tiny::llama(94), "reuse-fail-target");
+    let config = GenerationConfig {
+        max_new_tokens: 6,
+        warp: Warp::temperature(0.0),
+        seed: 0,
+        randomness: Randomness::Stream,
+        speculative: None,
+    };
+    let prompt = [1u32, 2, 3, 4];
+    let mut g = Generator::new(&target, None, 100).unwrap();
+    g.set_prefix_reuse(true);
+    g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+    let err = g.generate(&prompt, &config, |_| false, |_| candle_core::bail!("the reader hung up")).unwrap_err();
+    assert!(err.to_string().contains("hung up"), "{err}");
+    assert_eq!(g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap().1.reused_tokens, 0);
+}
+
+/// An EAGLE head needs the target's hidden states of the whole prompt: its generator runs the
+/// prompt in full (nothing reused) and gives the fresh text.
+#[test]
+fn eagle_runs_the_whole_prompt() {
+    let tiny = Tiny { vocab: 12, scale: 0.8, ..Tiny::llama(95) };
+    let target = load_on_test_device(&tiny.write_hf(&temp_dir("reuse-eagle-target")));
+    let head_spec = TinyEagle { target: tiny, seed: 96, own_embedding: false, scale: 0.5 };
+    let head = EagleHead::load(&head_spec.write(&temp_dir("reuse-eagle-head"), false), &target).unwrap();
+    let config = GenerationConfig {
+        max_new_tokens: 12,
+        warp: Warp::temperature(0.0),
+        seed: 0,
+        randomness: Randomness::Stream,
+        speculative: Some(spec(DraftTree::preset("drafts-2-depth-2").unwrap(), DraftSource::Model)),
+    };
+    let first = [5u32, 1, 7, 3];
+    let mut g = Generator::with_eagle(&target, &head, 200).unwrap();
+    g.set_prefix_reuse(true);
+    let (answer, _) = g.generate(&first, &config, |_| false, |_| Ok(())).unwrap();
+    let mut second = first.to_vec();
+    second.extend_from_slice(&answer);
+    second.push(2);
+    let (out, stats) = g.generate(&second, &config, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(stats.reused_tokens, 0);
+    let (reference, _) =
+        Generator::with_eagle(&target, &head, 200).unwrap().generate(&second, &config, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(out, reference);
+}
