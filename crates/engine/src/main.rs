@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 mod chat;
 mod report;
+mod serve;
 mod session;
 
 use session::Plan;
@@ -32,6 +33,9 @@ enum Command {
     /// Chat with the model: one line per message, each answer streamed; the models run only the
     /// tokens each turn adds (the conversation's cached prefix is reused).
     Chat(Box<chat::ChatArgs>),
+    /// Serve OpenAI-compatible completion endpoints over HTTP (/v1/completions,
+    /// /v1/chat/completions, streamed or not), one request at a time, with prefix reuse.
+    Serve(Box<serve::ServeArgs>),
     /// Fetch and verify the files of a model pair without generating.
     Fetch {
         /// Model pair name (a manifest `models/NAME.toml`).
@@ -226,6 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => generate(*args),
         Command::Chat(args) => chat::chat(*args),
+        Command::Serve(args) => serve::serve(*args),
         Command::Fetch { pair, models_dir } => {
             let dir = models_dir.unwrap_or_else(default_models_dir);
             let manifest = PairManifest::find(&pair, &dir)?;

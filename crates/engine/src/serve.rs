@@ -1,0 +1,397 @@
+//! `mdsd serve`: an HTTP server with OpenAI's completion endpoints (`/v1/completions`,
+//! `/v1/chat/completions`, streamed as server-sent events or not, `/v1/models`, `/health`), on
+//! one generator with prefix reuse: a chat client resending its conversation runs only the new
+//! turn. Requests are answered one at a time, in order. Part of the `mdsd` binary (`main.rs`).
+
+use crate::session::{Plan, Session};
+use crate::{message, GenerateArgs};
+use anyhow::{bail, Context};
+use clap::Args;
+use engine::decode::{GenerationConfig, Generator, Stats};
+use engine::tokenizer::TokenStream;
+use samplers::dist::Warp;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tiny_http::{Header, Method, Request, Response, Server};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The models, tree and sampling defaults, as for `generate` (`--temperature`, `--top-k`,
+    /// `--top-p` and `--max-new-tokens` are the defaults of requests that do not set them).
+    #[command(flatten)]
+    pub run: GenerateArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Positions of the caches: the longest prompt plus answer (at most the models' context).
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Run every prompt whole, instead of only what it adds to the last request's text.
+    #[arg(long)]
+    pub no_prefix_reuse: bool,
+}
+
+/// A completion request: OpenAI's fields that change the output, and `ignore_eos` (as vLLM's).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CompletionRequest {
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+    stream: bool,
+    n: Option<usize>,
+    stop: Option<Value>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    ignore_eos: bool,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: String,
+}
+
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Text,
+    Chat,
+}
+
+/// A request refused with an HTTP status and a message.
+struct Refusal(u16, String);
+
+fn refuse<T>(status: u16, msg: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal(status, msg.into()))
+}
+
+pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
+    let run = &mut args.run;
+    for (flag, given) in
+        [("--prompt", run.prompt.is_some()), ("--prompt-file", run.prompt_file.is_some()), ("--json", run.json)]
+    {
+        if given {
+            bail!("{flag} does not apply to serve: prompts come with the requests");
+        }
+    }
+    let plan = Plan::new(run)?;
+    let session = plan.load(run)?;
+    let capacity = args.context.min(session.context);
+    if capacity < 2 * session.tree_len + 2 {
+        bail!("--context {} leaves no room for a prompt with trees of {} nodes", args.context, session.tree_len);
+    }
+    let mut generator = session.generator(run, capacity)?;
+    generator.set_prefix_reuse(!args.no_prefix_reuse);
+    let server = Server::http((args.host.as_str(), args.port))
+        .map_err(|e| anyhow::anyhow!("listening on {}:{}: {e}", args.host, args.port))?;
+    let addr = server.server_addr().to_ip().context("the server has no IP address")?;
+    let model = session.target.path.file_stem().map_or("target".into(), |s| s.to_string_lossy().to_string());
+    eprintln!("--- {}", crate::report::mode(run, session.verifier, session.window(&generator, run)));
+    eprintln!(
+        "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health"
+    );
+    let mut server_state = State { session: &session, generator: &mut generator, run, capacity, model, served: 0 };
+    for request in server.incoming_requests() {
+        server_state.handle(request);
+    }
+    Ok(())
+}
+
+struct State<'s, 'g> {
+    session: &'s Session,
+    generator: &'g mut Generator<'s>,
+    run: &'s GenerateArgs,
+    capacity: usize,
+    model: String,
+    served: u64,
+}
+
+impl State<'_, '_> {
+    fn handle(&mut self, mut request: Request) {
+        let path = request.url().split('?').next().unwrap_or("").to_string();
+        let method = request.method().clone();
+        let kind = match path.as_str() {
+            "/v1/completions" => Some(Kind::Text),
+            "/v1/chat/completions" => Some(Kind::Chat),
+            _ => None,
+        };
+        let outcome = match (&method, path.as_str(), kind) {
+            (Method::Get, "/health", _) => respond_json(request, 200, &json!({"status": "ok"})),
+            (Method::Get, "/v1/models", _) => respond_json(
+                request,
+                200,
+                &json!({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "mdsd"}]}),
+            ),
+            (Method::Post, _, Some(kind)) => {
+                let mut body = String::new();
+                match request.as_reader().read_to_string(&mut body) {
+                    Err(e) => respond_error(request, 400, &format!("reading the request body: {e}")),
+                    Ok(_) => match self.complete(kind, &body) {
+                        Err(Refusal(status, msg)) => {
+                            eprintln!("mdsd serve: {method} {path}: {status} {msg}");
+                            respond_error(request, status, &msg)
+                        }
+                        Ok((req, ids, config)) => self.generate(request, kind, &req, &ids, &config, &path),
+                    },
+                }
+            }
+            (_, "/health" | "/v1/models", _) | (_, _, Some(_)) => {
+                respond_error(request, 405, &format!("{method} is not allowed on {path}"))
+            }
+            _ => respond_error(request, 404, &format!("no endpoint {path}")),
+        };
+        if let Err(e) = outcome {
+            eprintln!("mdsd serve: {method} {path}: answering failed: {e}");
+        }
+    }
+
+    /// Parses and checks a completion request: its prompt's tokens and generation settings.
+    fn complete(&self, kind: Kind, body: &str) -> Result<(CompletionRequest, Vec<u32>, GenerationConfig), Refusal> {
+        let req: CompletionRequest = match serde_json::from_str(body) {
+            Ok(r) => r,
+            Err(e) => return refuse(400, format!("the body is not a valid request: {e}")),
+        };
+        if req.n.is_some_and(|n| n != 1) {
+            return refuse(400, "n: only one choice per request is supported");
+        }
+        if req.stop.as_ref().is_some_and(|s| !(s.is_null() || s.as_array().is_some_and(|a| a.is_empty()))) {
+            return refuse(400, "stop: stop sequences are not supported (the model's end-of-turn token stops)");
+        }
+        for (name, v) in [("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)] {
+            if v.is_some_and(|v| v != 0.0) {
+                return refuse(400, format!("{name}: penalties would change the target's distribution; not supported"));
+            }
+        }
+        let tok = &self.session.target.tokenizer;
+        let text = match (kind, &req.prompt, &req.messages) {
+            (Kind::Text, Some(p), _) => p.clone(),
+            (Kind::Text, None, _) => return refuse(400, "prompt: missing (a string)"),
+            (Kind::Chat, _, Some(m)) if !m.is_empty() => {
+                let turns: Vec<(&str, &str)> = m.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+                match tok.apply_chat_conversation(&turns, None) {
+                    Ok(t) => t,
+                    Err(e) => return refuse(400, format!("messages: {e}")),
+                }
+            }
+            (Kind::Chat, _, _) => return refuse(400, "messages: missing or empty"),
+        };
+        let ids = match tok.encode(&text) {
+            Ok(ids) if !ids.is_empty() => ids,
+            Ok(_) => return refuse(400, "the prompt has no tokens"),
+            Err(e) => return refuse(400, format!("tokenizing the prompt: {e}")),
+        };
+        if let Err(e) = self.session.check_fits(ids.len(), self.capacity, "prompt") {
+            return refuse(400, format!("{e} (the server's --context)"));
+        }
+        let defaults = &self.session.config;
+        let warp = Warp {
+            temperature: req.temperature.unwrap_or(defaults.warp.temperature),
+            top_k: req.top_k.unwrap_or(defaults.warp.top_k),
+            top_p: req.top_p.unwrap_or(defaults.warp.top_p),
+        };
+        if let Err(e) = warp.check() {
+            return refuse(400, e.to_string());
+        }
+        let max_new_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(defaults.max_new_tokens);
+        if max_new_tokens == 0 {
+            return refuse(400, "max_tokens: at least 1");
+        }
+        // Without a seed each request draws one, reported with the answer.
+        let seed = req.seed.unwrap_or_else(rand::random);
+        let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
+        Ok((req, ids, config))
+    }
+
+    /// Generates and answers, streamed or in one object.
+    fn generate(
+        &mut self,
+        request: Request,
+        kind: Kind,
+        req: &CompletionRequest,
+        ids: &[u32],
+        config: &GenerationConfig,
+        path: &str,
+    ) -> std::io::Result<()> {
+        self.served += 1;
+        let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, self.served);
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let tok = &self.session.target.tokenizer;
+        let ignore_eos = req.ignore_eos || self.run.ignore_eos;
+        let is_stop = |t| !ignore_eos && tok.is_stop(t);
+        let log = |stats: &Stats| {
+            eprintln!(
+                "mdsd serve: POST {path} · {} + {} tokens ({} reused) · tau {:.2} · {:.2} tokens/s · {}",
+                stats.prompt_tokens,
+                stats.new_tokens,
+                stats.reused_tokens,
+                stats.tau,
+                stats.tokens_per_s,
+                stats.stop_reason
+            )
+        };
+        if !req.stream {
+            let (out, stats) = match self.generator.generate(ids, config, is_stop, |_| Ok(())) {
+                Ok(r) => r,
+                Err(e) => {
+                    let msg = message(&anyhow::Error::from(e));
+                    eprintln!("mdsd serve: POST {path}: {msg}");
+                    return respond_error(request, 500, &msg);
+                }
+            };
+            log(&stats);
+            let text = match tok.decode(&out) {
+                Ok(t) => t,
+                Err(e) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
+            };
+            let choice = match kind {
+                Kind::Text => {
+                    json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(&stats)})
+                }
+                Kind::Chat => json!({
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish_reason(&stats),
+                }),
+            };
+            let body = json!({
+                "id": id,
+                "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+                "created": created,
+                "model": self.model,
+                "choices": [choice],
+                "usage": usage(&stats),
+                "mdsd": mdsd_stats(&stats, config.seed),
+            });
+            return respond_json(request, 200, &body);
+        }
+        let mut writer = request.into_writer();
+        writer.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )?;
+        let mut events = Events { kind, id: &id, created, model: &self.model, writer };
+        if kind == Kind::Chat {
+            events.send(json!({"role": "assistant", "content": ""}), None)?;
+        }
+        let mut stream = TokenStream::default();
+        let result = self.generator.generate(ids, config, is_stop, |new| {
+            let mut text = Vec::new();
+            stream.write(tok, new, &mut text)?;
+            if text.is_empty() {
+                return Ok(());
+            }
+            let delta = events.delta(String::from_utf8_lossy(&text).to_string());
+            // A client that went away ends the generation.
+            events.send(delta, None).map_err(|e| candle_core::Error::Msg(format!("the client went away: {e}")))
+        });
+        match result {
+            Ok((_, stats)) => {
+                log(&stats);
+                let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)));
+                last["usage"] = usage(&stats);
+                last["mdsd"] = mdsd_stats(&stats, config.seed);
+                events.raw(&last.to_string())?;
+            }
+            Err(e) => {
+                // The status line is out: the error goes as an event.
+                let msg = message(&anyhow::Error::from(e));
+                eprintln!("mdsd serve: POST {path}: {msg}");
+                events.raw(&json!({"error": {"message": msg, "type": "server_error", "code": 500}}).to_string())?;
+            }
+        }
+        events.finish()
+    }
+}
+
+/// Server-sent events of one streamed answer.
+struct Events<'a> {
+    kind: Kind,
+    id: &'a str,
+    created: u64,
+    model: &'a str,
+    writer: Box<dyn Write + Send>,
+}
+
+impl Events<'_> {
+    /// The `delta` (chat) or `text` (completions) of a piece of the answer.
+    fn delta(&self, piece: String) -> Value {
+        match self.kind {
+            Kind::Chat => json!({"content": piece}),
+            Kind::Text => Value::String(piece),
+        }
+    }
+
+    /// One event of the answer: its next piece (`delta`), and the finish reason in the last.
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        let (object, choice) = match self.kind {
+            Kind::Chat => ("chat.completion.chunk", json!({"index": 0, "delta": delta, "finish_reason": finish})),
+            Kind::Text => {
+                ("text_completion", json!({"index": 0, "text": delta, "logprobs": null, "finish_reason": finish}))
+            }
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]})
+    }
+
+    fn send(&mut self, delta: Value, finish: Option<&str>) -> std::io::Result<()> {
+        let event = self.chunk(delta, finish);
+        self.raw(&event.to_string())
+    }
+
+    /// One `data:` event as one HTTP chunk, flushed.
+    fn raw(&mut self, data: &str) -> std::io::Result<()> {
+        let event = format!("data: {data}\n\n");
+        write!(self.writer, "{:x}\r\n{event}\r\n", event.len())?;
+        self.writer.flush()
+    }
+
+    /// `data: [DONE]` and the chunked body's end.
+    fn finish(&mut self) -> std::io::Result<()> {
+        self.raw("[DONE]")?;
+        self.writer.write_all(b"0\r\n\r\n")?;
+        self.writer.flush()
+    }
+}
+
+fn finish_reason(stats: &Stats) -> &'static str {
+    if stats.stop_reason == "stop_token" {
+        "stop"
+    } else {
+        "length"
+    }
+}
+
+fn usage(stats: &Stats) -> Value {
+    json!({
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": stats.prompt_tokens + stats.new_tokens,
+    })
+}
+
+/// The speculative decoding statistics and the seed (a request's own or the one drawn for it).
+fn mdsd_stats(stats: &Stats, seed: u64) -> Value {
+    let mut v = serde_json::to_value(stats).unwrap_or(Value::Null);
+    v["seed"] = seed.into();
+    v
+}
+
+fn respond_json(request: Request, status: u16, body: &Value) -> std::io::Result<()> {
+    let header = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("a valid header");
+    request.respond(Response::from_string(body.to_string()).with_status_code(status).with_header(header))
+}
+
+/// OpenAI's error object.
+fn respond_error(request: Request, status: u16, msg: &str) -> std::io::Result<()> {
+    let kind = if status < 500 { "invalid_request_error" } else { "server_error" };
+    respond_json(request, status, &json!({"error": {"message": msg, "type": kind, "code": status}}))
+}

@@ -1,0 +1,257 @@
+//! `mdsd serve` end to end on tiny random models: its OpenAI-compatible answers, streamed and
+//! not, equal `mdsd generate`'s; a resent conversation reuses its cached prefix; bad requests get
+//! OpenAI's error object with a 4xx status and leave the server running.
+
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use common::{temp_dir, Tiny};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A chat template in the tiny vocabulary ('!' to 'P').
+const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{% else %}<{% endif %}{{ m.content }};{% endfor %}{% if add_generation_prompt %}<{% endif %}";
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn cache() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
+}
+
+/// A running `mdsd serve`, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `mdsd serve --port 0 ARGS` and waits for the line naming its address.
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .env("MDSD_OFFLINE", "1")
+        .env("MDSD_CACHE", cache())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mdsd serve");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let port = loop {
+        let line = lines.next().unwrap_or_else(|| panic!("mdsd serve ended: {seen:?}")).unwrap();
+        if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
+            break rest.split(' ').next().unwrap().parse().unwrap();
+        }
+        seen.push(line);
+    };
+    // Keep reading the log so that the server never blocks on it.
+    std::thread::spawn(move || lines.for_each(drop));
+    Server { child, port }
+}
+
+/// One HTTP/1.1 exchange: the status and the body (de-chunked).
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line.split(' ').nth(1).unwrap().parse().unwrap();
+    let (mut length, mut chunked) = (None, false);
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        let header = line.trim_end().to_ascii_lowercase();
+        if header.is_empty() {
+            break;
+        }
+        if let Some(v) = header.strip_prefix("content-length:") {
+            length = Some(v.trim().parse::<usize>().unwrap());
+        }
+        chunked |= header == "transfer-encoding: chunked";
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            let n = usize::from_str_radix(line.trim(), 16).unwrap();
+            let mut chunk = vec![0; n + 2];
+            reader.read_exact(&mut chunk).unwrap();
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        let mut chunk = vec![0; length.expect("a length or chunks")];
+        reader.read_exact(&mut chunk).unwrap();
+        body = chunk;
+    }
+    (status, String::from_utf8(body).unwrap())
+}
+
+fn post(port: u16, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = http(port, "POST", path, &body.to_string());
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// The `data:` events of a streamed answer, `[DONE]` last.
+fn events(port: u16, path: &str, body: &Value) -> Vec<Value> {
+    let (status, text) = http(port, "POST", path, &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let data: Vec<&str> =
+        text.split("\n\n").filter(|e| !e.is_empty()).map(|e| e.strip_prefix("data: ").unwrap()).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
+}
+
+/// `mdsd generate --json --temperature 0` with `extra` flags: its text.
+fn generate_text(extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(["generate", "--json", "--temperature", "0", "--max-new-tokens", "8", "--ignore-eos"])
+        .args(extra)
+        .env("MDSD_OFFLINE", "1")
+        .env("MDSD_CACHE", cache())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+/// Completions and chat completions, streamed and not, at temperature 0 equal `generate`'s
+/// texts; a repeated prompt and a resent conversation reuse their cached prefix; a seed fixes a
+/// temperature-1 answer, and an answer without one reports the seed it drew.
+#[test]
+fn serve_answers_as_generate_does() {
+    let dir = temp_dir("serve");
+    let target = Tiny { chat_template: Some(TINY_CHAT), ..Tiny::llama(51) }.write_gguf(
+        &dir.join("target.gguf"),
+        GgmlDType::Q8_0,
+        &[],
+    );
+    let draft = Tiny { layers: 1, ..Tiny::llama(52) }.write_hf(&dir.join("draft"));
+    let models = ["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2"];
+    let server = start(&[&models[..], &["--temperature", "0"]].concat());
+    let port = server.port;
+
+    let (status, health) = http(port, "GET", "/health", "");
+    assert_eq!((status, health.as_str()), (200, r#"{"status":"ok"}"#));
+    let (status, list) = http(port, "GET", "/v1/models", "");
+    assert!(status == 200 && list.contains(r#""id":"target""#), "{list}");
+
+    let plain = generate_text(&[&models[..], &["--prompt", "ABC"]].concat());
+    let request = json!({"prompt": "ABC", "max_tokens": 8, "ignore_eos": true});
+    let (status, v) = post(port, "/v1/completions", &request);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), plain);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+
+    let mut streamed = request.clone();
+    streamed["stream"] = true.into();
+    let evs = events(port, "/v1/completions", &streamed);
+    let text: String = evs.iter().map(|e| e["choices"][0]["text"].as_str().unwrap()).collect();
+    assert_eq!(text, plain, "streamed");
+    let last = evs.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert_eq!(last["mdsd"]["reused_tokens"].as_u64().unwrap(), prompt_tokens - 1, "the same prompt again");
+
+    let chat = generate_text(&[&models[..], &["--chat", "--prompt", "ABC"]].concat());
+    let turn = |messages: Value| json!({"messages": messages, "max_tokens": 8, "ignore_eos": true});
+    let first = json!([{"role": "user", "content": "ABC"}]);
+    let (status, v) = post(port, "/v1/chat/completions", &turn(first.clone()));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert_eq!(answer, chat);
+    let mut body = turn(first);
+    body["stream"] = true.into();
+    let evs = events(port, "/v1/chat/completions", &body);
+    assert_eq!(evs[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = evs.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, chat, "streamed chat");
+
+    let second = json!([
+        {"role": "user", "content": "ABC"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "DEF"},
+    ]);
+    let (status, v) = post(port, "/v1/chat/completions", &turn(second));
+    assert_eq!(status, 200, "{v}");
+    // ">ABC;<" and the 8-token answer are cached (all but the answer's last token at least).
+    assert!(v["mdsd"]["reused_tokens"].as_u64().unwrap() >= 6 + 8 - 1, "{v}");
+
+    let seeded = json!({"prompt": "ABC", "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true});
+    let a = post(port, "/v1/completions", &seeded).1;
+    let b = post(port, "/v1/completions", &seeded).1;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    assert_eq!(a["mdsd"]["seed"], 5);
+    let unseeded = post(port, "/v1/completions", &json!({"prompt": "ABC", "max_tokens": 2})).1;
+    assert!(unseeded["mdsd"]["seed"].is_u64(), "{unseeded}");
+}
+
+/// Bad requests: 4xx with OpenAI's error object naming the problem; the server keeps serving.
+/// Flags that do not apply to a server are refused at start.
+#[test]
+fn serve_refuses_bad_requests() {
+    let dir = temp_dir("serve-bad");
+    let target = Tiny { chat_template: Some(TINY_CHAT), ..Tiny::llama(53) }.write_gguf(
+        &dir.join("target.gguf"),
+        GgmlDType::Q8_0,
+        &[],
+    );
+    let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
+    let port = server.port;
+    let cases: [(&str, &str, &str, u16, &str); 11] = [
+        ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
+        ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 2}"#, 400, "one choice"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ["C"]}"#, 400, "stop sequences"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "temperature": -1}"#, 400, "temperature"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "presence_penalty": 0.5}"#, 400, "presence_penalty"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "max_tokens": 0}"#, 400, "max_tokens"),
+        ("POST", "/v1/chat/completions", r#"{"messages": []}"#, 400, "messages"),
+        ("POST", "/v1/completions", &format!(r#"{{"prompt": "{}"}}"#, "ABCDEFGH".repeat(5)), 400, "too long"),
+        ("GET", "/v1/completions", "", 405, "GET is not allowed"),
+        ("GET", "/v2/everything", "", 404, "no endpoint"),
+    ];
+    for (method, path, body, status, expected) in cases {
+        let (got, text) = http(port, method, path, body);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let msg = v["error"]["message"].as_str().unwrap_or_else(|| panic!("{text}"));
+        assert!(got == status && msg.contains(expected), "{method} {path} {body}: {got} {text}");
+    }
+    let (status, v) = post(port, "/v1/completions", &json!({"prompt": "AB", "max_tokens": 3}));
+    assert_eq!((status, v["usage"]["completion_tokens"].as_u64().unwrap() <= 3), (200, true), "{v}");
+
+    for flag in [&["--prompt", "AB"][..], &["--json"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+            .args(["serve", "--port", "0", "--target", s(&target), "--no-spec"])
+            .args(flag)
+            .env("MDSD_OFFLINE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("does not apply to serve"), "{flag:?}: {err}");
+    }
+}
