@@ -15,6 +15,7 @@ pub mod model;
 pub mod ngram;
 pub mod provision;
 pub mod speculative;
+pub mod stop;
 pub mod tokenizer;
 pub mod tree;
 

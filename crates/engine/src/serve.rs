@@ -1,5 +1,6 @@
 //! `mdsd serve`: an HTTP server with OpenAI's completion endpoints (`/v1/completions`,
-//! `/v1/chat/completions`, streamed as server-sent events or not, `/v1/models`, `/health`), on
+//! `/v1/chat/completions`, streamed as server-sent events or not, with stop strings
+//! ([`engine::stop`]); `/v1/models`, `/health`), on
 //! one generator with prefix reuse: a chat client resending its conversation runs only the new
 //! turn. Requests are answered one at a time, in order. Part of the `mdsd` binary (`main.rs`).
 
@@ -8,10 +9,12 @@ use crate::{message, GenerateArgs};
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::decode::{GenerationConfig, Generator, Stats};
+use engine::stop::StopStrings;
 use engine::tokenizer::TokenStream;
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::cell::RefCell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::{Header, Method, Request, Response, Server};
@@ -37,6 +40,7 @@ pub struct ServeArgs {
 }
 
 /// A completion request: OpenAI's fields that change the output, and `ignore_eos` (as vLLM's).
+/// Other fields (`model`, `user`, ...) are ignored.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct CompletionRequest {
@@ -60,6 +64,13 @@ struct CompletionRequest {
 struct ChatMessage {
     role: String,
     content: String,
+}
+
+/// What a checked request asks beyond its prompt and generation settings.
+struct Checked {
+    stream: bool,
+    ignore_eos: bool,
+    stops: Vec<String>,
 }
 
 /// Which endpoint a request came to.
@@ -157,7 +168,7 @@ impl State<'_, '_> {
     }
 
     /// Parses and checks a completion request: its prompt's tokens and generation settings.
-    fn complete(&self, kind: Kind, body: &str) -> Result<(CompletionRequest, Vec<u32>, GenerationConfig), Refusal> {
+    fn complete(&self, kind: Kind, body: &str) -> Result<(Checked, Vec<u32>, GenerationConfig), Refusal> {
         let req: CompletionRequest = match serde_json::from_str(body) {
             Ok(r) => r,
             Err(e) => return refuse(400, format!("the body is not a valid request: {e}")),
@@ -165,8 +176,16 @@ impl State<'_, '_> {
         if req.n.is_some_and(|n| n != 1) {
             return refuse(400, "n: only one choice per request is supported");
         }
-        if req.stop.as_ref().is_some_and(|s| !(s.is_null() || s.as_array().is_some_and(|a| a.is_empty()))) {
-            return refuse(400, "stop: stop sequences are not supported (the model's end-of-turn token stops)");
+        let stops = match &req.stop {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+                a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()
+            }
+            Some(_) => return refuse(400, "stop: a string or an array of strings"),
+        };
+        if let Err(e) = StopStrings::new(stops.clone()) {
+            return refuse(400, format!("stop: {e}"));
         }
         for (name, v) in [("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)] {
             if v.is_some_and(|v| v != 0.0) {
@@ -210,7 +229,7 @@ impl State<'_, '_> {
         // Without a seed each request draws one, reported with the answer.
         let seed = req.seed.unwrap_or_else(rand::random);
         let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
-        Ok((req, ids, config))
+        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops }, ids, config))
     }
 
     /// Generates and answers, streamed or in one object.
@@ -218,7 +237,7 @@ impl State<'_, '_> {
         &mut self,
         request: Request,
         kind: Kind,
-        req: &CompletionRequest,
+        req: &Checked,
         ids: &[u32],
         config: &GenerationConfig,
         path: &str,
@@ -228,7 +247,19 @@ impl State<'_, '_> {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let tok = &self.session.target.tokenizer;
         let ignore_eos = req.ignore_eos || self.run.ignore_eos;
-        let is_stop = |t| !ignore_eos && tok.is_stop(t);
+        // Each generated token once, in order: the end of turn, else its text against the stop
+        // strings (the answer ends before the first).
+        let text = RefCell::new((TokenStream::default(), StopStrings::new(req.stops.clone()).unwrap_or_default()));
+        let is_stop = |t| {
+            if !ignore_eos && tok.is_stop(t) {
+                return true;
+            }
+            let (stream, stops) = &mut *text.borrow_mut();
+            match stream.push(tok, t) {
+                Ok(Some(piece)) => stops.push(&piece),
+                _ => stops.stopped(),
+            }
+        };
         let log = |stats: &Stats| {
             eprintln!(
                 "mdsd serve: POST {path} · {} + {} tokens ({} reused) · tau {:.2} · {:.2} tokens/s · {}",
@@ -250,9 +281,11 @@ impl State<'_, '_> {
                 }
             };
             log(&stats);
-            let text = match tok.decode(&out) {
-                Ok(t) => t,
-                Err(e) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
+            let (_, stops) = &*text.borrow();
+            let text = match (req.stops.is_empty(), tok.decode(&out)) {
+                (false, _) => stops.answer().to_string(),
+                (true, Ok(t)) => t,
+                (true, Err(e)) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
             };
             let choice = match kind {
                 Kind::Text => {
@@ -283,20 +316,23 @@ impl State<'_, '_> {
         if kind == Kind::Chat {
             events.send(json!({"role": "assistant", "content": ""}), None)?;
         }
-        let mut stream = TokenStream::default();
-        let result = self.generator.generate(ids, config, is_stop, |new| {
-            let mut text = Vec::new();
-            stream.write(tok, new, &mut text)?;
-            if text.is_empty() {
+        let result = self.generator.generate(ids, config, is_stop, |_| {
+            let piece = text.borrow_mut().1.ready(false).to_string();
+            if piece.is_empty() {
                 return Ok(());
             }
-            let delta = events.delta(String::from_utf8_lossy(&text).to_string());
             // A client that went away ends the generation.
-            events.send(delta, None).map_err(|e| candle_core::Error::Msg(format!("the client went away: {e}")))
+            events
+                .send(events.delta(piece), None)
+                .map_err(|e| candle_core::Error::Msg(format!("the client went away: {e}")))
         });
         match result {
             Ok((_, stats)) => {
                 log(&stats);
+                let rest = text.borrow_mut().1.ready(true).to_string();
+                if !rest.is_empty() {
+                    events.send(events.delta(rest), None)?;
+                }
                 let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)));
                 last["usage"] = usage(&stats);
                 last["mdsd"] = mdsd_stats(&stats, config.seed);

@@ -1,6 +1,7 @@
 //! `mdsd serve` end to end on tiny random models: its OpenAI-compatible answers, streamed and
-//! not, equal `mdsd generate`'s; a resent conversation reuses its cached prefix; bad requests get
-//! OpenAI's error object with a 4xx status and leave the server running.
+//! not, equal `mdsd generate`'s; stop strings cut them; a resent conversation reuses its cached
+//! prefix; bad requests get OpenAI's error object with a 4xx status and leave the server
+//! running.
 
 mod common;
 
@@ -167,6 +168,27 @@ fn serve_answers_as_generate_does() {
     assert_eq!(v["usage"]["completion_tokens"], 8);
     let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
 
+    // A stop string (two tokens of the answer) ends the answer before it, streamed or not.
+    let stop = &plain[3..5];
+    let cut = &plain[..plain.find(stop).unwrap()];
+    for stream in [false, true] {
+        let body =
+            json!({"prompt": "ABC", "max_tokens": 8, "ignore_eos": true, "stop": [stop, "never"], "stream": stream});
+        let (text, finish) = if stream {
+            let evs = events(port, "/v1/completions", &body);
+            let text: String = evs.iter().map(|e| e["choices"][0]["text"].as_str().unwrap()).collect();
+            (text, evs.last().unwrap()["choices"][0]["finish_reason"].clone())
+        } else {
+            let v = post(port, "/v1/completions", &body).1;
+            (v["choices"][0]["text"].as_str().unwrap().to_string(), v["choices"][0]["finish_reason"].clone())
+        };
+        assert_eq!(
+            (text.as_str(), finish.as_str()),
+            (cut, Some("stop")),
+            "stop {stop:?}, stream {stream}, answer {plain:?}"
+        );
+    }
+
     let mut streamed = request.clone();
     streamed["stream"] = true.into();
     let evs = events(port, "/v1/completions", &streamed);
@@ -222,11 +244,12 @@ fn serve_refuses_bad_requests() {
     );
     let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
     let port = server.port;
-    let cases: [(&str, &str, &str, u16, &str); 11] = [
+    let cases: [(&str, &str, &str, u16, &str); 12] = [
         ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
         ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 2}"#, 400, "one choice"),
-        ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ["C"]}"#, 400, "stop sequences"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ["C", 7]}"#, 400, "stop: a string or an array"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ""}"#, 400, "an empty stop string"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "temperature": -1}"#, 400, "temperature"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "presence_penalty": 0.5}"#, 400, "presence_penalty"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "max_tokens": 0}"#, 400, "max_tokens"),

@@ -186,7 +186,8 @@ impl<'a> Generator<'a> {
 
     /// Generates after `prompt`, calling `on_tokens` with each batch of accepted tokens (for
     /// streaming); stops after `max_new_tokens` or at a token for which `is_stop` holds (that
-    /// token is not emitted). Returns the new tokens and the statistics.
+    /// token is not emitted). `is_stop` sees every generated token once, in order, before
+    /// `on_tokens` gets it, so it may keep state (stop strings, `crate::stop`). Returns the new tokens and the statistics.
     pub fn generate(
         &mut self,
         prompt: &[u32],
