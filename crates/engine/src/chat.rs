@@ -10,6 +10,8 @@ use clap::Args;
 use engine::decode::Generator;
 use engine::tokenizer::TokenStream;
 use std::io::{BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -27,7 +29,7 @@ pub struct ChatArgs {
     pub context: usize,
 }
 
-const HELP: &str = "one line per message, or several between \"\"\" and \"\"\"; /clear forgets the conversation, /quit (or end of input) ends it";
+const HELP: &str = "one line per message, or several between \"\"\" and \"\"\"; /clear forgets the conversation, Ctrl-C stops an answer, /quit (or end of input) ends it";
 
 /// Opens and closes a message of several lines.
 const QUOTES: &str = "\"\"\"";
@@ -90,6 +92,7 @@ pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     eprintln!("--- {}", report::mode(run, session.verifier, window));
     eprintln!("--- context {capacity} positions · {HELP}");
 
+    let interrupt = Interrupt::install();
     let mut conversation = Conversation::default();
     let stdin = std::io::stdin();
     let mut lines = first.into_iter().map(Ok).chain(stdin.lock().lines());
@@ -124,12 +127,48 @@ pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
         }
         // A failed turn (a conversation outgrowing the context, say) leaves the conversation
         // as it was; the next message continues it.
-        match conversation.answer(text, &session, &mut generator, run, capacity) {
+        match conversation.answer(text, &session, &mut generator, run, capacity, &interrupt) {
             Ok(answer) => conversation.turns.push((text.to_string(), answer)),
             Err(e) => eprintln!("error: {}", message(&e)),
         }
     }
     Ok(())
+}
+
+/// Ctrl-C: during an answer, ends it at the next token (the conversation keeps what came);
+/// at the prompt, quits.
+struct Interrupt {
+    state: Arc<AtomicU8>,
+}
+
+const IDLE: u8 = 0;
+const GENERATING: u8 = 1;
+const REQUESTED: u8 = 2;
+
+impl Interrupt {
+    fn install() -> Self {
+        let state = Arc::new(AtomicU8::new(IDLE));
+        let seen = Arc::clone(&state);
+        let handler = move || {
+            if seen.compare_exchange(GENERATING, REQUESTED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+                eprintln!();
+                std::process::exit(130);
+            }
+        };
+        if let Err(e) = ctrlc::set_handler(handler) {
+            eprintln!("mdsd chat: warning: cannot catch Ctrl-C ({e}); it will end the chat");
+        }
+        Self { state }
+    }
+
+    /// Marks an answer as running or over; returns whether it was interrupted.
+    fn generating(&self, on: bool) -> bool {
+        self.state.swap(if on { GENERATING } else { IDLE }, Ordering::SeqCst) == REQUESTED
+    }
+
+    fn requested(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == REQUESTED
+    }
 }
 
 /// The turns so far: (user message, answer).
@@ -148,6 +187,7 @@ impl Conversation {
         generator: &mut Generator,
         run: &GenerateArgs,
         capacity: usize,
+        interrupt: &Interrupt,
     ) -> anyhow::Result<String> {
         let tok = &session.target.tokenizer;
         let mut messages: Vec<(&str, &str)> =
@@ -159,13 +199,19 @@ impl Conversation {
             bail!("{e} (/clear starts a new conversation; --context gives a longer one)");
         }
         let mut stream = TokenStream::default();
-        let (out, stats) = generator.generate(
+        interrupt.generating(true);
+        let result = generator.generate(
             &ids,
             &session.config,
-            |t| !run.ignore_eos && tok.is_stop(t),
+            |t| interrupt.requested() || (!run.ignore_eos && tok.is_stop(t)),
             |new| stream.write(tok, new, &mut std::io::stdout().lock()),
-        )?;
+        );
+        let stopped = interrupt.generating(false);
+        let (out, stats) = result?;
         println!();
+        if stopped {
+            eprintln!("(interrupted: the answer so far stays in the conversation)");
+        }
         eprintln!(
             "[{} tokens · tau {:.2} · {:.2} tokens/s · prompt {} tokens, {} reused, {:.2} s · stop: {}]",
             stats.new_tokens,

@@ -14,7 +14,7 @@ use engine::tokenizer::TokenStream;
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::{Header, Method, Request, Response, Server};
@@ -250,8 +250,11 @@ impl State<'_, '_> {
         // Each generated token once, in order: the end of turn, else its text against the stop
         // strings (the answer ends before the first).
         let text = RefCell::new((TokenStream::default(), StopStrings::new(req.stops.clone()).unwrap_or_default()));
+        // A streaming client that went away ends the generation at the next token (the caches
+        // keep the text for the next request).
+        let gone = Cell::new(false);
         let is_stop = |t| {
-            if !ignore_eos && tok.is_stop(t) {
+            if gone.get() || (!ignore_eos && tok.is_stop(t)) {
                 return true;
             }
             let (stream, stops) = &mut *text.borrow_mut();
@@ -321,12 +324,17 @@ impl State<'_, '_> {
             if piece.is_empty() {
                 return Ok(());
             }
-            // A client that went away ends the generation.
-            events
-                .send(events.delta(piece), None)
-                .map_err(|e| candle_core::Error::Msg(format!("the client went away: {e}")))
+            if events.send(events.delta(piece), None).is_err() {
+                gone.set(true);
+            }
+            Ok(())
         });
         match result {
+            Ok((_, stats)) if gone.get() => {
+                log(&stats);
+                eprintln!("mdsd serve: POST {path}: the client went away; the answer ended there");
+                return Ok(());
+            }
             Ok((_, stats)) => {
                 log(&stats);
                 let rest = text.borrow_mut().1.ready(true).to_string();

@@ -223,6 +223,24 @@ fn serve_answers_as_generate_does() {
     // ">ABC;<" and the 8-token answer are cached (all but the answer's last token at least).
     assert!(v["mdsd"]["reused_tokens"].as_u64().unwrap() >= 6 + 8 - 1, "{v}");
 
+    // A streaming client that hangs up after the first event: the server keeps serving, and
+    // its caches keep the text (the next request with that prompt reuses all of it but the last).
+    {
+        let body = json!({"prompt": "ABCD", "max_tokens": 200, "ignore_eos": true, "stream": true}).to_string();
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+            .unwrap();
+        let mut first = [0u8; 64];
+        stream.read_exact(&mut first).unwrap();
+        assert!(first.starts_with(b"HTTP/1.1 200"));
+    }
+    let (status, v) = post(port, "/v1/completions", &json!({"prompt": "ABCD", "max_tokens": 1}));
+    assert_eq!(
+        (status, v["mdsd"]["reused_tokens"].as_u64()),
+        (200, Some(v["usage"]["prompt_tokens"].as_u64().unwrap() - 1)),
+        "{v}"
+    );
+
     let seeded = json!({"prompt": "ABC", "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true});
     let a = post(port, "/v1/completions", &seeded).1;
     let b = post(port, "/v1/completions", &seeded).1;
