@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Run every prompt whole, instead of only what it adds to the last request's text.
     #[arg(long)]
     pub no_prefix_reuse: bool,
+    /// Answer only requests with `Authorization: Bearer KEY` (`/health` excepted); default: the
+    /// `MDSD_API_KEY` environment variable, else no key.
+    #[arg(long, env = "MDSD_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 /// A completion request: OpenAI's fields that change the output, and `ignore_eos` (as vLLM's).
@@ -112,7 +116,9 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     eprintln!(
         "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health"
     );
-    let mut server_state = State { session: &session, generator: &mut generator, run, capacity, model, served: 0 };
+    let api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    let mut server_state =
+        State { session: &session, generator: &mut generator, run, capacity, model, served: 0, api_key };
     for request in server.incoming_requests() {
         server_state.handle(request);
     }
@@ -126,6 +132,7 @@ struct State<'s, 'g> {
     capacity: usize,
     model: String,
     served: u64,
+    api_key: Option<String>,
 }
 
 impl State<'_, '_> {
@@ -137,7 +144,16 @@ impl State<'_, '_> {
             "/v1/chat/completions" => Some(Kind::Chat),
             _ => None,
         };
+        let authorized = match &self.api_key {
+            None => true,
+            Some(key) => request.headers().iter().any(|h| {
+                h.field.equiv("Authorization") && h.value.as_str().strip_prefix("Bearer ") == Some(key.as_str())
+            }),
+        };
         let outcome = match (&method, path.as_str(), kind) {
+            (_, p, _) if !authorized && p != "/health" => {
+                respond_error(request, 401, "a valid API key is needed (Authorization: Bearer KEY)")
+            }
             (Method::Get, "/health", _) => respond_json(request, 200, &json!({"status": "ok"})),
             (Method::Get, "/v1/models", _) => respond_json(
                 request,

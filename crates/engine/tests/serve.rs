@@ -39,9 +39,15 @@ impl Drop for Server {
 
 /// Starts `mdsd serve --port 0 ARGS` and waits for the line naming its address.
 fn start(args: &[&str]) -> Server {
+    start_with(args, &[])
+}
+
+/// [`start`] with environment variables `env` set for the server.
+fn start_with(args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mdsd"))
         .args(["serve", "--port", "0"])
         .args(args)
+        .envs(env.iter().copied())
         .env("MDSD_OFFLINE", "1")
         .env("MDSD_CACHE", cache())
         .stderr(Stdio::piped())
@@ -63,10 +69,15 @@ fn start(args: &[&str]) -> Server {
 
 /// One HTTP/1.1 exchange: the status and the body (de-chunked).
 fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_with(port, method, path, body, "")
+}
+
+/// [`http`] with `headers` (each ending in CRLF) added to the request.
+fn http_with(port: u16, method: &str, path: &str, body: &str, headers: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -295,4 +306,25 @@ fn serve_refuses_bad_requests() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("does not apply to serve"), "{flag:?}: {err}");
     }
+}
+
+/// With an API key (`MDSD_API_KEY` here), requests without it or with another get 401; `/health`
+/// answers anyway.
+#[test]
+fn serve_checks_the_api_key() {
+    let dir = temp_dir("serve-key");
+    let target = Tiny::llama(54).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let server = start_with(&["--target", s(&target), "--no-spec"], &[("MDSD_API_KEY", "sesame")]);
+    let body = r#"{"prompt": "AB", "max_tokens": 2}"#;
+    for (headers, status) in
+        [("", 401), ("Authorization: Bearer wrong\r\n", 401), ("Authorization: Bearer sesame\r\n", 200)]
+    {
+        let (got, text) = http_with(server.port, "POST", "/v1/completions", body, headers);
+        assert_eq!(got, status, "{headers:?}: {text}");
+        if status == 401 {
+            assert!(text.contains("API key"), "{text}");
+        }
+    }
+    assert_eq!(http(server.port, "GET", "/health", "").0, 200);
+    assert_eq!(http(server.port, "GET", "/v1/models", "").0, 401);
 }
