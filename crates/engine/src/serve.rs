@@ -67,7 +67,24 @@ struct CompletionRequest {
 #[derive(Deserialize)]
 struct ChatMessage {
     role: String,
-    content: String,
+    /// A string, or an array of parts of which only `{"type": "text", "text": ...}` is supported.
+    content: Value,
+}
+
+impl ChatMessage {
+    fn text(&self) -> Result<String, Refusal> {
+        match &self.content {
+            Value::String(s) => Ok(s.clone()),
+            Value::Array(parts) => parts
+                .iter()
+                .map(|p| match (p["type"].as_str(), p["text"].as_str()) {
+                    (Some("text"), Some(t)) => Ok(t),
+                    _ => refuse(400, "messages: only text content parts are supported"),
+                })
+                .collect(),
+            _ => refuse(400, "messages: content must be a string or an array of text parts"),
+        }
+    }
 }
 
 /// What a checked request asks beyond its prompt and generation settings.
@@ -213,7 +230,9 @@ impl State<'_, '_> {
             (Kind::Text, Some(p), _) => p.clone(),
             (Kind::Text, None, _) => return refuse(400, "prompt: missing (a string)"),
             (Kind::Chat, _, Some(m)) if !m.is_empty() => {
-                let turns: Vec<(&str, &str)> = m.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
+                let texts = m.iter().map(ChatMessage::text).collect::<Result<Vec<String>, Refusal>>()?;
+                let turns: Vec<(&str, &str)> =
+                    m.iter().zip(&texts).map(|(m, t)| (m.role.as_str(), t.as_str())).collect();
                 match tok.apply_chat_conversation(&turns, None) {
                     Ok(t) => t,
                     Err(e) => return refuse(400, format!("messages: {e}")),
@@ -226,9 +245,6 @@ impl State<'_, '_> {
             Ok(_) => return refuse(400, "the prompt has no tokens"),
             Err(e) => return refuse(400, format!("tokenizing the prompt: {e}")),
         };
-        if let Err(e) = self.session.check_fits(ids.len(), self.capacity, "prompt") {
-            return refuse(400, format!("{e} (the server's --context)"));
-        }
         let defaults = &self.session.config;
         let warp = Warp {
             temperature: req.temperature.unwrap_or(defaults.warp.temperature),
@@ -237,6 +253,18 @@ impl State<'_, '_> {
         };
         if let Err(e) = warp.check() {
             return refuse(400, e.to_string());
+        }
+        // The largest tree depends on the warp (`auto` drafts wider trees at temperature > 0).
+        let tree_len = defaults.speculative.as_ref().map_or(1, |s| s.max_tree_len(warp));
+        if ids.len() + tree_len >= self.capacity {
+            return refuse(
+                400,
+                format!(
+                    "the prompt has {} tokens, too long for the context of {} positions (the server's --context)",
+                    ids.len(),
+                    self.capacity
+                ),
+            );
         }
         let max_new_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(defaults.max_new_tokens);
         if max_new_tokens == 0 {

@@ -211,7 +211,8 @@ fn serve_answers_as_generate_does() {
 
     let chat = generate_text(&[&models[..], &["--chat", "--prompt", "ABC"]].concat());
     let turn = |messages: Value| json!({"messages": messages, "max_tokens": 8, "ignore_eos": true});
-    let first = json!([{"role": "user", "content": "ABC"}]);
+    // Content as an array of text parts, as newer clients send it.
+    let first = json!([{"role": "user", "content": [{"type": "text", "text": "AB"}, {"type": "text", "text": "C"}]}]);
     let (status, v) = post(port, "/v1/chat/completions", &turn(first.clone()));
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "chat.completion");
@@ -273,7 +274,7 @@ fn serve_refuses_bad_requests() {
     );
     let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
     let port = server.port;
-    let cases: [(&str, &str, &str, u16, &str); 12] = [
+    let cases: [(&str, &str, &str, u16, &str); 13] = [
         ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
         ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 2}"#, 400, "one choice"),
@@ -283,6 +284,13 @@ fn serve_refuses_bad_requests() {
         ("POST", "/v1/completions", r#"{"prompt": "AB", "presence_penalty": 0.5}"#, 400, "presence_penalty"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "max_tokens": 0}"#, 400, "max_tokens"),
         ("POST", "/v1/chat/completions", r#"{"messages": []}"#, 400, "messages"),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
+            400,
+            "only text content",
+        ),
         ("POST", "/v1/completions", &format!(r#"{{"prompt": "{}"}}"#, "ABCDEFGH".repeat(5)), 400, "too long"),
         ("GET", "/v1/completions", "", 405, "GET is not allowed"),
         ("GET", "/v2/everything", "", 404, "no endpoint"),
