@@ -16,7 +16,8 @@
 //! `extra(v) = Σ_j Π_{i<j} (1-α_{k,i}) · α_{k,j} · (1 + extra(child_j))`, and a step emits
 //! `E(T) = 1 + extra(root)` tokens (a chain of depth `d`: `Σ_{i=0}^{d} α_{1,0}^i`). Each
 //! `α_{k,j}` is the ratio of accepted to tried drafts of that kind so far, with a prior worth 4
-//! drafts and a forgetting factor, so that it follows the prompt. Both indices matter, as
+//! drafts and a forgetting factor, so that it follows the prompt; the prior is the rank's
+//! estimate over all widths, so a width not tried yet starts from the others' acceptance. Both indices matter, as
 //! measured on the default pair: a second draft is accepted far less often than a first (top-2
 //! drafts at temperature 0: 0.69, then 0.35), and the first of two drafts is not the draft of
 //! a chain (the Greedy construction samples one draft from q but puts q's argmax first among
