@@ -4,11 +4,11 @@
 //! cached text (`Generator::set_prefix_reuse`). Part of the `mdsd` binary (`main.rs`).
 
 use crate::session::{Plan, Session};
-use crate::{message, report, GenerateArgs};
+use crate::{message, print_flushed, report, GenerateArgs};
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::decode::Generator;
-use engine::tokenizer::TokenStream;
+use engine::stop::TextStops;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -198,17 +198,25 @@ impl Conversation {
         if let Err(e) = session.check_fits(ids.len(), capacity, "conversation") {
             bail!("{e} (/clear starts a new conversation; --context gives a longer one)");
         }
-        let mut stream = TokenStream::default();
+        let stops =
+            TextStops::new(tok, run.stop.clone(), run.ignore_eos).map_err(|e| anyhow::anyhow!("--stop: {e}"))?;
         interrupt.generating(true);
         let result = generator.generate(
             &ids,
             &session.config,
-            |t| interrupt.requested() || (!run.ignore_eos && tok.is_stop(t)),
-            |new| stream.write(tok, new, &mut std::io::stdout().lock()),
+            |t| interrupt.requested() || stops.is_stop(t),
+            |_| {
+                print_flushed(&stops.ready(false));
+                Ok(())
+            },
         );
         let stopped = interrupt.generating(false);
-        let (out, stats) = result?;
+        let (out, mut stats) = result?;
+        print_flushed(&stops.ready(true));
         println!();
+        if stops.stopped() {
+            stats.stop_reason = "stop_string".into();
+        }
         if stopped {
             eprintln!("(interrupted: the answer so far stays in the conversation)");
         }
@@ -222,6 +230,6 @@ impl Conversation {
             stats.prefill_s,
             stats.stop_reason
         );
-        Ok(tok.decode(&out)?)
+        Ok(if run.stop.is_empty() { tok.decode(&out)? } else { stops.answer() })
     }
 }

@@ -8,8 +8,9 @@ use engine::draft_window::DraftWindow;
 use engine::model::gguf::WeightFormat;
 use engine::ngram::NgramFlags;
 use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
-use engine::tokenizer::TokenStream;
+use engine::stop::TextStops;
 use samplers::{DraftConstruction, Verifier};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 mod chat;
@@ -176,6 +177,10 @@ struct GenerateArgs {
     /// at a fixed length).
     #[arg(long)]
     ignore_eos: bool,
+    /// End the text before the first occurrence of this string (repeatable; the string is not
+    /// part of the text).
+    #[arg(long)]
+    stop: Vec<String>,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -272,17 +277,25 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let capacity = (ids.len() + args.max_new_tokens + 2 * session.tree_len + 1).min(session.context);
     let mut generator = session.generator(&args, capacity)?;
     let json = args.json;
-    let mut stream = TokenStream::default();
-    let (out, stats) = generator.generate(
+    let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).map_err(|e| anyhow::anyhow!("--stop: {e}"))?;
+    let (out, mut stats) = generator.generate(
         &ids,
         &session.config,
-        |t| !args.ignore_eos && tok.is_stop(t),
-        |new| if json { Ok(()) } else { stream.write(tok, new, &mut std::io::stdout().lock()) },
+        |t| stops.is_stop(t),
+        |_| {
+            if !json {
+                print_flushed(&stops.ready(false));
+            }
+            Ok(())
+        },
     )?;
+    if stops.stopped() {
+        stats.stop_reason = "stop_string".into();
+    }
     let window = session.window(&generator, &args);
     if json {
         let report = report::Json {
-            text: tok.decode(&out)?,
+            text: if args.stop.is_empty() { tok.decode(&out)? } else { stops.answer() },
             target: &session.target.path,
             draft: session.draft_name(),
             tree: &session.tree_name,
@@ -291,10 +304,20 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         };
         println!("{}", report.into_value(&stats, &args)?);
     } else {
+        print_flushed(&stops.ready(true));
         println!();
         report::print_stats(&stats, &args, session.verifier, window);
     }
     Ok(())
+}
+
+/// Writes streamed text to stdout at once (a reader that went away does not stop generation).
+fn print_flushed(text: &str) {
+    if !text.is_empty() {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+    }
 }
 
 /// The draft source of `--ngram`.

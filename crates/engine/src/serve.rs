@@ -9,12 +9,11 @@ use crate::{message, GenerateArgs};
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::decode::{GenerationConfig, Generator, Stats};
-use engine::stop::StopStrings;
-use engine::tokenizer::TokenStream;
+use engine::stop::{StopStrings, TextStops};
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::{Header, Method, Request, Response, Server};
@@ -210,7 +209,7 @@ impl State<'_, '_> {
             return refuse(400, "n: only one choice per request is supported");
         }
         let stops = match &req.stop {
-            None | Some(Value::Null) => Vec::new(),
+            None | Some(Value::Null) => self.run.stop.clone(),
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
                 a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()
@@ -291,22 +290,15 @@ impl State<'_, '_> {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let tok = &self.session.target.tokenizer;
         let ignore_eos = req.ignore_eos || self.run.ignore_eos;
-        // Each generated token once, in order: the end of turn, else its text against the stop
-        // strings (the answer ends before the first).
-        let text = RefCell::new((TokenStream::default(), StopStrings::new(req.stops.clone()).unwrap_or_default()));
+        // The end of turn, else each token's text against the stop strings (checked already).
+        let text = match TextStops::new(tok, req.stops.clone(), ignore_eos) {
+            Ok(t) => t,
+            Err(e) => return respond_error(request, 400, &format!("stop: {e}")),
+        };
         // A streaming client that went away ends the generation at the next token (the caches
         // keep the text for the next request).
         let gone = Cell::new(false);
-        let is_stop = |t| {
-            if gone.get() || (!ignore_eos && tok.is_stop(t)) {
-                return true;
-            }
-            let (stream, stops) = &mut *text.borrow_mut();
-            match stream.push(tok, t) {
-                Ok(Some(piece)) => stops.push(&piece),
-                _ => stops.stopped(),
-            }
-        };
+        let is_stop = |t| gone.get() || text.is_stop(t);
         let log = |stats: &Stats| {
             eprintln!(
                 "mdsd serve: POST {path} · {} + {} tokens ({} reused) · tau {:.2} · {:.2} tokens/s · {}",
@@ -319,7 +311,7 @@ impl State<'_, '_> {
             )
         };
         if !req.stream {
-            let (out, stats) = match self.generator.generate(ids, config, is_stop, |_| Ok(())) {
+            let (out, mut stats) = match self.generator.generate(ids, config, is_stop, |_| Ok(())) {
                 Ok(r) => r,
                 Err(e) => {
                     let msg = message(&anyhow::Error::from(e));
@@ -327,10 +319,12 @@ impl State<'_, '_> {
                     return respond_error(request, 500, &msg);
                 }
             };
+            if text.stopped() {
+                stats.stop_reason = "stop_string".into();
+            }
             log(&stats);
-            let (_, stops) = &*text.borrow();
             let text = match (req.stops.is_empty(), tok.decode(&out)) {
-                (false, _) => stops.answer().to_string(),
+                (false, _) => text.answer(),
                 (true, Ok(t)) => t,
                 (true, Err(e)) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
             };
@@ -364,7 +358,7 @@ impl State<'_, '_> {
             events.send(json!({"role": "assistant", "content": ""}), None)?;
         }
         let result = self.generator.generate(ids, config, is_stop, |_| {
-            let piece = text.borrow_mut().1.ready(false).to_string();
+            let piece = text.ready(false);
             if piece.is_empty() {
                 return Ok(());
             }
@@ -379,9 +373,12 @@ impl State<'_, '_> {
                 eprintln!("mdsd serve: POST {path}: the client went away; the answer ended there");
                 return Ok(());
             }
-            Ok((_, stats)) => {
+            Ok((_, mut stats)) => {
+                if text.stopped() {
+                    stats.stop_reason = "stop_string".into();
+                }
                 log(&stats);
-                let rest = text.borrow_mut().1.ready(true).to_string();
+                let rest = text.ready(true);
                 if !rest.is_empty() {
                     events.send(events.delta(rest), None)?;
                 }
@@ -451,7 +448,7 @@ impl Events<'_> {
 }
 
 fn finish_reason(stats: &Stats) -> &'static str {
-    if stats.stop_reason == "stop_token" {
+    if stats.stop_reason == "stop_token" || stats.stop_reason == "stop_string" {
         "stop"
     } else {
         "length"

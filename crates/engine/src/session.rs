@@ -26,6 +26,9 @@ impl Plan {
     pub fn new(args: &GenerateArgs) -> anyhow::Result<Self> {
         let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.construction()));
         let tree_name = args.tree_name();
+        if args.stop.iter().any(String::is_empty) {
+            bail!("--stop: an empty stop string would end the text before it starts");
+        }
         if args.system.is_some() && !args.chat {
             bail!("--system applies to the chat template: give --chat too");
         }

@@ -2,6 +2,53 @@
 //! and excludes it. Text arrives in pieces (detokenized tokens); what may still turn out to
 //! begin a stop string is held back from streaming until the next pieces settle it.
 
+use crate::tokenizer::{TextTokenizer, TokenStream};
+use std::cell::RefCell;
+
+/// A generation's tokens as text, matched against stop strings: [`Self::is_stop`] serves as
+/// `Generator::generate`'s `is_stop` (which sees every token once, in order), and
+/// [`Self::ready`] gives the text to stream.
+pub struct TextStops<'t> {
+    tok: &'t TextTokenizer,
+    ignore_eos: bool,
+    state: RefCell<(TokenStream, StopStrings)>,
+}
+
+impl<'t> TextStops<'t> {
+    /// Stops at the end-of-turn token (unless `ignore_eos`) or before the first of `stops`.
+    pub fn new(tok: &'t TextTokenizer, stops: Vec<String>, ignore_eos: bool) -> Result<Self, String> {
+        Ok(Self { tok, ignore_eos, state: RefCell::new((TokenStream::default(), StopStrings::new(stops)?)) })
+    }
+
+    /// Whether generation ends at token `id`: the end of turn, or a stop string its text
+    /// completes (the token is then not part of the answer, nor is the stop string).
+    pub fn is_stop(&self, id: u32) -> bool {
+        if !self.ignore_eos && self.tok.is_stop(id) {
+            return true;
+        }
+        let (stream, stops) = &mut *self.state.borrow_mut();
+        match stream.push(self.tok, id) {
+            Ok(Some(piece)) => stops.push(&piece),
+            _ => stops.stopped(),
+        }
+    }
+
+    /// The text to stream now ([`StopStrings::ready`]).
+    pub fn ready(&self, finished: bool) -> String {
+        self.state.borrow_mut().1.ready(finished).to_string()
+    }
+
+    /// Whether a stop string ended the text.
+    pub fn stopped(&self) -> bool {
+        self.state.borrow().1.stopped()
+    }
+
+    /// The answer: the text before the first stop string (all of it if none occurred).
+    pub fn answer(&self) -> String {
+        self.state.borrow().1.answer().to_string()
+    }
+}
+
 /// The answer's text so far, matched against the stop strings.
 #[derive(Debug, Clone, Default)]
 pub struct StopStrings {

@@ -321,16 +321,4 @@ impl TokenStream {
             Ok(None)
         }
     }
-
-    /// Pushes `ids` and writes the text they complete to `out`, flushed (streaming output; a
-    /// reader that went away does not stop generation).
-    pub fn write(&mut self, tok: &TextTokenizer, ids: &[u32], out: &mut impl std::io::Write) -> Result<()> {
-        for &id in ids {
-            if let Some(piece) = self.push(tok, id)? {
-                let _ = out.write_all(piece.as_bytes());
-            }
-        }
-        let _ = out.flush();
-        Ok(())
-    }
 }

@@ -525,3 +525,39 @@ fn chat_errors() {
     let e = fails(&["generate", "--target", s(&plain), "--prompt", "AB", "--system", "be brief"]);
     assert!(e.contains("--system applies to the chat template"), "{e}");
 }
+
+/// `--stop` ends the text before the first occurrence of a string, streamed or as JSON
+/// (`stop_reason` `stop_string`); an empty one is refused.
+#[test]
+fn generate_stops_before_a_stop_string() {
+    let dir = temp_dir("cli-stop");
+    let target = Tiny::llama(46).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let full = generate_greedy_json(&target, "ABCD", "12", &["--ignore-eos", "--no-spec"]);
+    let text = full["text"].as_str().unwrap().to_string();
+    assert_eq!(text.chars().count(), 12, "{text}");
+    let stop: String = text.chars().skip(4).take(2).collect();
+    let cut = &text[..text.find(&stop).unwrap()];
+    let json =
+        generate_greedy_json(&target, "ABCD", "12", &["--ignore-eos", "--no-spec", "--stop", &stop, "--stop", "QQQ"]);
+    assert_eq!((json["text"].as_str().unwrap(), json["stop_reason"].as_str().unwrap()), (cut, "stop_string"));
+    let out = mdsd(&[
+        "generate",
+        "--target",
+        s(&target),
+        "--prompt",
+        "ABCD",
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--no-spec",
+        "--stop",
+        &stop,
+    ]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end_matches('\n'), cut, "streamed");
+    // Refused before any model loads (no draft is fetched).
+    let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--no-spec", "--stop", ""]);
+    assert!(e.contains("--stop: an empty stop string"), "{e}");
+}

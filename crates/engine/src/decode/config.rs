@@ -180,7 +180,8 @@ pub struct Stats {
     /// Tokens those steps emitted (accepted drafts plus the target's token), before any cut at
     /// a stop token or `max_new_tokens`.
     pub ngram_tokens: usize,
-    /// Why generation stopped: `max_new_tokens` or `stop_token`.
+    /// Why generation stopped: `max_new_tokens`, `stop_token` (`is_stop` held) or
+    /// `context_length`; callers that match stop strings in `is_stop` say `stop_string`.
     pub stop_reason: String,
     /// With `--tree auto`: the acceptance estimate and the steps taken with each tree.
     #[serde(skip_serializing_if = "String::is_empty")]
