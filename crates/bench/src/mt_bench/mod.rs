@@ -176,6 +176,10 @@ pub struct TurnRecord {
     #[serde(default)]
     pub ngram_tokens: usize,
     pub stop_reason: String,
+    /// With `--tree auto`: its acceptance estimates at the end and the steps taken with each
+    /// tree (`engine::decode::Stats::auto_tree`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub auto_tree: String,
     /// The generated text (special tokens left out).
     pub answer: String,
 }
@@ -458,6 +462,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     ngram_steps: stats.ngram_steps,
                     ngram_tokens: stats.ngram_tokens,
                     stop_reason: stats.stop_reason.clone(),
+                    auto_tree: stats.auto_tree.clone(),
                     answer: answer.clone(),
                 };
                 answers.push(answer);

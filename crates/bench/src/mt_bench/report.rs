@@ -354,6 +354,7 @@ mod tests {
             ngram_steps: 0,
             ngram_tokens: 0,
             stop_reason: "max_new_tokens".into(),
+            auto_tree: String::new(),
             answer: String::new(),
         }
     }
