@@ -221,3 +221,52 @@ fn eagle_runs_the_whole_prompt() {
         Generator::with_eagle(&target, &head, 200).unwrap().generate(&second, &config, |_| false, |_| Ok(())).unwrap();
     assert_eq!(out, reference);
 }
+
+/// The draft's cache after `DraftContext::prefill_reusing` holds each row at its position: in
+/// the first layer a key depends only on its token and position, so row `r` must equal the
+/// key a full prefill computes at position `r` (sinks) or `r + skipped` (recent rows). Checked
+/// where no window skipped rows, where one did and the shared text reaches past it (rows
+/// kept), and where the shared text ends in the skipped part (a fresh window prefill).
+#[test]
+fn a_reused_draft_cache_keeps_every_row_at_its_position() {
+    use engine::draft_window::DraftContext;
+    let m = model(Tiny::llama(97), "reuse-rows");
+    let tokens: Vec<u32> = (0..40u32).map(|i| (i * 7 + 3) % 48).collect();
+    let mut full = m.new_cache(64).unwrap();
+    m.forward_chain(&tokens[..30], &mut full).unwrap();
+    let full_keys = full.keys(0).unwrap();
+    let assert_rows = |cache: &engine::kv_cache::KvCache, skipped: usize, sinks: usize, what: &str| {
+        let keys = cache.keys(0).unwrap();
+        for r in 0..cache.len() {
+            let pos = if r < sinks { r } else { r + skipped };
+            let diff = common::max_diff(&keys.narrow(2, r, 1).unwrap(), &full_keys.narrow(2, pos, 1).unwrap());
+            assert!(diff < 1e-4, "{what}: row {r} is not position {pos} ({diff})");
+        }
+    };
+    let window = DraftWindow::new(1, 4).unwrap();
+
+    // No window slid: rows 0..7 kept, 7..12 run.
+    let mut ctx = DraftContext::new(Some(window));
+    let mut cache = m.new_cache(64).unwrap();
+    ctx.prefill(&m, &mut cache, &tokens[..5]).unwrap();
+    m.forward_chain(&tokens[5..9], &mut cache).unwrap();
+    assert_eq!(ctx.prefill_reusing(&m, &mut cache, &tokens[..12], 7).unwrap(), 5);
+    assert_eq!((cache.len(), ctx.skipped()), (12, 0));
+    assert_rows(&cache, 0, 1, "no window slid");
+
+    // Slid (17 tokens skipped): the sink and four recent rows kept, positions 22..26 run.
+    let mut ctx = DraftContext::new(Some(window));
+    let mut cache = m.new_cache(64).unwrap();
+    ctx.prefill(&m, &mut cache, &tokens[..5]).unwrap();
+    m.forward_chain(&tokens[5..22], &mut cache).unwrap();
+    ctx.slide(&mut cache).unwrap();
+    assert_eq!((cache.len(), ctx.skipped()), (5, 17));
+    assert_eq!(ctx.prefill_reusing(&m, &mut cache, &tokens[..26], 25).unwrap(), 4);
+    assert_eq!((cache.len(), ctx.skipped()), (9, 17));
+    assert_rows(&cache, 17, 1, "slid, shared past the window");
+
+    // The shared text ends among the skipped tokens: a fresh window over 26 tokens.
+    assert_eq!(ctx.prefill_reusing(&m, &mut cache, &tokens[..26], 10).unwrap(), 5);
+    assert_eq!((cache.len(), ctx.skipped()), (5, 21));
+    assert_rows(&cache, 21, 1, "fresh window");
+}
