@@ -51,6 +51,43 @@ impl<'a> EagleDraft<'a> {
         self.pending_tokens = tokens.to_vec();
     }
 
+    /// How many of the `shared` first positions of the last text the target may keep for the
+    /// head to follow ([`Self::reuse`]). An entry pairs a position's feature with the next
+    /// token, so the head keeps its entries before the last shared position and needs the
+    /// features of every position after them: its pending ones reach so far; past them, and
+    /// where the head's cache reaches as far as the shared text, the target runs again from the
+    /// head's last kept entry on (one position more than a draft model needs).
+    pub fn reusable(&self, shared: usize) -> usize {
+        let (h, m) = (self.cache.len(), self.pending_tokens.len());
+        let covered = if self.pending.is_some() { h + m } else { h };
+        let r = shared.min(covered);
+        if r > h {
+            r
+        } else {
+            r.saturating_sub(1)
+        }
+    }
+
+    /// Starts a generation on a prompt whose first `reused` tokens the target kept
+    /// ([`Self::reusable`]), `features` being the target's hidden states of the others but the
+    /// last (`[n - 1 - reused, hidden]`): the head keeps its entries before `reused` and its
+    /// pending features up to `reused - 1`, then takes `features`, paired with the prompt's
+    /// tokens from the one after its last entry on.
+    pub fn reuse(&mut self, reused: usize, features: Option<Tensor>, prompt: &[u32]) -> Result<()> {
+        let h = self.cache.len();
+        let old = match self.pending.take() {
+            Some(p) if reused > h => Some(p.narrow(0, 0, reused - h)?),
+            _ => None,
+        };
+        self.cache.truncate(h.min(reused));
+        self.pending = match (old, features) {
+            (Some(o), Some(f)) => Some(Tensor::cat(&[&o, &f], 0)?),
+            (o, f) => o.or(f),
+        };
+        self.pending_tokens = prompt[h.min(reused) + 1..].to_vec();
+        Ok(())
+    }
+
     /// Drafts `tree`'s tokens into `b` (steps 1-3 of the module docs); returns the number of
     /// head forwards (0 when nothing could be drafted: a tree without drafts, or no feature
     /// yet). With `auto` (`--tree auto`), each head forward's time (with its logits and

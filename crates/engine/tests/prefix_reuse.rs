@@ -193,33 +193,50 @@ fn a_failed_generation_reuses_nothing_after() {
     assert_eq!(g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap().1.reused_tokens, 0);
 }
 
-/// An EAGLE head needs the target's hidden states of the whole prompt: its generator runs the
-/// prompt in full (nothing reused) and gives the fresh text.
+/// An EAGLE head keeps its entries and its pending features where they cover the shared text,
+/// and the target runs again where they do not: a second turn reuses the whole first text, the
+/// same prompt again and a prompt parting after two tokens all but their last shared position;
+/// each gives a fresh generator's text (stream sampling at temperatures 0 and 1, races at 1).
 #[test]
-fn eagle_runs_the_whole_prompt() {
+fn eagle_reuses_what_its_features_cover() {
     let tiny = Tiny { vocab: 12, scale: 0.8, ..Tiny::llama(95) };
     let target = load_on_test_device(&tiny.write_hf(&temp_dir("reuse-eagle-target")));
     let head_spec = TinyEagle { target: tiny, seed: 96, own_embedding: false, scale: 0.5 };
     let head = EagleHead::load(&head_spec.write(&temp_dir("reuse-eagle-head"), false), &target).unwrap();
-    let config = GenerationConfig {
-        max_new_tokens: 12,
-        warp: Warp::temperature(0.0),
-        seed: 0,
-        randomness: Randomness::Stream,
-        speculative: Some(spec(DraftTree::preset("drafts-2-depth-2").unwrap(), DraftSource::Model)),
-    };
-    let first = [5u32, 1, 7, 3];
-    let mut g = Generator::with_eagle(&target, &head, 200).unwrap();
-    g.set_prefix_reuse(true);
-    let (answer, _) = g.generate(&first, &config, |_| false, |_| Ok(())).unwrap();
-    let mut second = first.to_vec();
-    second.extend_from_slice(&answer);
-    second.push(2);
-    let (out, stats) = g.generate(&second, &config, |_| false, |_| Ok(())).unwrap();
-    assert_eq!(stats.reused_tokens, 0);
-    let (reference, _) =
-        Generator::with_eagle(&target, &head, 200).unwrap().generate(&second, &config, |_| false, |_| Ok(())).unwrap();
-    assert_eq!(out, reference);
+    let first = [5u32, 1, 7, 3, 9, 2, 4];
+    for (warp, randomness) in samplings() {
+        let config = GenerationConfig {
+            max_new_tokens: 12,
+            warp,
+            seed: 3,
+            randomness,
+            speculative: Some(spec(DraftTree::preset("drafts-2-depth-2").unwrap(), DraftSource::Model)),
+        };
+        let what = format!("{warp:?}, {randomness:?}");
+        let fresh = |prompt: &[u32]| {
+            Generator::with_eagle(&target, &head, 200)
+                .unwrap()
+                .generate(prompt, &config, |_| false, |_| Ok(()))
+                .unwrap()
+                .0
+        };
+        let mut g = Generator::with_eagle(&target, &head, 200).unwrap();
+        g.set_prefix_reuse(true);
+        let (answer, _) = g.generate(&first, &config, |_| false, |_| Ok(())).unwrap();
+        let mut second = first.to_vec();
+        second.extend_from_slice(&answer);
+        second.extend_from_slice(&[2, 6]);
+        let (out, stats) = g.generate(&second, &config, |_| false, |_| Ok(())).unwrap();
+        assert_eq!(out, fresh(&second), "{what}: second turn");
+        assert!(stats.reused_tokens >= first.len() + answer.len() - 1, "{what}: reused {}", stats.reused_tokens);
+        // The head's cache reaches past this prompt: the target runs its last shared position
+        // again for the feature there.
+        let (again, stats) = g.generate(&second, &config, |_| false, |_| Ok(())).unwrap();
+        assert_eq!((again, stats.reused_tokens), (out, second.len() - 2), "{what}: the same prompt again");
+        let parting = [5u32, 1, 8, 8];
+        let (out, stats) = g.generate(&parting, &config, |_| false, |_| Ok(())).unwrap();
+        assert_eq!((out, stats.reused_tokens), (fresh(&parting), 1), "{what}: a parting prompt");
+    }
 }
 
 /// The draft's cache after `DraftContext::prefill_reusing` holds each row at its position: in

@@ -163,8 +163,10 @@ impl<'a> Generator<'a> {
     /// values come from the passes that ran them (the prompt's, or a step's tree rows) rather
     /// than one prompt pass; where the target computes a row the same in every batch (our
     /// Q4_K/Q6_K CPU kernels, f32 weights) they are the very same numbers. The draft model's
-    /// cache is reused where its context has no window to slide; an EAGLE head's prompt always
-    /// runs in full (it needs the target's hidden states of every prompt position).
+    /// cache keeps its rows of the shared text (a window's too, unless a fresh window prefill
+    /// runs fewer tokens). An EAGLE head keeps its entries and the features it had not run yet
+    /// where they cover the shared text; past them the target runs again for the features the
+    /// head needs (`EagleDraft::reusable`).
     pub fn set_prefix_reuse(&mut self, on: bool) {
         self.prefix_reuse = on;
         if !on {
@@ -260,10 +262,13 @@ impl<'a> Generator<'a> {
         };
         let n = prompt.len();
         // The cached prefix this prompt shares with the last text (`set_prefix_reuse`).
-        let reused = match self.prefix_reuse && self.eagle.is_none() {
+        let mut reused = match self.prefix_reuse {
             true => self.history.iter().zip(&prompt[..n - 1]).take_while(|(a, b)| a == b).count(),
             false => 0,
         };
+        if let Some(e) = &self.eagle {
+            reused = e.reusable(reused);
+        }
         self.history.clear();
         self.history.extend_from_slice(prompt);
         let mut stats = Stats { prompt_tokens: n, reused_tokens: reused, ..Stats::default() };
@@ -276,7 +281,11 @@ impl<'a> Generator<'a> {
             None
         };
         if let Some(e) = self.eagle.as_mut() {
-            e.reset(prompt_hidden, &prompt[1..]);
+            if reused > 0 {
+                e.reuse(reused, prompt_hidden, prompt)?;
+            } else {
+                e.reset(prompt_hidden, &prompt[1..]);
+            }
         }
         if let Some(c) = ngram {
             self.ngram.reset(c, prompt);
