@@ -31,26 +31,26 @@
 //! randomness emits: every node's drafts and verdict come from noise keyed by the position.
 
 mod config;
+mod step;
 
 use crate::auto_tree::AutoTree;
 use crate::draft_window::{DraftContext, DraftWindow};
-use crate::drafting::{draw_children, expandable, nan_error, tree_bias};
+use crate::drafting::nan_error;
 use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
 use crate::model::DecoderModel;
 use crate::ngram::NgramDrafter;
-use crate::tree::DraftTree;
 use candle_core::{Error, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::construction::DraftScratch;
-use samplers::dist::Warp;
-use samplers::{PositionalNoise, Verdict, VerifyScratch};
+use samplers::{PositionalNoise, VerifyScratch};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use config::{check_ngram, DraftSource, GenerationConfig, Randomness, SpecConfig, Stats, TreeChoice};
+use step::StepInput;
 
 /// Runs generations with a target (and optionally a draft) model, reusing caches and buffers.
 pub struct Generator<'a> {
@@ -422,221 +422,6 @@ impl<'a> Generator<'a> {
         }
         Ok((out, stats))
     }
-
-    /// One speculative step; fills `self.buf.emitted` and returns the accepted draft count.
-    /// With `auto`, records the step's forward costs and verifications there.
-    #[allow(clippy::too_many_arguments)]
-    fn spec_step(
-        &mut self,
-        spec: &SpecConfig,
-        step: &StepInput,
-        draft_pending: &mut Vec<u32>,
-        rng: &mut StdRng,
-        stats: &mut Stats,
-        timings: &mut [Duration; 3],
-        mut auto: Option<&mut AutoTree>,
-    ) -> Result<usize> {
-        let (tree, warp, pending) = (step.tree, step.warp, step.pending);
-        let qwarp = spec.draft_warp.unwrap_or(warp);
-        let b = &mut self.buf;
-        let nodes = tree.len();
-        b.token.clear();
-        b.token.resize(nodes, None);
-        b.token[0] = Some(pending);
-        if b.drawn.len() < nodes {
-            b.drawn.resize_with(nodes, Vec::new);
-        }
-        b.drawn.iter_mut().for_each(Vec::clear);
-        b.draft_slot.clear();
-        b.draft_slot.resize(nodes, None);
-        b.draft_fed.clear();
-        b.confidence.clear();
-        b.confidence.resize(nodes, 1.0);
-        b.confidence_cutoff = spec.confidence_cutoff;
-        if b.q_at.len() < nodes {
-            b.q_at.resize_with(nodes, Vec::new);
-        }
-        let root_pos = self.target_cache.len();
-        b.root_pos = root_pos;
-
-        // 1. Draft, level by level.
-        let t0 = Instant::now();
-        let mut level_nodes: Vec<usize> = Vec::new();
-        let mut draft_committed = 0;
-        if step.lookup {
-            self.ngram.draft_tree(tree, b);
-        } else if let Some(e) = self.eagle.as_mut() {
-            stats.draft_forwards +=
-                e.draft_tree(self.target, tree, spec.construction, qwarp, self.vocab, rng, b, auto.as_deref_mut())?;
-        } else if !tree.children(0).is_empty() {
-            let draft = self.draft.expect("checked by generate");
-            let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
-            // Catch up on the tokens the draft never ran, then the root.
-            self.draft_context.slide(dcache)?;
-            let m = draft_pending.len();
-            let dbase = dcache.len();
-            let dpos = dbase + self.draft_context.skipped();
-            if dpos + m != root_pos + 1 {
-                candle_core::bail!("internal: draft cache at position {dpos} + {m} pending, target at {root_pos}");
-            }
-            let bias = crate::model::causal_bias(dbase, m, draft.dtype(), draft.device())?;
-            let pos: Vec<u32> = (dpos..dpos + m).map(|p| p as u32).collect();
-            let fed = for_draft(draft_pending, draft.config().vocab_size);
-            let hidden = draft.forward(&fed, &pos, &bias, dcache)?;
-            stats.draft_forwards += 1;
-            b.draft_slot[0] = Some(dbase + m - 1);
-            level_nodes.push(0);
-            let logits = draft.logits(&hidden.narrow(0, m - 1, 1)?)?;
-            draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
-            if let Some(a) = auto.as_deref_mut() {
-                a.draft.record(m, t0.elapsed().as_secs_f64());
-            }
-            // Draft cache rows up to the root's (its positions may skip part of the context).
-            let committed = dbase + m;
-            draft_committed = committed;
-            for level in tree.levels().iter().skip(1) {
-                expandable(tree, level.clone(), &b.token, &mut level_nodes);
-                if level_nodes.is_empty() {
-                    break;
-                }
-                for &i in &level_nodes {
-                    b.draft_slot[i] = Some(committed + b.draft_fed.len());
-                    b.draft_fed.push(i);
-                }
-                let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
-                let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
-                // Columns: the committed prefix (all visible), then this step's tree nodes.
-                let bias = tree_bias(tree, committed, &level_nodes, &b.draft_fed, draft.dtype(), draft.device())?;
-                let t_level = Instant::now();
-                let hidden = draft.forward(&tokens, &pos, &bias, dcache)?;
-                stats.draft_forwards += 1;
-                let logits = draft.logits(&hidden)?;
-                draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
-                if let Some(a) = auto.as_deref_mut() {
-                    a.draft.record(level_nodes.len(), t_level.elapsed().as_secs_f64());
-                }
-            }
-        }
-        timings[0] += t0.elapsed();
-
-        // 2. Target: the whole tree in one forward.
-        let t1 = Instant::now();
-        b.row_of.clear();
-        let live: Vec<usize> = (0..nodes).filter(|&i| b.token[i].is_some()).collect();
-        b.row_of.resize(nodes, usize::MAX);
-        for (r, &i) in live.iter().enumerate() {
-            b.row_of[i] = r;
-        }
-        let tokens: Vec<u32> = live.iter().map(|&i| b.token[i].expect("live")).collect();
-        let pos: Vec<u32> = live.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
-        let tbase = self.target_cache.len();
-        let bias = tree_bias(tree, tbase, &live, &live, self.target.dtype(), self.target.device())?;
-        let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
-        let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
-        stats.target_forwards += 1;
-        stats.target_rows += live.len();
-        timings[1] += t1.elapsed();
-        if let Some(a) = auto.as_deref_mut() {
-            a.target.record(live.len(), t1.elapsed().as_secs_f64());
-        }
-
-        // 3. Verify from the root.
-        let t2 = Instant::now();
-        let v = self.vocab;
-        let mut node = 0;
-        b.path.clear();
-        b.path.push(0);
-        loop {
-            let row = b.row_of[node];
-            warp.apply(&logits[row * v..(row + 1) * v], &mut b.p).map_err(|e| nan_error(e, "target"))?;
-            // The position of the token sampled at this node.
-            let position = (root_pos + tree.depth(node) + 1) as u64;
-            if b.drawn[node].is_empty() {
-                b.emitted.push(sample_token(b.noise, position, &b.p, rng)?);
-                break;
-            }
-            b.drafts.clear();
-            b.drafts.extend_from_slice(&b.drawn[node]);
-            let verdict = if let Some(noise) = b.noise {
-                // The target's own race decides; a draft equal to it is accepted.
-                noise
-                    .sample(position, &b.p)
-                    .map(|token| Verdict { token, accepted: b.drafts.iter().position(|&d| d == token) })
-            } else if step.lookup {
-                samplers::verify_deterministic(&b.p, &b.drafts, rng, &mut b.verify_scratch)
-            } else {
-                spec.verifier.verify(
-                    spec.construction,
-                    tree.children(node).len(),
-                    &b.p,
-                    &b.q_at[node],
-                    &b.drafts,
-                    rng,
-                    &mut b.verify_scratch,
-                )
-            }
-            .map_err(|e| Error::Msg(format!("verification: {e}")))?;
-            b.emitted.push(verdict.token);
-            if let Some(a) = auto.as_deref_mut() {
-                a.record_node(b.drafts.len(), verdict.accepted);
-            }
-            match verdict.accepted {
-                Some(j) => {
-                    // The first sibling holding the accepted token: a repeat's subtree
-                    // would be an independent draw given the same path, so the first
-                    // copy's serves (see `draw_children`).
-                    let t = b.drafts[j];
-                    node = *tree
-                        .children(node)
-                        .iter()
-                        .find(|&&c| b.token[c] == Some(t))
-                        .expect("every drafted token has a node");
-                    b.path.push(node);
-                }
-                None => break,
-            }
-        }
-        timings[2] += t2.elapsed();
-
-        // 4. Keep the accepted path in both caches.
-        let t3 = Instant::now();
-        let rows: Vec<usize> = b.path.iter().map(|&i| b.row_of[i]).collect();
-        self.target_cache.compact(tbase, &rows)?;
-        if spec.source.ngram().is_some() {
-            self.ngram.extend(&b.emitted);
-        }
-        if matches!(spec.source, DraftSource::Ngram(_)) {
-            // No draft model or head takes part in this generation.
-        } else if let Some(e) = self.eagle.as_mut() {
-            let mut tokens: Vec<u32> = b.path[1..].iter().map(|&i| b.token[i].expect("on the path")).collect();
-            tokens.push(*b.emitted.last().expect("emitted"));
-            e.commit(&hidden, &rows, &tokens)?;
-        } else {
-            let dcache = self.draft_cache.as_mut().expect("a draft has a cache");
-            let committed = draft_committed;
-            let fed: Vec<usize> = b.path[1..].iter().map_while(|&i| b.draft_slot[i]).map(|s| s - committed).collect();
-            if b.draft_slot[0].is_some() {
-                dcache.compact(committed, &fed)?;
-                draft_pending.clear();
-            }
-            // Otherwise the draft ran nothing this step (a tree without drafts): what it owes,
-            // the root included, stays in `draft_pending`.
-            draft_pending.extend(b.path[1 + fed.len()..].iter().map(|&i| b.token[i].expect("on the path")));
-            draft_pending.push(*b.emitted.last().expect("emitted"));
-        }
-        timings[1] += t3.elapsed();
-        Ok(b.path.len() - 1)
-    }
-}
-
-/// What a speculative step works on.
-struct StepInput<'t> {
-    tree: &'t DraftTree,
-    /// The last emitted token, not yet run by the target.
-    pending: u32,
-    warp: Warp,
-    /// Drafted by n-gram lookup (else by the draft model or head).
-    lookup: bool,
 }
 
 /// The target's token at `position` of the text from its distribution `p`: the positional race
