@@ -153,13 +153,7 @@ fn reused_prefixes_give_the_fresh_texts() {
 #[test]
 fn reuse_is_off_by_default() {
     let target = model(Tiny::llama(93), "reuse-off-target");
-    let config = GenerationConfig {
-        max_new_tokens: 6,
-        warp: Warp::temperature(0.0),
-        seed: 0,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let config = common::greedy(6, 0);
     let prompt = [1u32, 2, 3, 4];
     let mut g = Generator::new(&target, None, 100).unwrap();
     let (out, _) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
@@ -177,13 +171,7 @@ fn reuse_is_off_by_default() {
 #[test]
 fn a_failed_generation_reuses_nothing_after() {
     let target = model(Tiny::llama(94), "reuse-fail-target");
-    let config = GenerationConfig {
-        max_new_tokens: 6,
-        warp: Warp::temperature(0.0),
-        seed: 0,
-        randomness: Randomness::Stream,
-        speculative: None,
-    };
+    let config = common::greedy(6, 0);
     let prompt = [1u32, 2, 3, 4];
     let mut g = Generator::new(&target, None, 100).unwrap();
     g.set_prefix_reuse(true);
