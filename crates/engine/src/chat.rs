@@ -218,6 +218,9 @@ impl Conversation {
             stats.stop_reason = "stop_string".into();
         }
         if stopped {
+            stats.stop_reason = "interrupted".into();
+        }
+        if stopped {
             eprintln!("(interrupted: the answer so far stays in the conversation)");
         }
         eprintln!(

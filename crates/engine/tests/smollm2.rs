@@ -239,3 +239,53 @@ fn ignore_eos_generates_the_full_length() {
     let (a, b) = (stopped["text"].as_str().unwrap(), full["text"].as_str().unwrap());
     assert!(b.starts_with(a) && b.len() > a.len(), "{a:?} / {b:?}");
 }
+
+/// `mdsd chat`: Ctrl-C (SIGINT) during an answer ends it (`stop: interrupted`) and keeps the chat
+/// running with what came in the conversation: the next turn reuses it.
+#[cfg(unix)]
+#[test]
+fn chat_interrupt_ends_the_answer_and_keeps_the_conversation() {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    let path = smollm2();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(["chat", "--target", path.to_str().unwrap(), "--no-spec", "--temperature", "0"])
+        .args(["--max-new-tokens", "300", "--ignore-eos"])
+        .env("MDSD_OFFLINE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mdsd chat");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Tell me a very long story about a lighthouse keeper.\n").unwrap();
+    stdin.flush().unwrap();
+    // The answer has begun once text arrives; then Ctrl-C.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    stdout.read_exact(&mut first).unwrap();
+    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    stdin.write_all(b"Summarize it.\n").unwrap();
+    drop(stdin);
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        rest
+    });
+    let out = child.wait_with_output().unwrap();
+    reader.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let turns: Vec<&str> = stderr.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(turns.len(), 2, "{stderr}");
+    assert!(turns[0].contains("stop: interrupted") && stderr.contains("(interrupted"), "{stderr}");
+    let new_tokens: usize = turns[0][1..].split(' ').next().unwrap().parse().unwrap();
+    assert!(new_tokens < 300, "{stderr}");
+    // The second turn's prompt begins with the first's and its cut answer: all cached.
+    let number_before = |line: &str, word: &str| -> usize {
+        line.split(word).next().unwrap().trim_end().rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (first_prompt, reused) = (number_before(turns[0], " tokens,"), number_before(turns[1], " reused"));
+    assert!(reused >= first_prompt, "the second turn reused {reused}: {stderr}");
+}
