@@ -289,3 +289,58 @@ fn chat_interrupt_ends_the_answer_and_keeps_the_conversation() {
     let (first_prompt, reused) = (number_before(turns[0], " tokens,"), number_before(turns[1], " reused"));
     assert!(reused >= first_prompt, "the second turn reused {reused}: {stderr}");
 }
+
+/// `mdsd serve`: a streaming client that hangs up after the first event ends its answer early
+/// (the server notices the closed connection at a later event), the server goes on serving,
+/// and the next request with that prompt reuses the cached text.
+#[test]
+fn serve_ends_an_answer_whose_client_hung_up() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+    use std::process::{Command, Stdio};
+    let path = smollm2();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(["serve", "--port", "0", "--target", path.to_str().unwrap(), "--no-spec"])
+        .env("MDSD_OFFLINE", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mdsd serve");
+    let mut log = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port: u16 = loop {
+        let line = log.next().expect("the server's address").unwrap();
+        if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
+            break rest.split(' ').next().unwrap().parse().unwrap();
+        }
+    };
+    let request = |body: &str| {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body.as_bytes()).unwrap();
+        s
+    };
+    let prompt = "Once upon a time";
+    let long =
+        format!(r#"{{"prompt": "{prompt}", "max_tokens": 400, "temperature": 0, "ignore_eos": true, "stream": true}}"#);
+    let mut s = request(&long);
+    let mut first = [0u8; 200];
+    s.read_exact(&mut first).unwrap();
+    drop(s);
+    let mut s = request(&format!(r#"{{"prompt": "{prompt}", "max_tokens": 2, "temperature": 0}}"#));
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(r#""reused_tokens":"#), "{answer}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let lines: Vec<String> = log.map_while(Result::ok).collect();
+    let served: Vec<&String> = lines.iter().filter(|l| l.starts_with("mdsd serve: POST")).collect();
+    assert!(lines.iter().any(|l| l.contains("the client went away")), "{lines:?}");
+    // "POST /v1/completions · P + N tokens (R reused) ...": the hung-up answer stopped early.
+    let new_tokens: usize = served[0].split(" + ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(new_tokens < 400, "{lines:?}");
+    let reused: usize = served.last().unwrap().split('(').nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(reused > 0, "{lines:?}");
+}
