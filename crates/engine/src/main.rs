@@ -33,9 +33,17 @@ enum Command {
     Generate(Box<GenerateArgs>),
     /// Chat with the model: one line per message, each answer streamed; the models run only the
     /// tokens each turn adds (the conversation's cached prefix is reused).
+    #[command(mut_arg("chat", |a| a.hide(true)), mut_arg("json", |a| a.hide(true)))]
     Chat(Box<chat::ChatArgs>),
     /// Serve OpenAI-compatible completion endpoints over HTTP (/v1/completions,
     /// /v1/chat/completions, streamed or not), one request at a time, with prefix reuse.
+    #[command(
+        mut_arg("prompt", |a| a.hide(true)),
+        mut_arg("prompt_file", |a| a.hide(true)),
+        mut_arg("chat", |a| a.hide(true)),
+        mut_arg("system", |a| a.hide(true)),
+        mut_arg("json", |a| a.hide(true))
+    )]
     Serve(Box<serve::ServeArgs>),
     /// Fetch and verify the files of a model pair without generating.
     Fetch {
