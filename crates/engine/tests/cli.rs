@@ -12,7 +12,7 @@ fn mdsd(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_mdsd"))
         .args(args)
         .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", test_cache())
+        .env("MDSD_CACHE", common::test_cache())
         .output()
         .expect("run mdsd")
 }
@@ -375,11 +375,6 @@ fn generate_with_ngram_lookup() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("off, first, only"));
 }
 
-/// A cache of this test process's own (converted model copies of the temporary test models).
-fn test_cache() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
-}
-
 /// `mdsd fetch` resolves a pair from the cache and converts its GGUF draft for the CPU, once:
 /// a second fetch finds the copy.
 #[test]
@@ -416,10 +411,6 @@ fn fetch_resolves_a_pair_and_converts_its_draft_once() {
     }
 }
 
-/// A chat template in the tiny vocabulary ('!' to 'P'): `>` before user messages, `<` before
-/// answers, `;` after each.
-const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{% else %}<{% endif %}{{ m.content }};{% endfor %}{% if add_generation_prompt %}<{% endif %}";
-
 /// Runs `mdsd chat` with `args`, feeding `input` on stdin.
 fn chat(args: &[&str], input: &str) -> Output {
     use std::io::Write;
@@ -427,7 +418,7 @@ fn chat(args: &[&str], input: &str) -> Output {
         .arg("chat")
         .args(args)
         .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", test_cache())
+        .env("MDSD_CACHE", common::test_cache())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -457,7 +448,7 @@ fn reused_per_turn(stderr: &str) -> Vec<usize> {
 #[test]
 fn chat_keeps_the_conversation_and_reuses_its_prefix() {
     let dir = temp_dir("cli-chat");
-    let target = Tiny { chat_template: Some(TINY_CHAT), ..Tiny::llama(43) }.write_gguf(
+    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(43) }.write_gguf(
         &dir.join("target.gguf"),
         GgmlDType::Q8_0,
         &[],
@@ -495,7 +486,7 @@ fn chat_keeps_the_conversation_and_reuses_its_prefix() {
 #[test]
 fn chat_errors() {
     let dir = temp_dir("cli-chat-errors");
-    let target = Tiny { chat_template: Some(TINY_CHAT), ..Tiny::llama(45) }.write_gguf(
+    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(45) }.write_gguf(
         &dir.join("target.gguf"),
         GgmlDType::Q8_0,
         &[],

@@ -13,15 +13,8 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-/// A chat template in the tiny vocabulary ('!' to 'P').
-const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{% else %}<{% endif %}{{ m.content }};{% endfor %}{% if add_generation_prompt %}<{% endif %}";
-
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn cache() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
 }
 
 /// A running `mdsd serve`, killed when dropped.
@@ -49,7 +42,7 @@ fn start_with(args: &[&str], env: &[(&str, &str)]) -> Server {
         .args(args)
         .envs(env.iter().copied())
         .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", cache())
+        .env("MDSD_CACHE", common::test_cache())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run mdsd serve");
@@ -140,7 +133,7 @@ fn generate_text(extra: &[&str]) -> String {
         .args(["generate", "--json", "--temperature", "0", "--max-new-tokens", "8", "--ignore-eos"])
         .args(extra)
         .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", cache())
+        .env("MDSD_CACHE", common::test_cache())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -154,7 +147,7 @@ fn generate_text(extra: &[&str]) -> String {
 #[test]
 fn serve_answers_as_generate_does() {
     let dir = temp_dir("serve");
-    let target = Tiny { chat_template: Some(TINY_CHAT), ..Tiny::llama(51) }.write_gguf(
+    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(51) }.write_gguf(
         &dir.join("target.gguf"),
         GgmlDType::Q8_0,
         &[],
@@ -267,7 +260,7 @@ fn serve_answers_as_generate_does() {
 #[test]
 fn serve_refuses_bad_requests() {
     let dir = temp_dir("serve-bad");
-    let target = Tiny { chat_template: Some(TINY_CHAT), ..Tiny::llama(53) }.write_gguf(
+    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(53) }.write_gguf(
         &dir.join("target.gguf"),
         GgmlDType::Q8_0,
         &[],

@@ -400,3 +400,13 @@ impl TinyEagle {
         dir.to_path_buf()
     }
 }
+
+/// A chat template in the tiny vocabulary ('!' to 'P'): `>` before user messages, `<` before
+/// answers, `;` after each.
+pub const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{% else %}<{% endif %}{{ m.content }};{% endfor %}{% if add_generation_prompt %}<{% endif %}";
+
+/// A cache of this test process's own for `mdsd` runs (converted copies of the temporary test
+/// models).
+pub fn test_cache() -> PathBuf {
+    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
+}
