@@ -17,12 +17,12 @@
 //! `E(T) = 1 + extra(root)` tokens (a chain of depth `d`: `Σ_{i=0}^{d} α_{1,0}^i`). Each
 //! `α_{k,j}` is the ratio of accepted to tried drafts of that kind so far, with a prior worth 4
 //! drafts and a forgetting factor, so that it follows the prompt; the prior is the rank's
-//! estimate over all widths, so a width not tried yet starts from the others' acceptance. Both indices matter, as
-//! measured on the default pair: a second draft is accepted far less often than a first (top-2
-//! drafts at temperature 0: 0.69, then 0.35), and the first of two drafts is not the draft of
-//! a chain (the Greedy construction samples one draft from q but puts q's argmax first among
-//! two: at temperature 0.7 on one prompt, a chain's draft was accepted at 0.65, either of two
-//! at 0.75).
+//! estimate over all widths, so a width not tried yet starts from the others' acceptance.
+//! Both indices matter, as measured on the default pair: a second draft is accepted far less
+//! often than a first (top-2 drafts at temperature 0: 0.69, then 0.35), and the first of two
+//! drafts is not the draft of a chain (the Greedy construction samples one draft from q but
+//! puts q's argmax first among two: at temperature 0.7 on one prompt, a chain's draft was
+//! accepted at 0.65, either of two at 0.75).
 //!
 //! The draft is a draft model or an EAGLE head: the head's cost per forward is measured the
 //! same way (zero features, its logits through the target's output layer), and what each step
@@ -198,9 +198,12 @@ impl AutoTree {
             (accepted + PRIOR_ALPHA[j][j] * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
         });
         std::array::from_fn(|k| {
-            std::array::from_fn(|j| match j <= k {
-                true => (self.accepted[k][j] + pooled[j] * PRIOR_WEIGHT) / (self.tried[k][j] + PRIOR_WEIGHT),
-                false => 0.0,
+            std::array::from_fn(|j| {
+                if j <= k {
+                    (self.accepted[k][j] + pooled[j] * PRIOR_WEIGHT) / (self.tried[k][j] + PRIOR_WEIGHT)
+                } else {
+                    0.0
+                }
             })
         })
     }

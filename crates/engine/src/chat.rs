@@ -82,8 +82,12 @@ pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
         );
     }
     let capacity = args.context.min(session.context);
-    if capacity < 2 * session.tree_len + 2 {
-        bail!("--context {} leaves no room for a conversation with trees of {} nodes", args.context, session.tree_len);
+    if capacity < 2 * session.tree_len() + 2 {
+        bail!(
+            "--context {} leaves no room for a conversation with trees of {} nodes",
+            args.context,
+            session.tree_len()
+        );
     }
     let mut generator = session.generator(run, capacity)?;
     generator.set_prefix_reuse(!args.no_prefix_reuse);
@@ -195,11 +199,10 @@ impl Conversation {
         messages.push(("user", text));
         let rendered = tok.apply_chat_conversation(&messages, run.system.as_deref())?;
         let ids = tok.encode(&rendered)?;
-        if let Err(e) = session.check_fits(ids.len(), capacity, "conversation") {
+        if let Err(e) = session.check_fits(ids.len(), session.config.warp, capacity, "conversation") {
             bail!("{e} (/clear starts a new conversation; --context gives a longer one)");
         }
-        let stops =
-            TextStops::new(tok, run.stop.clone(), run.ignore_eos).map_err(|e| anyhow::anyhow!("--stop: {e}"))?;
+        let stops = TextStops::new(tok, run.stop.clone(), run.ignore_eos).expect("--stop checked by Plan::new");
         interrupt.generating(true);
         let result = generator.generate(
             &ids,

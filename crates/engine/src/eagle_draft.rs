@@ -43,16 +43,8 @@ impl<'a> EagleDraft<'a> {
         Ok(Self { head, cache: head.new_cache(capacity)?, pending: None, pending_tokens: Vec::new() })
     }
 
-    /// Starts a generation: the target's hidden states of the prompt but its last token
-    /// (`[n - 1, hidden]`, none for a one-token prompt) and the prompt's tokens after the first.
-    pub fn reset(&mut self, features: Option<Tensor>, tokens: &[u32]) {
-        self.cache.truncate(0);
-        self.pending = features;
-        self.pending_tokens = tokens.to_vec();
-    }
-
     /// How many of the `shared` first positions of the last text the target may keep for the
-    /// head to follow ([`Self::reuse`]). An entry pairs a position's feature with the next
+    /// head to follow ([`Self::start`]). An entry pairs a position's feature with the next
     /// token, so the head keeps its entries before the last shared position and needs the
     /// features of every position after them: its pending ones reach so far; past them, and
     /// where the head's cache reaches as far as the shared text, the target runs again from the
@@ -69,11 +61,12 @@ impl<'a> EagleDraft<'a> {
     }
 
     /// Starts a generation on a prompt whose first `reused` tokens the target kept
-    /// ([`Self::reusable`]), `features` being the target's hidden states of the others but the
-    /// last (`[n - 1 - reused, hidden]`): the head keeps its entries before `reused` and its
-    /// pending features up to `reused - 1`, then takes `features`, paired with the prompt's
-    /// tokens from the one after its last entry on.
-    pub fn reuse(&mut self, reused: usize, features: Option<Tensor>, prompt: &[u32]) -> Result<()> {
+    /// ([`Self::reusable`]; 0: none), `features` being the target's hidden states of the others
+    /// but the last (`[n - 1 - reused, hidden]`, none when there are none): the head keeps its
+    /// entries before `reused` and its pending features up to `reused - 1`, then takes
+    /// `features`, paired with the prompt's tokens from the one after its last entry on. With
+    /// nothing reused that is the prompt's features `f_0 .. f_{n-2}` with `x_1 .. x_{n-1}`.
+    pub fn start(&mut self, reused: usize, features: Option<Tensor>, prompt: &[u32]) -> Result<()> {
         let h = self.cache.len();
         let old = match self.pending.take() {
             Some(p) if reused > h => Some(p.narrow(0, 0, reused - h)?),

@@ -281,11 +281,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let tok = &session.target.tokenizer;
     let text = if args.chat { tok.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
     let ids = tok.encode(&text)?;
-    session.check_fits(ids.len(), session.context, "prompt")?;
-    let capacity = (ids.len() + args.max_new_tokens + 2 * session.tree_len + 1).min(session.context);
+    session.check_fits(ids.len(), session.config.warp, session.context, "prompt")?;
+    let capacity = (ids.len() + args.max_new_tokens + 2 * session.tree_len() + 1).min(session.context);
     let mut generator = session.generator(&args, capacity)?;
     let json = args.json;
-    let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).map_err(|e| anyhow::anyhow!("--stop: {e}"))?;
+    let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).expect("--stop checked by Plan::new");
     let (out, mut stats) = generator.generate(
         &ids,
         &session.config,

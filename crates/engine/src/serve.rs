@@ -119,8 +119,8 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let plan = Plan::new(run)?;
     let session = plan.load(run)?;
     let capacity = args.context.min(session.context);
-    if capacity < 2 * session.tree_len + 2 {
-        bail!("--context {} leaves no room for a prompt with trees of {} nodes", args.context, session.tree_len);
+    if capacity < 2 * session.tree_len() + 2 {
+        bail!("--context {} leaves no room for a prompt with trees of {} nodes", args.context, session.tree_len());
     }
     let mut generator = session.generator(run, capacity)?;
     generator.set_prefix_reuse(!args.no_prefix_reuse);
@@ -253,17 +253,9 @@ impl State<'_, '_> {
         if let Err(e) = warp.check() {
             return refuse(400, e.to_string());
         }
-        // The largest tree depends on the warp (`auto` drafts wider trees at temperature > 0).
-        let tree_len = defaults.speculative.as_ref().map_or(1, |s| s.max_tree_len(warp));
-        if ids.len() + tree_len >= self.capacity {
-            return refuse(
-                400,
-                format!(
-                    "the prompt has {} tokens, too long for the context of {} positions (the server's --context)",
-                    ids.len(),
-                    self.capacity
-                ),
-            );
+        // The largest tree depends on the request's warp.
+        if let Err(e) = self.session.check_fits(ids.len(), warp, self.capacity, "prompt") {
+            return refuse(400, format!("{e} (the server's --context)"));
         }
         let max_new_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(defaults.max_new_tokens);
         if max_new_tokens == 0 {
@@ -291,10 +283,7 @@ impl State<'_, '_> {
         let tok = &self.session.target.tokenizer;
         let ignore_eos = req.ignore_eos || self.run.ignore_eos;
         // The end of turn, else each token's text against the stop strings (checked already).
-        let text = match TextStops::new(tok, req.stops.clone(), ignore_eos) {
-            Ok(t) => t,
-            Err(e) => return respond_error(request, 400, &format!("stop: {e}")),
-        };
+        let text = TextStops::new(tok, req.stops.clone(), ignore_eos).expect("stop checked by complete");
         // A streaming client that went away ends the generation at the next token (the caches
         // keep the text for the next request).
         let gone = Cell::new(false);
@@ -323,10 +312,13 @@ impl State<'_, '_> {
                 stats.stop_reason = "stop_string".into();
             }
             log(&stats);
-            let text = match (req.stops.is_empty(), tok.decode(&out)) {
-                (false, _) => text.answer(),
-                (true, Ok(t)) => t,
-                (true, Err(e)) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
+            let text = if req.stops.is_empty() {
+                match tok.decode(&out) {
+                    Ok(t) => t,
+                    Err(e) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
+                }
+            } else {
+                text.answer()
             };
             let choice = match kind {
                 Kind::Text => {

@@ -8,6 +8,7 @@ use engine::decode::{check_ngram, GenerationConfig, Generator, SpecConfig, TreeC
 use engine::draft_window::DraftWindow;
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
+use engine::stop::StopStrings;
 use engine::tokenizer::check_vocabularies;
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -26,9 +27,7 @@ impl Plan {
     pub fn new(args: &GenerateArgs) -> anyhow::Result<Self> {
         let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.construction()));
         let tree_name = args.tree_name();
-        if args.stop.iter().any(String::is_empty) {
-            bail!("--stop: an empty stop string would end the text before it starts");
-        }
+        StopStrings::new(args.stop.clone()).map_err(|e| anyhow::anyhow!("--stop: {e}"))?;
         if args.system.is_some() && !args.chat {
             bail!("--system applies to the chat template: give --chat too");
         }
@@ -119,7 +118,6 @@ impl Plan {
             .config()
             .context_length
             .min(draft.as_ref().map_or(usize::MAX, |d| d.model.config().context_length));
-        let tree_len = self.spec.as_ref().map_or(1, |s| s.max_tree_len(self.warp));
         let config = GenerationConfig {
             max_new_tokens: args.max_new_tokens,
             warp: self.warp,
@@ -127,16 +125,7 @@ impl Plan {
             randomness: args.randomness(),
             speculative: self.spec,
         };
-        Ok(Session {
-            target,
-            draft,
-            eagle,
-            config,
-            verifier: self.verifier,
-            tree_name: self.tree_name,
-            context,
-            tree_len,
-        })
+        Ok(Session { target, draft, eagle, config, verifier: self.verifier, tree_name: self.tree_name, context })
     }
 }
 
@@ -150,11 +139,19 @@ pub struct Session {
     pub tree_name: String,
     /// Positions the models hold (the smaller context length of the two).
     pub context: usize,
-    /// Most nodes one step's tree has (1 for plain decoding).
-    pub tree_len: usize,
 }
 
 impl Session {
+    /// Most nodes one step's tree has at the session's warp (1 for plain decoding).
+    pub fn tree_len(&self) -> usize {
+        self.tree_len_at(self.config.warp)
+    }
+
+    /// Most nodes one step's tree has at `warp` (`auto` drafts wider trees at temperature > 0).
+    pub fn tree_len_at(&self, warp: Warp) -> usize {
+        self.config.speculative.as_ref().map_or(1, |s| s.max_tree_len(warp))
+    }
+
     /// A generator with caches of `capacity` positions and the `--draft-window`.
     pub fn generator(&self, args: &GenerateArgs, capacity: usize) -> anyhow::Result<Generator<'_>> {
         let mut generator = match &self.eagle {
@@ -182,9 +179,10 @@ impl Session {
         }
     }
 
-    /// Refuses a prompt of `tokens` that leaves no room for one tree in `capacity` positions.
-    pub fn check_fits(&self, tokens: usize, capacity: usize, what: &str) -> anyhow::Result<()> {
-        if tokens + self.tree_len >= capacity {
+    /// Refuses a prompt of `tokens` that leaves no room for one tree at `warp` in `capacity`
+    /// positions.
+    pub fn check_fits(&self, tokens: usize, warp: Warp, capacity: usize, what: &str) -> anyhow::Result<()> {
+        if tokens + self.tree_len_at(warp) >= capacity {
             bail!(
                 "the {what} has {tokens} tokens, too long for the context of {capacity} positions of {}",
                 self.target.path.display()

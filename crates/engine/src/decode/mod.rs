@@ -189,7 +189,8 @@ impl<'a> Generator<'a> {
     /// Generates after `prompt`, calling `on_tokens` with each batch of accepted tokens (for
     /// streaming); stops after `max_new_tokens` or at a token for which `is_stop` holds (that
     /// token is not emitted). `is_stop` sees every generated token once, in order, before
-    /// `on_tokens` gets it, so it may keep state (stop strings, `crate::stop`). Returns the new tokens and the statistics.
+    /// `on_tokens` gets it, so it may keep state (stop strings, `crate::stop`). Returns the new
+    /// tokens and the statistics.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -262,9 +263,10 @@ impl<'a> Generator<'a> {
         };
         let n = prompt.len();
         // The cached prefix this prompt shares with the last text (`set_prefix_reuse`).
-        let mut reused = match self.prefix_reuse {
-            true => self.history.iter().zip(&prompt[..n - 1]).take_while(|(a, b)| a == b).count(),
-            false => 0,
+        let mut reused = if self.prefix_reuse {
+            self.history.iter().zip(&prompt[..n - 1]).take_while(|(a, b)| a == b).count()
+        } else {
+            0
         };
         if let Some(e) = &self.eagle {
             reused = e.reusable(reused);
@@ -281,11 +283,7 @@ impl<'a> Generator<'a> {
             None
         };
         if let Some(e) = self.eagle.as_mut() {
-            if reused > 0 {
-                e.reuse(reused, prompt_hidden, prompt)?;
-            } else {
-                e.reset(prompt_hidden, &prompt[1..]);
-            }
+            e.start(reused, prompt_hidden, prompt)?;
         }
         if let Some(c) = ngram {
             self.ngram.reset(c, prompt);
