@@ -62,8 +62,9 @@ fn block(
 
 pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     let run = &mut args.run;
-    if run.json {
-        bail!("--json does not apply to chat (it streams every answer); use generate --json");
+    if run.json || run.logprobs.is_some() {
+        let flag = if run.json { "--json" } else { "--logprobs" };
+        bail!("{flag} does not apply to chat (it streams every answer); use generate --json");
     }
     run.chat = true;
     let plan = Plan::new(run)?;

@@ -11,6 +11,7 @@ mod drafting;
 mod eagle_draft;
 pub mod kv_cache;
 pub mod load;
+pub mod logprobs;
 pub mod model;
 pub mod ngram;
 pub mod provision;

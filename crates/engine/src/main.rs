@@ -33,7 +33,11 @@ enum Command {
     Generate(Box<GenerateArgs>),
     /// Chat with the model: one line per message, each answer streamed; the models run only the
     /// tokens each turn adds (the conversation's cached prefix is reused).
-    #[command(mut_arg("chat", |a| a.hide(true)), mut_arg("json", |a| a.hide(true)))]
+    #[command(
+        mut_arg("chat", |a| a.hide(true)),
+        mut_arg("json", |a| a.hide(true)),
+        mut_arg("logprobs", |a| a.hide(true))
+    )]
     Chat(Box<chat::ChatArgs>),
     /// Serve OpenAI-compatible completion endpoints over HTTP (/v1/completions,
     /// /v1/chat/completions, streamed or not), one request at a time, with prefix reuse.
@@ -42,7 +46,8 @@ enum Command {
         mut_arg("prompt_file", |a| a.hide(true)),
         mut_arg("chat", |a| a.hide(true)),
         mut_arg("system", |a| a.hide(true)),
-        mut_arg("json", |a| a.hide(true))
+        mut_arg("json", |a| a.hide(true)),
+        mut_arg("logprobs", |a| a.hide(true))
     )]
     Serve(Box<serve::ServeArgs>),
     /// Fetch and verify the files of a model pair without generating.
@@ -200,6 +205,10 @@ struct GenerateArgs {
     /// Print one JSON object (text and statistics) on stdout instead of streaming.
     #[arg(long)]
     json: bool,
+    /// With --json: the target's log-probability of every generated token (temperature 1,
+    /// before top-k/top-p) and its N most probable alternatives (0-20).
+    #[arg(long, value_name = "N")]
+    logprobs: Option<usize>,
     /// Folder of the model-pair manifests.
     #[arg(long)]
     models_dir: Option<PathBuf>,
@@ -284,6 +293,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     session.check_fits(ids.len(), session.config.warp, session.context, "prompt")?;
     let capacity = (ids.len() + args.max_new_tokens + 2 * session.tree_len() + 1).min(session.context);
     let mut generator = session.generator(&args, capacity)?;
+    generator.set_logprobs(args.logprobs);
     let json = args.json;
     let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).expect("--stop checked by Plan::new");
     let (out, mut stats) = generator.generate(
@@ -310,7 +320,11 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             window,
             verifier: session.verifier,
         };
-        println!("{}", report.into_value(&stats, &args)?);
+        let mut value = report.into_value(&stats, &args)?;
+        if args.logprobs.is_some() {
+            value["logprobs"] = report::logprobs(tok, generator.logprobs());
+        }
+        println!("{value}");
     } else {
         print_flushed(&stops.ready(true));
         println!();

@@ -4,8 +4,10 @@
 use crate::{GenerateArgs, NgramMode};
 use engine::decode::Stats;
 use engine::draft_window::DraftWindow;
+use engine::logprobs::TokenLogprobs;
+use engine::tokenizer::TextTokenizer;
 use samplers::Verifier;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::Path;
 
 /// The `--json` object: the statistics, then the text and the settings that produced it.
@@ -51,6 +53,20 @@ impl Json<'_> {
         obj["device"] = args.device.clone().into();
         Ok(obj)
     }
+}
+
+/// `generate --json --logprobs N`'s `logprobs`: per generated token its id, text (the token's
+/// bytes, a partial UTF-8 character shown as U+FFFD), log-probability and alternatives.
+pub fn logprobs(tok: &TextTokenizer, records: &[TokenLogprobs]) -> Value {
+    let text = |id: u32| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned();
+    records
+        .iter()
+        .map(|r| {
+            let top: Vec<Value> =
+                r.top.iter().map(|&(id, lp)| json!({"token": id, "text": text(id), "logprob": lp})).collect();
+            json!({"token": r.token, "text": text(r.token), "logprob": r.logprob, "top": top})
+        })
+        .collect()
 }
 
 /// The statistics on stderr: the settings, tokens, tau and speed, lookup steps, acceptance per

@@ -1,6 +1,7 @@
 //! `mdsd serve`: an HTTP server with OpenAI's completion endpoints (`/v1/completions`,
 //! `/v1/chat/completions`, streamed as server-sent events or not, with stop strings
-//! ([`engine::stop`]); `/v1/models`, `/health`), on
+//! ([`engine::stop`]) and
+//! log-probabilities (`serve::logprobs`); `/v1/models`, `/health`), on
 //! one generator with prefix reuse: a chat client resending its conversation runs only the new
 //! turn. Requests are answered one at a time, in order. Part of the `mdsd` binary (`main.rs`).
 
@@ -17,6 +18,8 @@ use std::cell::Cell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::{Header, Method, Request, Response, Server};
+
+mod logprobs;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -61,6 +64,11 @@ struct CompletionRequest {
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
     ignore_eos: bool,
+    /// Completions: the alternatives per token (an integer); chat: whether to return them.
+    logprobs: Option<Value>,
+    /// Chat: the alternatives per token.
+    top_logprobs: Option<usize>,
+    echo: bool,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +99,8 @@ struct Checked {
     stream: bool,
     ignore_eos: bool,
     stops: Vec<String>,
+    /// Log-probabilities with this many alternatives per token.
+    logprobs: Option<usize>,
 }
 
 /// Which endpoint a request came to.
@@ -109,11 +119,14 @@ fn refuse<T>(status: u16, msg: impl Into<String>) -> Result<T, Refusal> {
 
 pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let run = &mut args.run;
-    for (flag, given) in
-        [("--prompt", run.prompt.is_some()), ("--prompt-file", run.prompt_file.is_some()), ("--json", run.json)]
-    {
+    for (flag, given) in [
+        ("--prompt", run.prompt.is_some()),
+        ("--prompt-file", run.prompt_file.is_some()),
+        ("--json", run.json),
+        ("--logprobs", run.logprobs.is_some()),
+    ] {
         if given {
-            bail!("{flag} does not apply to serve: prompts come with the requests");
+            bail!("{flag} does not apply to serve: prompts and what to return come with the requests");
         }
     }
     let plan = Plan::new(run)?;
@@ -208,6 +221,10 @@ impl State<'_, '_> {
         if req.n.is_some_and(|n| n != 1) {
             return refuse(400, "n: only one choice per request is supported");
         }
+        if req.echo {
+            return refuse(400, "echo: returning the prompt with the answer is not supported");
+        }
+        let logprobs = logprobs::requested(kind, &req.logprobs, req.top_logprobs)?;
         let stops = match &req.stop {
             None | Some(Value::Null) => self.run.stop.clone(),
             Some(Value::String(s)) => vec![s.clone()],
@@ -264,7 +281,7 @@ impl State<'_, '_> {
         // Without a seed each request draws one, reported with the answer.
         let seed = req.seed.unwrap_or_else(rand::random);
         let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
-        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops }, ids, config))
+        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs }, ids, config))
     }
 
     /// Generates and answers, streamed or in one object.
@@ -283,11 +300,11 @@ impl State<'_, '_> {
         let tok = &self.session.target.tokenizer;
         let ignore_eos = req.ignore_eos || self.run.ignore_eos;
         // The end of turn, else each token's text against the stop strings (checked already).
-        let text = TextStops::new(tok, req.stops.clone(), ignore_eos).expect("stop checked by complete");
+        let stops = TextStops::new(tok, req.stops.clone(), ignore_eos).expect("stop checked by complete");
         // A streaming client that went away ends the generation at the next token (the caches
         // keep the text for the next request).
         let gone = Cell::new(false);
-        let is_stop = |t| gone.get() || text.is_stop(t);
+        let is_stop = |t| gone.get() || stops.is_stop(t);
         let log = |stats: &Stats| {
             eprintln!(
                 "mdsd serve: POST {path} · {} + {} tokens ({} reused) · tau {:.2} · {:.2} tokens/s · {}",
@@ -299,6 +316,7 @@ impl State<'_, '_> {
                 stats.stop_reason
             )
         };
+        self.generator.set_logprobs(req.logprobs);
         if !req.stream {
             let (out, mut stats) = match self.generator.generate(ids, config, is_stop, |_| Ok(())) {
                 Ok(r) => r,
@@ -308,7 +326,7 @@ impl State<'_, '_> {
                     return respond_error(request, 500, &msg);
                 }
             };
-            if text.stopped() {
+            if stops.stopped() {
                 stats.stop_reason = "stop_string".into();
             }
             log(&stats);
@@ -318,15 +336,23 @@ impl State<'_, '_> {
                     Err(e) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
                 }
             } else {
-                text.answer()
+                stops.answer()
+            };
+            let logprobs = match req.logprobs {
+                Some(_) => {
+                    let records = &self.generator.logprobs()[..stops.tokens_shown(out.len(), true)];
+                    logprobs::format(kind, tok, &stops, records, 0)
+                }
+                None => Value::Null,
             };
             let choice = match kind {
                 Kind::Text => {
-                    json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(&stats)})
+                    json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(&stats)})
                 }
                 Kind::Chat => json!({
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs,
                     "finish_reason": finish_reason(&stats),
                 }),
             };
@@ -347,14 +373,17 @@ impl State<'_, '_> {
         )?;
         let mut events = Events { kind, id: &id, created, model: &self.model, writer };
         if kind == Kind::Chat {
-            events.send(json!({"role": "assistant", "content": ""}), None)?;
+            events.send(json!({"role": "assistant", "content": ""}), Value::Null)?;
         }
-        let result = self.generator.generate(ids, config, is_stop, |_| {
-            let piece = text.ready(false);
-            if piece.is_empty() {
+        let mut gathered = logprobs::Gathered::default();
+        let result = self.generator.generate_emitting(ids, config, is_stop, |_, records| {
+            gathered.extend(records);
+            let piece = stops.ready(false);
+            let lp = if req.logprobs.is_some() { gathered.next(kind, tok, &stops, false) } else { None };
+            if piece.is_empty() && lp.is_none() {
                 return Ok(());
             }
-            if events.send(events.delta(piece), None).is_err() {
+            if events.send(events.delta(piece), lp.unwrap_or(Value::Null)).is_err() {
                 gone.set(true);
             }
             Ok(())
@@ -366,15 +395,16 @@ impl State<'_, '_> {
                 return Ok(());
             }
             Ok((_, mut stats)) => {
-                if text.stopped() {
+                if stops.stopped() {
                     stats.stop_reason = "stop_string".into();
                 }
                 log(&stats);
-                let rest = text.ready(true);
-                if !rest.is_empty() {
-                    events.send(events.delta(rest), None)?;
+                let rest = stops.ready(true);
+                let lp = if req.logprobs.is_some() { gathered.next(kind, tok, &stops, true) } else { None };
+                if !rest.is_empty() || lp.is_some() {
+                    events.send(events.delta(rest), lp.unwrap_or(Value::Null))?;
                 }
-                let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)));
+                let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)), Value::Null);
                 last["usage"] = usage(&stats);
                 last["mdsd"] = mdsd_stats(&stats, config.seed);
                 events.raw(&last.to_string())?;
@@ -408,19 +438,23 @@ impl Events<'_> {
         }
     }
 
-    /// One event of the answer: its next piece (`delta`), and the finish reason in the last.
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+    /// One event of the answer: its next piece (`delta`) with the log-probabilities of its
+    /// tokens (`null` unless asked for), and the finish reason in the last.
+    fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Value) -> Value {
         let (object, choice) = match self.kind {
-            Kind::Chat => ("chat.completion.chunk", json!({"index": 0, "delta": delta, "finish_reason": finish})),
+            Kind::Chat => (
+                "chat.completion.chunk",
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}),
+            ),
             Kind::Text => {
-                ("text_completion", json!({"index": 0, "text": delta, "logprobs": null, "finish_reason": finish}))
+                ("text_completion", json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}))
             }
         };
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]})
     }
 
-    fn send(&mut self, delta: Value, finish: Option<&str>) -> std::io::Result<()> {
-        let event = self.chunk(delta, finish);
+    fn send(&mut self, delta: Value, logprobs: Value) -> std::io::Result<()> {
+        let event = self.chunk(delta, None, logprobs);
         self.raw(&event.to_string())
     }
 

@@ -28,6 +28,14 @@ impl Plan {
         let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.construction()));
         let tree_name = args.tree_name();
         StopStrings::new(args.stop.clone()).map_err(|e| anyhow::anyhow!("--stop: {e}"))?;
+        if let Some(n) = args.logprobs {
+            if !args.json {
+                bail!("--logprobs is part of the --json output: give --json too");
+            }
+            if n > engine::logprobs::MAX_TOP_LOGPROBS {
+                bail!("--logprobs {n}: at most {} alternatives per token", engine::logprobs::MAX_TOP_LOGPROBS);
+            }
+        }
         if args.system.is_some() && !args.chat {
             bail!("--system applies to the chat template: give --chat too");
         }

@@ -11,13 +11,24 @@ use std::cell::RefCell;
 pub struct TextStops<'t> {
     tok: &'t TextTokenizer,
     ignore_eos: bool,
-    state: RefCell<(TokenStream, StopStrings)>,
+    state: RefCell<TextState>,
+}
+
+struct TextState {
+    stream: TokenStream,
+    stops: StopStrings,
+    /// Characters of `stops`' text.
+    chars: usize,
+    /// Where each token [`TextStops::is_stop`] saw begins in the text: (byte, character).
+    starts: Vec<(usize, usize)>,
 }
 
 impl<'t> TextStops<'t> {
     /// Stops at the end-of-turn token (unless `ignore_eos`) or before the first of `stops`.
     pub fn new(tok: &'t TextTokenizer, stops: Vec<String>, ignore_eos: bool) -> Result<Self, String> {
-        Ok(Self { tok, ignore_eos, state: RefCell::new((TokenStream::default(), StopStrings::new(stops)?)) })
+        let stops = StopStrings::new(stops)?;
+        let state = TextState { stream: TokenStream::default(), stops, chars: 0, starts: Vec::new() };
+        Ok(Self { tok, ignore_eos, state: RefCell::new(state) })
     }
 
     /// Whether generation ends at token `id`: the end of turn, or a stop string its text
@@ -26,26 +37,50 @@ impl<'t> TextStops<'t> {
         if !self.ignore_eos && self.tok.is_stop(id) {
             return true;
         }
-        let (stream, stops) = &mut *self.state.borrow_mut();
-        match stream.push(self.tok, id) {
-            Ok(Some(piece)) => stops.push(&piece),
-            _ => stops.stopped(),
+        let s = &mut *self.state.borrow_mut();
+        s.starts.push((s.stops.text.len(), s.chars));
+        match s.stream.push(self.tok, id) {
+            Ok(Some(piece)) => {
+                s.chars += piece.chars().count();
+                s.stops.push(&piece)
+            }
+            _ => s.stops.stopped(),
         }
+    }
+
+    /// How many of the generated tokens so far have text in what [`Self::ready`] handed out,
+    /// or, with `finished`, in the answer: those whose text begins before its end (a token
+    /// whose text runs into a stop string counts; all of them count when no stop string
+    /// occurred). With `finished`, `generated` (the tokens generation returned) bounds it.
+    pub fn tokens_shown(&self, generated: usize, finished: bool) -> usize {
+        let s = self.state.borrow();
+        let shown = |end: usize| s.starts.iter().take(generated).take_while(|&&(b, _)| b < end).count();
+        match s.stops.hit {
+            None if finished => generated.min(s.starts.len()),
+            Some(hit) if finished => shown(hit),
+            _ => shown(s.stops.given),
+        }
+    }
+
+    /// Where the `i`-th generated token's text begins in the answer, in characters.
+    pub fn char_offset(&self, i: usize) -> usize {
+        let s = self.state.borrow();
+        s.starts.get(i).map_or(s.chars, |&(_, c)| c)
     }
 
     /// The text to stream now ([`StopStrings::ready`]).
     pub fn ready(&self, finished: bool) -> String {
-        self.state.borrow_mut().1.ready(finished).to_string()
+        self.state.borrow_mut().stops.ready(finished).to_string()
     }
 
     /// Whether a stop string ended the text.
     pub fn stopped(&self) -> bool {
-        self.state.borrow().1.stopped()
+        self.state.borrow().stops.stopped()
     }
 
     /// The answer: the text before the first stop string (all of it if none occurred).
     pub fn answer(&self) -> String {
-        self.state.borrow().1.answer().to_string()
+        self.state.borrow().stops.answer().to_string()
     }
 }
 

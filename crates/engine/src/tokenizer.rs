@@ -36,6 +36,10 @@ pub struct TextTokenizer {
     stop_ids: Vec<u32>,
     add_bos: bool,
     source: PathBuf,
+    /// The decoder maps token strings back to bytes with GPT-2's byte-level table.
+    byte_level: bool,
+    /// Added (special and user-defined) tokens: their strings are their text.
+    added: std::collections::HashSet<u32>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -174,7 +178,47 @@ impl TextTokenizer {
                 }
             }
         }
-        Self { inner, vocab, chat_template, bos, eos, stop_ids, add_bos, source: source.to_path_buf() }
+        let byte_level = inner
+            .get_decoder()
+            .and_then(|d| serde_json::to_string(d).ok())
+            .is_some_and(|d| d.contains("\"ByteLevel\""));
+        let added = inner.get_added_tokens_decoder().into_keys().collect();
+        Self {
+            inner,
+            vocab,
+            chat_template,
+            bos,
+            eos,
+            stop_ids,
+            add_bos,
+            source: source.to_path_buf(),
+            byte_level,
+            added,
+        }
+    }
+
+    /// The bytes token `id` stands for (OpenAI's `bytes` of a log-probability): a byte-level
+    /// BPE token's string read through GPT-2's byte table; a SentencePiece token's with `▁` as a
+    /// space and `<0xNN>` as the byte NN; an added token's string as it is. A token may hold
+    /// part of a UTF-8 character. An id outside the vocabulary has no bytes.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(s) = self.vocab.get(id as usize) else { return Vec::new() };
+        if self.added.contains(&id) {
+            return s.as_bytes().to_vec();
+        }
+        if self.byte_level {
+            let table = gpt2_unicode_to_byte();
+            if let Some(bytes) = s.chars().map(|c| table.get(&c).copied()).collect::<Option<Vec<u8>>>() {
+                return bytes;
+            }
+            return s.as_bytes().to_vec();
+        }
+        if let Some(b) = s.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).filter(|h| h.len() == 2) {
+            if let Ok(b) = u8::from_str_radix(b, 16) {
+                return vec![b];
+            }
+        }
+        s.replace('\u{2581}', " ").into_bytes()
     }
 
     /// Where the tokenizer came from.
@@ -246,6 +290,28 @@ impl TextTokenizer {
         )
         .map_err(|e| err(&self.source, format!("chat template: {e}")))
     }
+}
+
+/// GPT-2's byte-level table read backwards: the printable character standing for each byte.
+/// Bytes that are printable (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) stand for themselves; the others
+/// are the characters from U+0100 on, in byte order.
+fn gpt2_unicode_to_byte() -> &'static std::collections::HashMap<char, u8> {
+    static TABLE: std::sync::OnceLock<std::collections::HashMap<char, u8>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+        let mut next = 256u32;
+        (0..=255u8)
+            .map(|b| {
+                if printable(b) {
+                    (char::from(b), b)
+                } else {
+                    let c = char::from_u32(next).expect("U+0100..U+0143 are characters");
+                    next += 1;
+                    (c, b)
+                }
+            })
+            .collect()
+    })
 }
 
 /// Renders a Hugging Face chat template with transformers' settings.
@@ -320,5 +386,68 @@ impl TokenStream {
         } else {
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes a BPE `tokenizer.json` with `vocab` (in id order), `decoder` and one added token
+    /// after the vocabulary, and loads it.
+    fn tokenizer(name: &str, vocab: &[&str], decoder: Value) -> TextTokenizer {
+        let dir = std::env::temp_dir().join(format!("mdsd-tokenizer-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let map: serde_json::Map<String, Value> =
+            vocab.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
+        let spec = json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": vocab.len(), "content": "<|im_end|>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": decoder,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": map, "merges": []}
+        });
+        let path = dir.join("tokenizer.json");
+        std::fs::write(&path, spec.to_string()).unwrap();
+        let tok = TextTokenizer::from_file(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        tok
+    }
+
+    #[test]
+    fn byte_level_tokens_map_back_to_their_bytes() {
+        let decoder = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
+        // "Ġhi" is " hi"; "Ċ" is "\n"; "Ã©" is é's two bytes, "Ã" alone its first.
+        let tok = tokenizer("bytelevel", &["Ġhi", "Ċ", "Ã©", "Ã", "a"], decoder);
+        assert_eq!(tok.token_bytes(0), b" hi");
+        assert_eq!(tok.token_bytes(1), b"\n");
+        assert_eq!(tok.token_bytes(2), "é".as_bytes());
+        assert_eq!(tok.token_bytes(3), [0xC3]);
+        assert_eq!(tok.token_bytes(5), b"<|im_end|>");
+        assert!(tok.token_bytes(6).is_empty());
+        // Every byte has one character and back.
+        let table = gpt2_unicode_to_byte();
+        assert_eq!(table.len(), 256);
+        assert_eq!(table.values().copied().collect::<std::collections::HashSet<u8>>().len(), 256);
+        assert_eq!(table[&'Ġ'], b' ');
+        // The bytes of each token, concatenated, are the decoded text.
+        let ids = [0u32, 1, 2];
+        let bytes: Vec<u8> = ids.iter().flat_map(|&i| tok.token_bytes(i)).collect();
+        assert_eq!(String::from_utf8(bytes).unwrap(), tok.decode(&ids).unwrap());
+    }
+
+    #[test]
+    fn sentencepiece_tokens_map_spaces_and_byte_fallbacks() {
+        let decoder = json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]});
+        let tok = tokenizer("sentencepiece", &["\u{2581}hello", "<0x0A>", "<0xE2>", "x"], decoder);
+        assert_eq!(tok.token_bytes(0), b" hello");
+        assert_eq!(tok.token_bytes(1), b"\n");
+        assert_eq!(tok.token_bytes(2), [0xE2]);
+        assert_eq!(tok.token_bytes(3), b"x");
     }
 }

@@ -329,3 +329,176 @@ fn serve_checks_the_api_key() {
     assert_eq!(http(server.port, "GET", "/health", "").0, 200);
     assert_eq!(http(server.port, "GET", "/v1/models", "").0, 401);
 }
+
+/// `generate --json --logprobs N`: the text, one record per token with N alternatives.
+fn generate_logprobs(extra: &[&str]) -> (String, Vec<Value>) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(["generate", "--json", "--temperature", "0", "--max-new-tokens", "8", "--ignore-eos", "--logprobs", "2"])
+        .args(extra)
+        .env("MDSD_OFFLINE", "1")
+        .env("MDSD_CACHE", common::test_cache())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (v["text"].as_str().unwrap().to_string(), v["logprobs"].as_array().unwrap().clone())
+}
+
+fn close(a: &Value, b: &Value) -> bool {
+    (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-4
+}
+
+/// Log-probabilities: completions (`logprobs: N`) and chat (`logprobs`, `top_logprobs`), streamed
+/// and not, carry generate's values for the tokens of the text; a stop string keeps the tokens
+/// whose text begins before it; bad values are refused, and so are `--logprobs` without
+/// `--json` and beyond 20.
+#[test]
+fn serve_returns_logprobs() {
+    let dir = temp_dir("serve-logprobs");
+    let target = Tiny { chat_template: Some(common::TINY_CHAT), scale: 0.8, ..Tiny::llama(55) }.write_gguf(
+        &dir.join("target.gguf"),
+        GgmlDType::Q8_0,
+        &[],
+    );
+    let draft = Tiny { layers: 1, ..Tiny::llama(56) }.write_hf(&dir.join("draft"));
+    let models = ["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2"];
+    let (plain, records) = generate_logprobs(&[&models[..], &["--prompt", "ABC"]].concat());
+    assert_eq!(records.len(), 8);
+    let texts: String = records.iter().map(|r| r["text"].as_str().unwrap()).collect();
+    assert_eq!(texts, plain, "generate: the tokens' texts make the text");
+    for r in &records {
+        let top = r["top"].as_array().unwrap();
+        // Temperature 0: each token is the most probable one.
+        assert_eq!((top.len(), &top[0]["token"]), (2, &r["token"]), "{r}");
+        assert!(close(&top[0]["logprob"], &r["logprob"]) && top[1]["logprob"].as_f64() <= top[0]["logprob"].as_f64());
+    }
+    let server = start(&[&models[..], &["--temperature", "0"]].concat());
+    let port = server.port;
+
+    // Completions, whole and streamed: the same entries.
+    let request = json!({"prompt": "ABC", "max_tokens": 8, "ignore_eos": true, "logprobs": 2});
+    let (status, v) = post(port, "/v1/completions", &request);
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["text"].as_str().unwrap(), plain);
+    let lp = &choice["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.concat(), plain);
+    let mut offset = 0;
+    for (i, r) in records.iter().enumerate() {
+        assert!(close(&lp["token_logprobs"][i], &r["logprob"]), "{lp}");
+        assert_eq!(lp["text_offset"][i].as_u64(), Some(offset), "{lp}");
+        offset += tokens[i].chars().count() as u64;
+        // The two most probable tokens and the chosen one (one of them here).
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(top.len(), 2, "{lp}");
+        assert!(close(&top[tokens[i]], &r["logprob"]), "{lp}");
+    }
+    let mut streamed = request.clone();
+    streamed["stream"] = true.into();
+    let evs = events(port, "/v1/completions", &streamed);
+    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for e in &evs {
+        let l = &e["choices"][0]["logprobs"];
+        if !l.is_null() {
+            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                joined[key].as_array_mut().unwrap().extend(l[key].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    assert_eq!(joined, *lp, "streamed completion logprobs");
+    // A stop string the answer's end begins: that end is held back to the last event, its
+    // token's entry with it.
+    let mut held = streamed.clone();
+    held["stop"] = format!("{}\u{1}", plain.chars().last().unwrap()).into();
+    let evs = events(port, "/v1/completions", &held);
+    let text: String = evs.iter().map(|e| e["choices"][0]["text"].as_str().unwrap()).collect();
+    let tokens: Vec<Value> = evs
+        .iter()
+        .flat_map(|e| e["choices"][0]["logprobs"]["tokens"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!((text.as_str(), &tokens[..]), (plain.as_str(), &lp["tokens"].as_array().unwrap()[..]), "held back");
+
+    // A stop string inside the answer: the tokens whose text begins before it.
+    let stop = &plain[3..5];
+    let cut = plain.find(stop).unwrap();
+    for stream in [false, true] {
+        let mut body = request.clone();
+        body["stop"] = stop.into();
+        body["stream"] = stream.into();
+        let tokens: Vec<Value> = if stream {
+            let evs = events(port, "/v1/completions", &body);
+            evs.iter()
+                .flat_map(|e| e["choices"][0]["logprobs"]["tokens"].as_array().cloned().unwrap_or_default())
+                .collect()
+        } else {
+            post(port, "/v1/completions", &body).1["choices"][0]["logprobs"]["tokens"].as_array().unwrap().clone()
+        };
+        let expect =
+            lp["text_offset"].as_array().unwrap().iter().filter(|o| (o.as_u64().unwrap() as usize) < cut).count();
+        assert_eq!(tokens.len(), expect, "stop {stop:?} in {plain:?}, stream {stream}");
+        assert_eq!(tokens[..], lp["tokens"].as_array().unwrap()[..expect]);
+    }
+
+    // Chat: entries with bytes and the alternatives asked for.
+    let (chat, chat_records) = generate_logprobs(&[&models[..], &["--chat", "--prompt", "ABC"]].concat());
+    let body = json!({"messages": [{"role": "user", "content": "ABC"}], "max_tokens": 8, "ignore_eos": true,
+        "logprobs": true, "top_logprobs": 2});
+    let (status, v) = post(port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), chat);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    assert_eq!(content.len(), 8);
+    let bytes: Vec<u8> =
+        content.iter().flat_map(|c| c["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8)).collect();
+    assert_eq!(String::from_utf8(bytes).unwrap(), chat);
+    for (c, r) in content.iter().zip(&chat_records) {
+        assert!(close(&c["logprob"], &r["logprob"]) && c["token"] == r["text"], "{c} vs {r}");
+        assert_eq!(c["top_logprobs"].as_array().unwrap().len(), 2, "{c}");
+    }
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let evs = events(port, "/v1/chat/completions", &streamed);
+    let joined: Vec<Value> = evs
+        .iter()
+        .flat_map(|e| e["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(joined, content, "streamed chat logprobs");
+    // Not asked for: null.
+    let v =
+        post(port, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "A"}], "max_tokens": 2})).1;
+    assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
+
+    let bad = [
+        ("/v1/completions", json!({"prompt": "AB", "logprobs": 21}), "at most 20"),
+        ("/v1/completions", json!({"prompt": "AB", "logprobs": true}), "an integer"),
+        ("/v1/completions", json!({"prompt": "AB", "echo": true}), "echo"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "A"}], "top_logprobs": 2}),
+            "needs logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "A"}], "logprobs": 2}),
+            "true or false",
+        ),
+    ];
+    for (path, body, expected) in bad {
+        let (status, v) = post(port, path, &body);
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(status == 400 && msg.contains(expected), "{body}: {status} {v}");
+    }
+    for (flags, expected) in
+        [(&["--logprobs", "2"][..], "give --json too"), (&["--json", "--logprobs", "21"][..], "at most 20")]
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+            .args(["generate", "--prompt", "AB", "--target", s(&target), "--no-spec"])
+            .args(flags)
+            .env("MDSD_OFFLINE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expected), "{flags:?}: {err}");
+    }
+}

@@ -38,6 +38,7 @@ use crate::draft_window::{DraftContext, DraftWindow};
 use crate::drafting::nan_error;
 use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
+use crate::logprobs::{token_logprobs, TokenLogprobs};
 use crate::model::eagle::EagleHead;
 use crate::model::DecoderModel;
 use crate::ngram::NgramDrafter;
@@ -73,6 +74,10 @@ pub struct Generator<'a> {
     /// The tokens whose keys and values the target cache holds, in order (empty after a
     /// failed generation).
     history: Vec<u32>,
+    /// Alternatives per token of the log-probabilities to record ([`Self::set_logprobs`]).
+    logprobs_top: Option<usize>,
+    /// The running or last generation's log-probabilities, one per generated token.
+    logprobs: Vec<TokenLogprobs>,
 }
 
 /// Per-step buffers, reused across steps.
@@ -137,6 +142,8 @@ impl<'a> Generator<'a> {
             draft_context: DraftContext::default(),
             prefix_reuse: false,
             history: Vec::new(),
+            logprobs_top: None,
+            logprobs: Vec::new(),
         })
     }
 
@@ -174,6 +181,20 @@ impl<'a> Generator<'a> {
         }
     }
 
+    /// Records, from the next generation on, the target's log-probability of every generated
+    /// token and its `top` most probable alternatives (`None`, the default: nothing), as
+    /// [`crate::logprobs`] defines them. They come from the rows the target ran anyway; each
+    /// costs two reads of a row of logits.
+    pub fn set_logprobs(&mut self, top: Option<usize>) {
+        self.logprobs_top = top;
+    }
+
+    /// The last generation's log-probabilities, one per token it returned (empty unless
+    /// [`Self::set_logprobs`] asked for them).
+    pub fn logprobs(&self) -> &[TokenLogprobs] {
+        &self.logprobs
+    }
+
     /// The draft window set with [`Self::set_draft_window`].
     pub fn draft_window(&self) -> Option<DraftWindow> {
         self.draft_context.window()
@@ -196,9 +217,21 @@ impl<'a> Generator<'a> {
         prompt: &[u32],
         config: &GenerationConfig,
         is_stop: impl Fn(u32) -> bool,
-        on_tokens: impl FnMut(&[u32]) -> Result<()>,
+        mut on_tokens: impl FnMut(&[u32]) -> Result<()>,
     ) -> Result<(Vec<u32>, Stats)> {
-        let result = self.generate_after(prompt, config, is_stop, on_tokens);
+        self.generate_emitting(prompt, config, is_stop, |tokens, _| on_tokens(tokens))
+    }
+
+    /// [`Self::generate`], with each batch of accepted tokens given with their
+    /// log-probabilities (one per token when [`Self::set_logprobs`] asked for them, else none).
+    pub fn generate_emitting(
+        &mut self,
+        prompt: &[u32],
+        config: &GenerationConfig,
+        is_stop: impl Fn(u32) -> bool,
+        on_emit: impl FnMut(&[u32], &[TokenLogprobs]) -> Result<()>,
+    ) -> Result<(Vec<u32>, Stats)> {
+        let result = self.generate_after(prompt, config, is_stop, on_emit);
         // The caches of a failed generation may hold rows no token list describes.
         if result.is_err() {
             self.history.clear();
@@ -211,8 +244,9 @@ impl<'a> Generator<'a> {
         prompt: &[u32],
         config: &GenerationConfig,
         is_stop: impl Fn(u32) -> bool,
-        mut on_tokens: impl FnMut(&[u32]) -> Result<()>,
+        mut on_emit: impl FnMut(&[u32], &[TokenLogprobs]) -> Result<()>,
     ) -> Result<(Vec<u32>, Stats)> {
+        self.logprobs.clear();
         config.warp.check().map_err(|e| Error::Msg(e.to_string()))?;
         if prompt.is_empty() {
             candle_core::bail!("the prompt is empty");
@@ -341,7 +375,9 @@ impl<'a> Generator<'a> {
                     config.warp.apply(&logits, &mut self.buf.p).map_err(|e| nan_error(e, "target"))?;
                     // The cache now ends at the sampled token's position.
                     let position = self.target_cache.len() as u64;
-                    self.buf.emitted.push(sample_token(self.buf.noise, position, &self.buf.p, &mut rng)?);
+                    let token = sample_token(self.buf.noise, position, &self.buf.p, &mut rng)?;
+                    self.buf.emitted.push(token);
+                    record_logprobs(self.logprobs_top, &logits, token, &mut self.logprobs)?;
                     timings[2] += t1.elapsed();
                     stats.target_forwards += 1;
                     stats.target_rows += 1;
@@ -380,22 +416,28 @@ impl<'a> Generator<'a> {
             }
             // Every emitted token, past a cut too: the caches may hold accepted drafts beyond it.
             self.history.extend_from_slice(&self.buf.emitted);
+            // The step's log-probabilities follow the ones of `out` (none when not asked for).
+            let logprobs = &self.logprobs[out.len().min(self.logprobs.len())..];
+            let emit = |k: usize| (&self.buf.emitted[..k], &logprobs[..k.min(logprobs.len())]);
             for i in 0..self.buf.emitted.len() {
                 let t = self.buf.emitted[i];
                 if is_stop(t) {
-                    on_tokens(&self.buf.emitted[..i])?;
-                    out.extend_from_slice(&self.buf.emitted[..i]);
+                    let (tokens, lp) = emit(i);
+                    on_emit(tokens, lp)?;
+                    out.extend_from_slice(tokens);
                     stats.stop_reason = "stop_token".into();
                     break 'outer;
                 }
                 if out.len() + i + 1 >= config.max_new_tokens {
-                    on_tokens(&self.buf.emitted[..=i])?;
-                    out.extend_from_slice(&self.buf.emitted[..=i]);
+                    let (tokens, lp) = emit(i + 1);
+                    on_emit(tokens, lp)?;
+                    out.extend_from_slice(tokens);
                     break 'outer;
                 }
             }
-            on_tokens(&self.buf.emitted)?;
-            out.extend_from_slice(&self.buf.emitted);
+            let (tokens, lp) = emit(self.buf.emitted.len());
+            on_emit(tokens, lp)?;
+            out.extend_from_slice(tokens);
             pending = *self.buf.emitted.last().expect("a step emits at least one token");
         }
         // The target cache holds the text up to the pending token.
@@ -404,6 +446,7 @@ impl<'a> Generator<'a> {
         } else {
             self.history.clear();
         }
+        self.logprobs.truncate(out.len());
         stats.new_tokens = out.len();
         let steps = stats.target_forwards.max(1) as f64;
         stats.tau = out.len() as f64 / steps;
@@ -429,6 +472,16 @@ fn sample_token(noise: Option<PositionalNoise>, position: u64, p: &[f64], rng: &
         Some(noise) => noise.sample(position, p).map_err(|e| nan_error(e, "target")),
         None => Ok(samplers::dist::sample(p, rng)),
     }
+}
+
+/// Appends `token`'s log-probabilities from its scoring row `logits` when `top` asks for them.
+fn record_logprobs(top: Option<usize>, logits: &[f32], token: u32, out: &mut Vec<TokenLogprobs>) -> Result<()> {
+    if let Some(top) = top {
+        let mut record = TokenLogprobs::default();
+        token_logprobs(logits, token, top, &mut record).map_err(|e| Error::Msg(format!("log-probabilities: {e}")))?;
+        out.push(record);
+    }
+    Ok(())
 }
 
 /// Tokens for a draft whose vocabulary is a prefix of the target's: ids beyond it (which the

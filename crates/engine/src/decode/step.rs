@@ -2,7 +2,7 @@
 //! target forward, verify from the root, keep the accepted path in both caches (the steps
 //! 1-4 of the module docs of [`super`]).
 
-use super::{for_draft, sample_token, DraftSource, Generator, SpecConfig, Stats};
+use super::{for_draft, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
 use crate::auto_tree::AutoTree;
 use crate::drafting::{draw_children, expandable, nan_error, tree_bias};
 use crate::tree::DraftTree;
@@ -185,6 +185,11 @@ impl Generator<'_> {
                 }
                 None => break,
             }
+        }
+        // The token emitted at each node of the path was scored by that node's row.
+        for (&node, &token) in b.path.iter().zip(&b.emitted) {
+            let row = b.row_of[node];
+            record_logprobs(self.logprobs_top, &logits[row * v..(row + 1) * v], token, &mut self.logprobs)?;
         }
         timings[2] += t2.elapsed();
 
