@@ -127,5 +127,29 @@ fn positional(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, alpha_star, verification, positional);
+/// `Warp::apply`: logits to the warped target distribution, what verification does at every
+/// node on the accepted path and drafting at every expanded node: temperature alone, with
+/// top-p 0.9 and 0.95, with top-k 50, and temperature 0 (an argmax).
+fn warp(c: &mut Criterion) {
+    for vocab in [151_936usize, 32_000] {
+        let (p, _) = model_like_pair(vocab, 4);
+        let logits: Vec<f32> = p.iter().map(|&x| x.ln() as f32).collect();
+        let mut g = c.benchmark_group(format!("warp/V={vocab}"));
+        g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        let mut out = Vec::new();
+        let warps = [
+            ("t0.7", samplers::dist::Warp::temperature(0.7)),
+            ("t0.7_top_p0.9", samplers::dist::Warp { top_p: 0.9, ..samplers::dist::Warp::temperature(0.7) }),
+            ("t1_top_p0.95", samplers::dist::Warp { top_p: 0.95, ..samplers::dist::Warp::temperature(1.0) }),
+            ("t0.7_top_k50", samplers::dist::Warp { top_k: 50, ..samplers::dist::Warp::temperature(0.7) }),
+            ("t0", samplers::dist::Warp::temperature(0.0)),
+        ];
+        for (name, w) in warps {
+            g.bench_function(name, |b| b.iter(|| w.apply(black_box(&logits), &mut out).unwrap()));
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, alpha_star, verification, positional, warp);
 criterion_main!(benches);

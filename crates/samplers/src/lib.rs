@@ -14,7 +14,7 @@
 //! - [`positional`]: noise keyed by `(seed, position, token)`: exponential-race sampling
 //!   and Gumbel-top-k drafts on the same noise, whose speculative output equals plain
 //!   sampling's token for token (drafter-invariant decoding).
-//! - [`dist`]: validation, temperature / top-k / top-p warping and sampling primitives.
+//! - [`dist`]: validation and sampling primitives; [`warp`]: temperature, top-k and top-p.
 //!
 //! Equation names refer to "Towards Optimal Multi-draft Speculative Decoding" (ICLR 2025).
 
@@ -25,6 +25,7 @@ pub mod error;
 pub mod pairs;
 pub mod positional;
 pub mod verify;
+pub mod warp;
 
 pub use construction::DraftConstruction;
 pub use error::{Result, SamplerError};

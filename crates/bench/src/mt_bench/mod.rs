@@ -68,6 +68,14 @@ pub struct MtBenchArgs {
     /// Comma-separated sampling temperatures (0: argmax).
     #[arg(long, default_value = "0")]
     temperatures: String,
+    /// Top-p of every cell's sampling, target and draft alike, as `mdsd generate --top-p`
+    /// (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    /// Top-k of every cell's sampling, target and draft alike, as `mdsd generate --top-k`
+    /// (0: off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
     /// Temperature of the draft's q for the speculative methods (default: each cell's
     /// temperature), as `mdsd generate --draft-temperature`: at temperature 0 a one-hot q gives
     /// one draft per node, so multi-draft trees need one (e.g. 1, with `topk`).
@@ -315,13 +323,14 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     })?;
     let ngram = args.ngram.config().map_err(|e| anyhow::anyhow!("--ngram-min/--ngram-max: {e}"))?;
     let ngram_tree = args.ngram.tree()?;
+    let warp = |temperature| Warp { temperature, top_k: args.top_k, top_p: args.top_p };
     let temperatures = parse_list(&args.temperatures, "temperature", |s| {
         let t: f64 = s.parse().context("not a number")?;
-        Warp::temperature(t).check()?;
+        warp(t).check()?;
         Ok(t)
     })?;
     if let Some(t) = args.draft_temperature {
-        Warp::temperature(t).check().context("--draft-temperature")?;
+        warp(t).check().context("--draft-temperature")?;
     }
     let mut questions = match &args.categories {
         None => read_questions(&args.questions, args.limit)?,
@@ -388,7 +397,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                         tree: tree.clone(),
                         construction,
                         verifier,
-                        draft_warp: args.draft_temperature.map(Warp::temperature),
+                        draft_warp: args.draft_temperature.map(warp),
                         confidence_cutoff: parse_tree_spec(name).map_or(0.0, |t| t.cutoff),
                         source: match cell.method {
                             Method::NgramFirst { .. } => {
@@ -429,7 +438,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                 let seed = args.seed + 1000 * qi as u64 + turn as u64;
                 let config = GenerationConfig {
                     max_new_tokens: args.max_new_tokens,
-                    warp: Warp::temperature(cell.temperature),
+                    warp: warp(cell.temperature),
                     seed,
                     randomness: cell.randomness,
                     speculative: speculative.clone(),
@@ -508,6 +517,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "max_new_tokens": args.max_new_tokens,
         "draft_vocab": args.draft_vocab,
         "draft_temperature": args.draft_temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
         "ngram": [args.ngram.ngram_min, args.ngram.ngram_max],
         "ngram_tree": args.ngram.ngram_tree,
         "chat": chat,
