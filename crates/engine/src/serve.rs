@@ -101,6 +101,8 @@ struct Checked {
     stops: Vec<String>,
     /// Log-probabilities with this many alternatives per token.
     logprobs: Option<usize>,
+    /// Completions with `echo`: the prompt, put before the answer (and scored, with `logprobs`).
+    echo: Option<String>,
 }
 
 /// Which endpoint a request came to.
@@ -221,8 +223,8 @@ impl State<'_, '_> {
         if req.n.is_some_and(|n| n != 1) {
             return refuse(400, "n: only one choice per request is supported");
         }
-        if req.echo {
-            return refuse(400, "echo: returning the prompt with the answer is not supported");
+        if req.echo && kind == Kind::Chat {
+            return refuse(400, "echo: a completions field (chat completions do not echo the messages)");
         }
         let logprobs = logprobs::requested(kind, &req.logprobs, req.top_logprobs)?;
         let stops = match &req.stop {
@@ -275,13 +277,14 @@ impl State<'_, '_> {
             return refuse(400, format!("{e} (the server's --context)"));
         }
         let max_new_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(defaults.max_new_tokens);
-        if max_new_tokens == 0 {
-            return refuse(400, "max_tokens: at least 1");
+        if max_new_tokens == 0 && !req.echo {
+            return refuse(400, "max_tokens: at least 1 (0 only with echo, to score the prompt)");
         }
         // Without a seed each request draws one, reported with the answer.
         let seed = req.seed.unwrap_or_else(rand::random);
         let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
-        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs }, ids, config))
+        let echo = req.echo.then_some(text);
+        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo }, ids, config))
     }
 
     /// Generates and answers, streamed or in one object.
@@ -317,6 +320,10 @@ impl State<'_, '_> {
             )
         };
         self.generator.set_logprobs(req.logprobs);
+        self.generator.set_prompt_logprobs(req.echo.is_some() && req.logprobs.is_some());
+        let echo = req.echo.as_deref().unwrap_or("");
+        // Answer tokens' text offsets count the echoed prompt.
+        let shift = echo.chars().count();
         if !req.stream {
             let (out, mut stats) = match self.generator.generate(ids, config, is_stop, |_| Ok(())) {
                 Ok(r) => r,
@@ -338,10 +345,15 @@ impl State<'_, '_> {
             } else {
                 stops.answer()
             };
+            let text = format!("{echo}{text}");
             let logprobs = match req.logprobs {
                 Some(_) => {
                     let records = &self.generator.logprobs()[..stops.tokens_shown(out.len(), true)];
-                    logprobs::format(kind, tok, &stops, records, 0)
+                    let answer = logprobs::format(kind, tok, &stops, records, 0, shift);
+                    match req.echo {
+                        Some(_) => logprobs::with_prompt(tok, ids, self.generator.prompt_logprobs(), answer),
+                        None => answer,
+                    }
                 }
                 None => Value::Null,
             };
@@ -375,9 +387,23 @@ impl State<'_, '_> {
         if kind == Kind::Chat {
             events.send(json!({"role": "assistant", "content": ""}), Value::Null)?;
         }
-        let mut gathered = logprobs::Gathered::default();
-        let result = self.generator.generate_emitting(ids, config, is_stop, |_, records| {
-            gathered.extend(records);
+        let mut gathered = logprobs::Gathered::new(shift);
+        // The echoed prompt goes first, with its log-probabilities once the prompt pass gave them.
+        let mut echo_pending = req.echo.as_deref();
+        let echo_event = |events: &mut Events, prompt_records: &[engine::logprobs::TokenLogprobs]| {
+            let lp = match req.logprobs {
+                Some(_) => {
+                    logprobs::with_prompt(tok, ids, prompt_records, logprobs::format(kind, tok, &stops, &[], 0, 0))
+                }
+                None => Value::Null,
+            };
+            events.send(events.delta(echo.to_string()), lp)
+        };
+        let result = self.generator.generate_emitting(ids, config, is_stop, |e| {
+            if echo_pending.take().is_some() && echo_event(&mut events, e.prompt_logprobs).is_err() {
+                gone.set(true);
+            }
+            gathered.extend(e.logprobs);
             let piece = stops.ready(false);
             let lp = if req.logprobs.is_some() { gathered.next(kind, tok, &stops, false) } else { None };
             if piece.is_empty() && lp.is_none() {
@@ -399,6 +425,9 @@ impl State<'_, '_> {
                     stats.stop_reason = "stop_string".into();
                 }
                 log(&stats);
+                if echo_pending.is_some() {
+                    echo_event(&mut events, self.generator.prompt_logprobs())?;
+                }
                 let rest = stops.ready(true);
                 let lp = if req.logprobs.is_some() { gathered.next(kind, tok, &stops, true) } else { None };
                 if !rest.is_empty() || lp.is_some() {

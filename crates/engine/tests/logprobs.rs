@@ -19,11 +19,16 @@ use samplers::{DraftConstruction, Verifier};
 fn reference(target: &DecoderModel, prompt: &[u32], out: &[u32]) -> Vec<Vec<f64>> {
     let mut text = prompt.to_vec();
     text.extend_from_slice(&out[..out.len() - 1]);
+    log_softmax_rows(target, &text).split_off(prompt.len() - 1)
+}
+
+/// The target's `ln softmax` after each prefix of `text` (row `r` scores `text[r + 1]`).
+fn log_softmax_rows(target: &DecoderModel, text: &[u32]) -> Vec<Vec<f64>> {
     let mut cache = target.new_cache(text.len() + 1).unwrap();
-    let hidden = target.forward_chain(&text, &mut cache).unwrap();
+    let hidden = target.forward_chain(text, &mut cache).unwrap();
     let logits: Vec<Vec<f32>> =
         target.logits(&hidden).unwrap().to_dtype(candle_core::DType::F32).unwrap().to_vec2().unwrap();
-    logits[prompt.len() - 1..]
+    logits
         .iter()
         .map(|row| {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l)) as f64;
@@ -171,8 +176,8 @@ fn records_follow_the_tokens_through_cuts() {
                 &prompt,
                 &config(max),
                 |t| Some(t) == stop_token,
-                |tokens, records| {
-                    batches.push((tokens.to_vec(), records.to_vec()));
+                |e| {
+                    batches.push((e.tokens.to_vec(), e.logprobs.to_vec()));
                     Ok(())
                 },
             )
@@ -193,8 +198,8 @@ fn records_follow_the_tokens_through_cuts() {
         &prompt,
         &config(8),
         |_| false,
-        |_, records| {
-            any |= !records.is_empty();
+        |e| {
+            any |= !e.logprobs.is_empty() || !e.prompt_logprobs.is_empty();
             Ok(())
         },
     )
@@ -203,4 +208,59 @@ fn records_follow_the_tokens_through_cuts() {
     let mut fresh = Generator::new(&target, Some(&target), 200).unwrap();
     fresh.generate(&prompt, &config(5), |_| false, |_| Ok(())).unwrap();
     assert!(fresh.logprobs().is_empty(), "off by default");
+}
+
+/// Prompt log-probabilities (`set_prompt_logprobs`): every prompt token after the first, as one
+/// prompt pass scores it (a 200-token prompt: several blocks of 64 rows), with no tokens
+/// generated or before generated ones; the prompt then runs whole although prefix reuse is on;
+/// off, nothing is scored and the cache is reused again.
+#[test]
+fn prompt_logprobs_score_every_prompt_token() {
+    let target = model(Tiny { scale: 0.8, ..Tiny::llama(134) }, "logprobs-prompt-target");
+    let prompt: Vec<u32> = (0..200u32).map(|i| (i * 13 + 7) % 48).collect();
+    let config = |max_new_tokens| GenerationConfig {
+        max_new_tokens,
+        warp: Warp::temperature(0.0),
+        seed: 1,
+        randomness: Randomness::Stream,
+        speculative: Some(spec(
+            TreeChoice::Fixed(DraftTree::preset("chain-2").unwrap()),
+            DraftConstruction::Greedy,
+            Verifier::Greedy,
+            None,
+            0.0,
+        )),
+    };
+    let mut g = Generator::new(&target, Some(&target), 256).unwrap();
+    g.set_prefix_reuse(true);
+    g.set_prompt_logprobs(true);
+    // Without set_logprobs: nothing scored.
+    g.generate(&prompt, &config(2), |_| false, |_| Ok(())).unwrap();
+    assert!(g.prompt_logprobs().is_empty());
+    g.set_logprobs(Some(2));
+    let (out, stats) = g.generate(&prompt, &config(0), |_| false, |_| Ok(())).unwrap();
+    assert!(out.is_empty() && g.logprobs().is_empty());
+    assert_eq!(stats.reused_tokens, 0, "a scored prompt runs whole");
+    let scored = g.prompt_logprobs().to_vec();
+    assert_matches_reference(&scored, &prompt[1..], &log_softmax_rows(&target, &prompt), 2, "prompt");
+    let (out, stats) = g.generate(&prompt, &config(6), |_| false, |_| Ok(())).unwrap();
+    assert_eq!((out.len(), stats.reused_tokens), (6, 0));
+    assert_eq!(g.prompt_logprobs(), &scored[..], "the same prompt, scored again");
+    assert_matches_reference(g.logprobs(), &out, &reference(&target, &prompt, &out), 2, "after the prompt");
+    // Streamed: the prompt's records come with the first batch only.
+    let mut batches = Vec::new();
+    g.generate_emitting(
+        &prompt,
+        &config(6),
+        |_| false,
+        |e| {
+            batches.push(e.prompt_logprobs.to_vec());
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert!(batches.len() > 1 && batches[0] == scored && batches[1..].iter().all(Vec::is_empty));
+    g.set_prompt_logprobs(false);
+    let (_, stats) = g.generate(&prompt, &config(2), |_| false, |_| Ok(())).unwrap();
+    assert!(stats.reused_tokens > 0 && g.prompt_logprobs().is_empty());
 }

@@ -440,6 +440,50 @@ fn serve_returns_logprobs() {
         assert_eq!(tokens[..], lp["tokens"].as_array().unwrap()[..expect]);
     }
 
+    // Echo: the prompt scored by its own pass. Prompt "ABC" + the answer, no new tokens: the
+    // answer's tokens get the values they had as generated tokens (one token per character in
+    // this vocabulary).
+    let scored = json!({"prompt": format!("ABC{plain}"), "max_tokens": 0, "echo": true, "logprobs": 2});
+    let (status, v) = post(port, "/v1/completions", &scored);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), format!("ABC{plain}"));
+    let e = &v["choices"][0]["logprobs"];
+    let echoed: Vec<&str> = e["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(echoed.concat(), format!("ABC{plain}"));
+    assert!(e["token_logprobs"][0].is_null() && e["top_logprobs"][0].is_null(), "{e}");
+    assert_eq!(e["text_offset"].as_array().unwrap().len(), 11);
+    for i in 0..8 {
+        let (a, b) = (e["token_logprobs"][3 + i].as_f64().unwrap(), lp["token_logprobs"][i].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-3, "token {i}: scored {a}, generated {b}");
+        assert_eq!(e["text_offset"][3 + i].as_u64(), Some(3 + i as u64));
+    }
+    // Echo with an answer, whole and streamed: the prompt's entries, then the answer's.
+    let echo = json!({"prompt": "ABC", "max_tokens": 8, "ignore_eos": true, "echo": true, "logprobs": 2});
+    let v = post(port, "/v1/completions", &echo).1;
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), format!("ABC{plain}"));
+    let whole = v["choices"][0]["logprobs"].clone();
+    assert_eq!(whole["tokens"].as_array().unwrap().len(), 11);
+    assert_eq!(whole["tokens"].as_array().unwrap()[3..], lp["tokens"].as_array().unwrap()[..]);
+    assert_eq!(whole["text_offset"][3].as_u64(), Some(3));
+    let mut streamed = echo.clone();
+    streamed["stream"] = true.into();
+    let evs = events(port, "/v1/completions", &streamed);
+    let text: String = evs.iter().map(|e| e["choices"][0]["text"].as_str().unwrap()).collect();
+    assert_eq!(text, format!("ABC{plain}"));
+    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for e in &evs {
+        let l = &e["choices"][0]["logprobs"];
+        if !l.is_null() {
+            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                joined[key].as_array_mut().unwrap().extend(l[key].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    assert_eq!(joined, whole, "streamed echo");
+    // Echo without logprobs: the text only.
+    let v = post(port, "/v1/completions", &json!({"prompt": "ABC", "max_tokens": 2, "echo": true})).1;
+    assert!(v["choices"][0]["text"].as_str().unwrap().starts_with("ABC") && v["choices"][0]["logprobs"].is_null());
+
     // Chat: entries with bytes and the alternatives asked for.
     let (chat, chat_records) = generate_logprobs(&[&models[..], &["--chat", "--prompt", "ABC"]].concat());
     let body = json!({"messages": [{"role": "user", "content": "ABC"}], "max_tokens": 8, "ignore_eos": true,
@@ -472,7 +516,8 @@ fn serve_returns_logprobs() {
     let bad = [
         ("/v1/completions", json!({"prompt": "AB", "logprobs": 21}), "at most 20"),
         ("/v1/completions", json!({"prompt": "AB", "logprobs": true}), "an integer"),
-        ("/v1/completions", json!({"prompt": "AB", "echo": true}), "echo"),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "A"}], "echo": true}), "echo"),
+        ("/v1/completions", json!({"prompt": "AB", "max_tokens": 0}), "0 only with echo"),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "A"}], "top_logprobs": 2}),

@@ -78,6 +78,22 @@ pub struct Generator<'a> {
     logprobs_top: Option<usize>,
     /// The running or last generation's log-probabilities, one per generated token.
     logprobs: Vec<TokenLogprobs>,
+    /// Also score the prompt's tokens ([`Self::set_prompt_logprobs`]).
+    score_prompt: bool,
+    /// The last generation's prompt log-probabilities, one per prompt token after the first.
+    prompt_logprobs: Vec<TokenLogprobs>,
+}
+
+/// A batch of accepted tokens, as [`Generator::generate_emitting`] hands it out.
+#[derive(Debug, Clone, Copy)]
+pub struct Emitted<'a> {
+    pub tokens: &'a [u32],
+    /// One record per token when [`Generator::set_logprobs`] asked for them, else none.
+    pub logprobs: &'a [TokenLogprobs],
+    /// In a generation's first batch, the prompt's records when
+    /// [`Generator::set_prompt_logprobs`] asked for them (as [`Generator::prompt_logprobs`]);
+    /// empty in later batches.
+    pub prompt_logprobs: &'a [TokenLogprobs],
 }
 
 /// Per-step buffers, reused across steps.
@@ -144,6 +160,8 @@ impl<'a> Generator<'a> {
             history: Vec::new(),
             logprobs_top: None,
             logprobs: Vec::new(),
+            score_prompt: false,
+            prompt_logprobs: Vec::new(),
         })
     }
 
@@ -195,6 +213,21 @@ impl<'a> Generator<'a> {
         &self.logprobs
     }
 
+    /// With [`Self::set_logprobs`], also records the log-probability of every prompt token after
+    /// the first (and its alternatives), from the prompt's own pass: OpenAI's `echo` with
+    /// `logprobs`, a text's likelihood under the target. Such a generation runs its prompt whole
+    /// (no prefix reuse: reused rows have no logits) and computes the output layer for every
+    /// prompt row, 64 rows at a time.
+    pub fn set_prompt_logprobs(&mut self, on: bool) {
+        self.score_prompt = on;
+    }
+
+    /// The last generation's prompt log-probabilities ([`Self::set_prompt_logprobs`]): the
+    /// records of `prompt[1..]`, in order (empty when not asked for).
+    pub fn prompt_logprobs(&self) -> &[TokenLogprobs] {
+        &self.prompt_logprobs
+    }
+
     /// The draft window set with [`Self::set_draft_window`].
     pub fn draft_window(&self) -> Option<DraftWindow> {
         self.draft_context.window()
@@ -219,17 +252,17 @@ impl<'a> Generator<'a> {
         is_stop: impl Fn(u32) -> bool,
         mut on_tokens: impl FnMut(&[u32]) -> Result<()>,
     ) -> Result<(Vec<u32>, Stats)> {
-        self.generate_emitting(prompt, config, is_stop, |tokens, _| on_tokens(tokens))
+        self.generate_emitting(prompt, config, is_stop, |e| on_tokens(e.tokens))
     }
 
     /// [`Self::generate`], with each batch of accepted tokens given with their
-    /// log-probabilities (one per token when [`Self::set_logprobs`] asked for them, else none).
+    /// log-probabilities ([`Emitted`]).
     pub fn generate_emitting(
         &mut self,
         prompt: &[u32],
         config: &GenerationConfig,
         is_stop: impl Fn(u32) -> bool,
-        on_emit: impl FnMut(&[u32], &[TokenLogprobs]) -> Result<()>,
+        on_emit: impl FnMut(Emitted<'_>) -> Result<()>,
     ) -> Result<(Vec<u32>, Stats)> {
         let result = self.generate_after(prompt, config, is_stop, on_emit);
         // The caches of a failed generation may hold rows no token list describes.
@@ -244,7 +277,7 @@ impl<'a> Generator<'a> {
         prompt: &[u32],
         config: &GenerationConfig,
         is_stop: impl Fn(u32) -> bool,
-        mut on_emit: impl FnMut(&[u32], &[TokenLogprobs]) -> Result<()>,
+        mut on_emit: impl FnMut(Emitted<'_>) -> Result<()>,
     ) -> Result<(Vec<u32>, Stats)> {
         self.logprobs.clear();
         config.warp.check().map_err(|e| Error::Msg(e.to_string()))?;
@@ -302,6 +335,10 @@ impl<'a> Generator<'a> {
         } else {
             0
         };
+        let score_prompt = self.score_prompt && self.logprobs_top.is_some();
+        if score_prompt {
+            reused = 0;
+        }
         if let Some(e) = &self.eagle {
             reused = e.reusable(reused);
         }
@@ -316,6 +353,10 @@ impl<'a> Generator<'a> {
         } else {
             None
         };
+        self.prompt_logprobs.clear();
+        if let (true, Some(hidden), Some(top)) = (score_prompt, &prompt_hidden, self.logprobs_top) {
+            score_rows(self.target, hidden, &prompt[1..], top, &mut self.prompt_logprobs)?;
+        }
         if let Some(e) = self.eagle.as_mut() {
             e.start(reused, prompt_hidden, prompt)?;
         }
@@ -418,26 +459,31 @@ impl<'a> Generator<'a> {
             self.history.extend_from_slice(&self.buf.emitted);
             // The step's log-probabilities follow the ones of `out` (none when not asked for).
             let logprobs = &self.logprobs[out.len().min(self.logprobs.len())..];
-            let emit = |k: usize| (&self.buf.emitted[..k], &logprobs[..k.min(logprobs.len())]);
+            let prompt_logprobs: &[TokenLogprobs] = if out.is_empty() { &self.prompt_logprobs } else { &[] };
+            let emit = |k: usize| Emitted {
+                tokens: &self.buf.emitted[..k],
+                logprobs: &logprobs[..k.min(logprobs.len())],
+                prompt_logprobs,
+            };
             for i in 0..self.buf.emitted.len() {
                 let t = self.buf.emitted[i];
                 if is_stop(t) {
-                    let (tokens, lp) = emit(i);
-                    on_emit(tokens, lp)?;
-                    out.extend_from_slice(tokens);
+                    let e = emit(i);
+                    out.extend_from_slice(e.tokens);
+                    on_emit(e)?;
                     stats.stop_reason = "stop_token".into();
                     break 'outer;
                 }
                 if out.len() + i + 1 >= config.max_new_tokens {
-                    let (tokens, lp) = emit(i + 1);
-                    on_emit(tokens, lp)?;
-                    out.extend_from_slice(tokens);
+                    let e = emit(i + 1);
+                    out.extend_from_slice(e.tokens);
+                    on_emit(e)?;
                     break 'outer;
                 }
             }
-            let (tokens, lp) = emit(self.buf.emitted.len());
-            on_emit(tokens, lp)?;
-            out.extend_from_slice(tokens);
+            let e = emit(self.buf.emitted.len());
+            out.extend_from_slice(e.tokens);
+            on_emit(e)?;
             pending = *self.buf.emitted.last().expect("a step emits at least one token");
         }
         // The target cache holds the text up to the pending token.
@@ -480,6 +526,27 @@ fn record_logprobs(top: Option<usize>, logits: &[f32], token: u32, out: &mut Vec
         let mut record = TokenLogprobs::default();
         token_logprobs(logits, token, top, &mut record).map_err(|e| Error::Msg(format!("log-probabilities: {e}")))?;
         out.push(record);
+    }
+    Ok(())
+}
+
+/// Appends the records of `next[r]`, the token after hidden row `r`, for every row of `hidden`,
+/// computing the output layer 64 rows at a time.
+fn score_rows(
+    target: &DecoderModel,
+    hidden: &candle_core::Tensor,
+    next: &[u32],
+    top: usize,
+    out: &mut Vec<TokenLogprobs>,
+) -> Result<()> {
+    const ROWS: usize = 64;
+    let rows = hidden.dim(0)?;
+    for start in (0..rows).step_by(ROWS) {
+        let len = ROWS.min(rows - start);
+        let logits = target.logits(&hidden.narrow(0, start, len)?)?.to_vec2::<f32>()?;
+        for (row, &token) in logits.iter().zip(&next[start..start + len]) {
+            record_logprobs(Some(top), row, token, out)?;
+        }
     }
     Ok(())
 }

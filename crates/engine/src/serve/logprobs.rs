@@ -58,13 +58,18 @@ pub(super) fn requested(
 
 /// The log-probabilities of a streamed answer: gathered as tokens come, handed out with the
 /// text they belong to.
-#[derive(Default)]
 pub(super) struct Gathered {
     records: Vec<TokenLogprobs>,
     sent: usize,
+    /// Characters before the answer in the returned text (an echoed prompt).
+    shift: usize,
 }
 
 impl Gathered {
+    pub(super) fn new(shift: usize) -> Self {
+        Self { records: Vec::new(), sent: 0, shift }
+    }
+
     pub(super) fn extend(&mut self, records: &[TokenLogprobs]) {
         self.records.extend_from_slice(records);
     }
@@ -76,38 +81,31 @@ impl Gathered {
         if shown == self.sent {
             return None;
         }
-        let value = format(kind, tok, text, &self.records[self.sent..shown], self.sent);
+        let value = format(kind, tok, text, &self.records[self.sent..shown], self.sent, self.shift);
         self.sent = shown;
         Some(value)
     }
 }
 
-/// The `logprobs` object of `records`, the generated tokens from index `first` on.
+/// The `logprobs` object of `records`, the generated tokens from index `first` on, whose text
+/// follows `shift` characters of echoed prompt.
 pub(super) fn format(
     kind: Kind,
     tok: &TextTokenizer,
     text: &TextStops,
     records: &[TokenLogprobs],
     first: usize,
+    shift: usize,
 ) -> Value {
     let string = |id: u32| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned();
     match kind {
         Kind::Text => {
-            let tops: Vec<Value> = records
-                .iter()
-                .map(|r| {
-                    let mut top = Map::new();
-                    for &(id, lp) in r.top.iter().chain([&(r.token, r.logprob)]) {
-                        top.entry(string(id)).or_insert(json!(lp));
-                    }
-                    Value::Object(top)
-                })
-                .collect();
+            let tops: Vec<Value> = records.iter().map(|r| top_object(tok, r)).collect();
             json!({
                 "tokens": records.iter().map(|r| string(r.token)).collect::<Vec<_>>(),
                 "token_logprobs": records.iter().map(|r| r.logprob).collect::<Vec<_>>(),
                 "top_logprobs": tops,
-                "text_offset": (first..first + records.len()).map(|i| text.char_offset(i)).collect::<Vec<_>>(),
+                "text_offset": (first..first + records.len()).map(|i| shift + text.char_offset(i)).collect::<Vec<_>>(),
             })
         }
         Kind::Chat => {
@@ -123,4 +121,41 @@ pub(super) fn format(
             json!({"content": content, "refusal": null})
         }
     }
+}
+
+/// A completion record's `top_logprobs` entry: the alternatives' and the chosen token's texts
+/// with their log-probabilities.
+fn top_object(tok: &TextTokenizer, r: &TokenLogprobs) -> Value {
+    let mut top = Map::new();
+    for &(id, lp) in r.top.iter().chain([&(r.token, r.logprob)]) {
+        top.entry(String::from_utf8_lossy(&tok.token_bytes(id)).into_owned()).or_insert(json!(lp));
+    }
+    Value::Object(top)
+}
+
+/// A completion's `logprobs` with the echoed prompt's tokens first: the first token has no
+/// log-probability (`null`), each later one its record from the prompt pass (`records`, one per
+/// token after the first); the prompt's offsets count its tokens' texts from 0.
+pub(super) fn with_prompt(tok: &TextTokenizer, ids: &[u32], records: &[TokenLogprobs], answer: Value) -> Value {
+    let strings: Vec<String> =
+        ids.iter().map(|&id| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned()).collect();
+    let mut offsets = Vec::with_capacity(ids.len());
+    let mut at = 0;
+    for s in &strings {
+        offsets.push(json!(at));
+        at += s.chars().count();
+    }
+    let none = std::iter::once(Value::Null);
+    let mut prompt = json!({
+        "tokens": strings,
+        "token_logprobs": none.clone().chain(records.iter().map(|r| json!(r.logprob))).collect::<Vec<_>>(),
+        "top_logprobs": none.chain(records.iter().map(|r| top_object(tok, r))).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    });
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        if let (Some(p), Some(a)) = (prompt[key].as_array_mut(), answer[key].as_array()) {
+            p.extend(a.iter().cloned());
+        }
+    }
+    prompt
 }
