@@ -20,6 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 mod logprobs;
+mod refused;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -46,7 +47,8 @@ pub struct ServeArgs {
 }
 
 /// A completion request: OpenAI's fields that change the output, and `ignore_eos` (as vLLM's).
-/// Other fields (`model`, `user`, ...) are ignored.
+/// Fields that would change the answer and are not implemented are refused (`serve::refused`);
+/// others (`model`, `user`, ...) are ignored.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct CompletionRequest {
@@ -61,8 +63,6 @@ struct CompletionRequest {
     stream: bool,
     n: Option<usize>,
     stop: Option<Value>,
-    presence_penalty: Option<f64>,
-    frequency_penalty: Option<f64>,
     ignore_eos: bool,
     /// Completions: the alternatives per token (an integer); chat: whether to return them.
     logprobs: Option<Value>,
@@ -238,10 +238,9 @@ impl State<'_, '_> {
         if let Err(e) = StopStrings::new(stops.clone()) {
             return refuse(400, format!("stop: {e}"));
         }
-        for (name, v) in [("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)] {
-            if v.is_some_and(|v| v != 0.0) {
-                return refuse(400, format!("{name}: penalties would change the target's distribution; not supported"));
-            }
+        // The body parsed above, so it is JSON.
+        if let Some(msg) = serde_json::from_str(body).ok().as_ref().and_then(refused::refused_field) {
+            return refuse(400, msg);
         }
         let tok = &self.session.target.tokenizer;
         let text = match (kind, &req.prompt, &req.messages) {

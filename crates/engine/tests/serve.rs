@@ -267,7 +267,7 @@ fn serve_refuses_bad_requests() {
     );
     let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
     let port = server.port;
-    let cases: [(&str, &str, &str, u16, &str); 13] = [
+    let cases: [(&str, &str, &str, u16, &str); 14] = [
         ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
         ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 2}"#, 400, "one choice"),
@@ -275,6 +275,13 @@ fn serve_refuses_bad_requests() {
         ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ""}"#, 400, "an empty stop string"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "temperature": -1}"#, 400, "temperature"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "presence_penalty": 0.5}"#, 400, "presence_penalty"),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "A"}], "logit_bias": {"5": 100}, "presence_penalty": 0}"#,
+            400,
+            "logit_bias: not supported",
+        ),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "max_tokens": 0}"#, 400, "max_tokens"),
         ("POST", "/v1/chat/completions", r#"{"messages": []}"#, 400, "messages"),
         (

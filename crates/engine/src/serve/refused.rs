@@ -1,0 +1,83 @@
+//! Request fields `mdsd serve` refuses rather than ignores: each would change what the answer
+//! is (its law, its length or its form), so ignoring it would hand back something else than
+//! asked for. A field at its neutral value (absent, `null`, 0, 1, empty) passes.
+
+use serde_json::Value;
+
+/// The fields, each with the test of its neutral value and why it is refused.
+const REFUSED: [(&str, fn(&Value) -> bool, &str); 13] = [
+    ("presence_penalty", is_zero, "penalties would change the target's distribution"),
+    ("frequency_penalty", is_zero, "penalties would change the target's distribution"),
+    ("repetition_penalty", is_one, "penalties would change the target's distribution"),
+    ("logit_bias", is_empty, "a logit bias would change the target's distribution"),
+    ("min_p", is_zero, "min-p is not implemented (temperature, top_k and top_p are)"),
+    ("min_tokens", is_zero, "a minimum length is not implemented"),
+    ("best_of", is_one, "best-of selection is not implemented"),
+    ("suffix", is_empty, "insertion after a suffix is not implemented"),
+    ("response_format", is_text_format, "constrained (JSON) output is not implemented"),
+    ("tools", is_empty, "tool calls are not implemented"),
+    ("functions", is_empty, "function calls are not implemented"),
+    ("guided_json", Value::is_null, "guided decoding is not implemented"),
+    ("guided_regex", Value::is_null, "guided decoding is not implemented"),
+];
+
+/// The first refused field a request sets to a value other than its neutral one, as a message.
+pub(super) fn refused_field(body: &Value) -> Option<String> {
+    REFUSED.iter().find_map(|&(name, neutral, why)| match body.get(name) {
+        Some(v) if !neutral(v) => Some(format!("{name}: not supported: {why}")),
+        _ => None,
+    })
+}
+
+fn is_zero(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(0.0)
+}
+
+fn is_one(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(1.0)
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+fn is_text_format(v: &Value) -> bool {
+    v.is_null() || v.get("type").and_then(Value::as_str) == Some("text")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn neutral_values_pass_and_others_are_named() {
+        let neutral = json!({"presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "logit_bias": {}, "min_p": 0, "best_of": 1, "suffix": "", "response_format": {"type": "text"},
+            "tools": [], "functions": null, "guided_json": null, "model": "x", "user": "y"});
+        assert_eq!(refused_field(&neutral), None);
+        for (field, value) in [
+            ("presence_penalty", json!(0.5)),
+            ("repetition_penalty", json!(1.1)),
+            ("logit_bias", json!({"50256": -100})),
+            ("min_p", json!(0.05)),
+            ("min_tokens", json!(3)),
+            ("best_of", json!(3)),
+            ("suffix", json!("}")),
+            ("response_format", json!({"type": "json_object"})),
+            ("tools", json!([{"type": "function"}])),
+            ("guided_regex", json!("[a-z]+")),
+        ] {
+            let mut body = neutral.clone();
+            body[field] = value;
+            let msg = refused_field(&body).unwrap_or_else(|| panic!("{field} passed"));
+            assert!(msg.starts_with(&format!("{field}: not supported")), "{msg}");
+        }
+    }
+}
