@@ -4,8 +4,11 @@
 
 use serde_json::Value;
 
-/// The fields, each with the test of its neutral value and why it is refused.
-const REFUSED: [(&str, fn(&Value) -> bool, &str); 13] = [
+/// A refused field: its name, the test of its neutral value, and why it is refused.
+type Refused = (&'static str, fn(&Value) -> bool, &'static str);
+
+/// The refused fields.
+const REFUSED: [Refused; 13] = [
     ("presence_penalty", is_zero, "penalties would change the target's distribution"),
     ("frequency_penalty", is_zero, "penalties would change the target's distribution"),
     ("repetition_penalty", is_one, "penalties would change the target's distribution"),
