@@ -6,19 +6,17 @@
 //! turn. Requests are answered one at a time, in order. Part of the `mdsd` binary (`main.rs`).
 
 use crate::session::{Plan, Session};
-use crate::{message, GenerateArgs};
+use crate::GenerateArgs;
 use anyhow::{bail, Context};
 use clap::Args;
-use engine::decode::{GenerationConfig, Generator, Stats};
-use engine::stop::{StopStrings, TextStops};
+use engine::decode::{GenerationConfig, Generator};
+use engine::stop::StopStrings;
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::cell::Cell;
-use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::{Header, Method, Request, Response, Server};
 
+mod answer;
 mod logprobs;
 mod refused;
 
@@ -103,7 +101,12 @@ struct Checked {
     logprobs: Option<usize>,
     /// Completions with `echo`: the prompt, put before the answer (and scored, with `logprobs`).
     echo: Option<String>,
+    /// Choices to generate, one after the other.
+    n: usize,
 }
+
+/// The most choices one request may ask for (`n`).
+const MAX_CHOICES: usize = 16;
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -220,8 +223,9 @@ impl State<'_, '_> {
             Ok(r) => r,
             Err(e) => return refuse(400, format!("the body is not a valid request: {e}")),
         };
-        if req.n.is_some_and(|n| n != 1) {
-            return refuse(400, "n: only one choice per request is supported");
+        let n = req.n.unwrap_or(1);
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return refuse(400, format!("n: from 1 to {MAX_CHOICES} choices"));
         }
         if req.echo && kind == Kind::Chat {
             return refuse(400, "echo: a completions field (chat completions do not echo the messages)");
@@ -283,245 +287,8 @@ impl State<'_, '_> {
         let seed = req.seed.unwrap_or_else(rand::random);
         let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
         let echo = req.echo.then_some(text);
-        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo }, ids, config))
+        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo, n }, ids, config))
     }
-
-    /// Generates and answers, streamed or in one object.
-    fn generate(
-        &mut self,
-        request: Request,
-        kind: Kind,
-        req: &Checked,
-        ids: &[u32],
-        config: &GenerationConfig,
-        path: &str,
-    ) -> std::io::Result<()> {
-        self.served += 1;
-        let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, self.served);
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let tok = &self.session.target.tokenizer;
-        let ignore_eos = req.ignore_eos || self.run.ignore_eos;
-        // The end of turn, else each token's text against the stop strings (checked already).
-        let stops = TextStops::new(tok, req.stops.clone(), ignore_eos).expect("stop checked by complete");
-        // A streaming client that went away ends the generation at the next token (the caches
-        // keep the text for the next request).
-        let gone = Cell::new(false);
-        let is_stop = |t| gone.get() || stops.is_stop(t);
-        let log = |stats: &Stats| {
-            eprintln!(
-                "mdsd serve: POST {path} · {} + {} tokens ({} reused) · tau {:.2} · {:.2} tokens/s · {}",
-                stats.prompt_tokens,
-                stats.new_tokens,
-                stats.reused_tokens,
-                stats.tau,
-                stats.tokens_per_s,
-                stats.stop_reason
-            )
-        };
-        self.generator.set_logprobs(req.logprobs);
-        self.generator.set_prompt_logprobs(req.echo.is_some() && req.logprobs.is_some());
-        let echo = req.echo.as_deref().unwrap_or("");
-        // Answer tokens' text offsets count the echoed prompt.
-        let shift = echo.chars().count();
-        if !req.stream {
-            let (out, mut stats) = match self.generator.generate(ids, config, is_stop, |_| Ok(())) {
-                Ok(r) => r,
-                Err(e) => {
-                    let msg = message(&anyhow::Error::from(e));
-                    eprintln!("mdsd serve: POST {path}: {msg}");
-                    return respond_error(request, 500, &msg);
-                }
-            };
-            if stops.stopped() {
-                stats.stop_reason = "stop_string".into();
-            }
-            log(&stats);
-            let text = if req.stops.is_empty() {
-                match tok.decode(&out) {
-                    Ok(t) => t,
-                    Err(e) => return respond_error(request, 500, &format!("decoding the answer: {e}")),
-                }
-            } else {
-                stops.answer()
-            };
-            let text = format!("{echo}{text}");
-            let logprobs = match req.logprobs {
-                Some(_) => {
-                    let records = &self.generator.logprobs()[..stops.tokens_shown(out.len(), true)];
-                    let answer = logprobs::format(kind, tok, &stops, records, 0, shift);
-                    match req.echo {
-                        Some(_) => logprobs::with_prompt(tok, ids, self.generator.prompt_logprobs(), answer),
-                        None => answer,
-                    }
-                }
-                None => Value::Null,
-            };
-            let choice = match kind {
-                Kind::Text => {
-                    json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(&stats)})
-                }
-                Kind::Chat => json!({
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": logprobs,
-                    "finish_reason": finish_reason(&stats),
-                }),
-            };
-            let body = json!({
-                "id": id,
-                "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
-                "created": created,
-                "model": self.model,
-                "choices": [choice],
-                "usage": usage(&stats),
-                "mdsd": mdsd_stats(&stats, config.seed),
-            });
-            return respond_json(request, 200, &body);
-        }
-        let mut writer = request.into_writer();
-        writer.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
-        )?;
-        let mut events = Events { kind, id: &id, created, model: &self.model, writer };
-        if kind == Kind::Chat {
-            events.send(json!({"role": "assistant", "content": ""}), Value::Null)?;
-        }
-        let mut gathered = logprobs::Gathered::new(shift);
-        // The echoed prompt goes first, with its log-probabilities once the prompt pass gave them.
-        let mut echo_pending = req.echo.as_deref();
-        let echo_event = |events: &mut Events, prompt_records: &[engine::logprobs::TokenLogprobs]| {
-            let lp = match req.logprobs {
-                Some(_) => {
-                    logprobs::with_prompt(tok, ids, prompt_records, logprobs::format(kind, tok, &stops, &[], 0, 0))
-                }
-                None => Value::Null,
-            };
-            events.send(events.delta(echo.to_string()), lp)
-        };
-        let result = self.generator.generate_emitting(ids, config, is_stop, |e| {
-            if echo_pending.take().is_some() && echo_event(&mut events, e.prompt_logprobs).is_err() {
-                gone.set(true);
-            }
-            gathered.extend(e.logprobs);
-            let piece = stops.ready(false);
-            let lp = if req.logprobs.is_some() { gathered.next(kind, tok, &stops, false) } else { None };
-            if piece.is_empty() && lp.is_none() {
-                return Ok(());
-            }
-            if events.send(events.delta(piece), lp.unwrap_or(Value::Null)).is_err() {
-                gone.set(true);
-            }
-            Ok(())
-        });
-        match result {
-            Ok((_, stats)) if gone.get() => {
-                log(&stats);
-                eprintln!("mdsd serve: POST {path}: the client went away; the answer ended there");
-                return Ok(());
-            }
-            Ok((_, mut stats)) => {
-                if stops.stopped() {
-                    stats.stop_reason = "stop_string".into();
-                }
-                log(&stats);
-                if echo_pending.is_some() {
-                    echo_event(&mut events, self.generator.prompt_logprobs())?;
-                }
-                let rest = stops.ready(true);
-                let lp = if req.logprobs.is_some() { gathered.next(kind, tok, &stops, true) } else { None };
-                if !rest.is_empty() || lp.is_some() {
-                    events.send(events.delta(rest), lp.unwrap_or(Value::Null))?;
-                }
-                let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)), Value::Null);
-                last["usage"] = usage(&stats);
-                last["mdsd"] = mdsd_stats(&stats, config.seed);
-                events.raw(&last.to_string())?;
-            }
-            Err(e) => {
-                // The status line is out: the error goes as an event.
-                let msg = message(&anyhow::Error::from(e));
-                eprintln!("mdsd serve: POST {path}: {msg}");
-                events.raw(&json!({"error": {"message": msg, "type": "server_error", "code": 500}}).to_string())?;
-            }
-        }
-        events.finish()
-    }
-}
-
-/// Server-sent events of one streamed answer.
-struct Events<'a> {
-    kind: Kind,
-    id: &'a str,
-    created: u64,
-    model: &'a str,
-    writer: Box<dyn Write + Send>,
-}
-
-impl Events<'_> {
-    /// The `delta` (chat) or `text` (completions) of a piece of the answer.
-    fn delta(&self, piece: String) -> Value {
-        match self.kind {
-            Kind::Chat => json!({"content": piece}),
-            Kind::Text => Value::String(piece),
-        }
-    }
-
-    /// One event of the answer: its next piece (`delta`) with the log-probabilities of its
-    /// tokens (`null` unless asked for), and the finish reason in the last.
-    fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Value) -> Value {
-        let (object, choice) = match self.kind {
-            Kind::Chat => (
-                "chat.completion.chunk",
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}),
-            ),
-            Kind::Text => {
-                ("text_completion", json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}))
-            }
-        };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]})
-    }
-
-    fn send(&mut self, delta: Value, logprobs: Value) -> std::io::Result<()> {
-        let event = self.chunk(delta, None, logprobs);
-        self.raw(&event.to_string())
-    }
-
-    /// One `data:` event as one HTTP chunk, flushed.
-    fn raw(&mut self, data: &str) -> std::io::Result<()> {
-        let event = format!("data: {data}\n\n");
-        write!(self.writer, "{:x}\r\n{event}\r\n", event.len())?;
-        self.writer.flush()
-    }
-
-    /// `data: [DONE]` and the chunked body's end.
-    fn finish(&mut self) -> std::io::Result<()> {
-        self.raw("[DONE]")?;
-        self.writer.write_all(b"0\r\n\r\n")?;
-        self.writer.flush()
-    }
-}
-
-fn finish_reason(stats: &Stats) -> &'static str {
-    if stats.stop_reason == "stop_token" || stats.stop_reason == "stop_string" {
-        "stop"
-    } else {
-        "length"
-    }
-}
-
-fn usage(stats: &Stats) -> Value {
-    json!({
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.new_tokens,
-        "total_tokens": stats.prompt_tokens + stats.new_tokens,
-    })
-}
-
-/// The speculative decoding statistics and the seed (a request's own or the one drawn for it).
-fn mdsd_stats(stats: &Stats, seed: u64) -> Value {
-    let mut v = serde_json::to_value(stats).unwrap_or(Value::Null);
-    v["seed"] = seed.into();
-    v
 }
 
 fn respond_json(request: Request, status: u16, body: &Value) -> std::io::Result<()> {

@@ -270,7 +270,7 @@ fn serve_refuses_bad_requests() {
     let cases: [(&str, &str, &str, u16, &str); 14] = [
         ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
         ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
-        ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 2}"#, 400, "one choice"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 20}"#, 400, "n: from 1 to 16"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ["C", 7]}"#, 400, "stop: a string or an array"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ""}"#, 400, "an empty stop string"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "temperature": -1}"#, 400, "temperature"),
@@ -552,5 +552,64 @@ fn serve_returns_logprobs() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(expected), "{flags:?}: {err}");
+    }
+}
+
+/// `n` choices: generated one after the other, choice `i` with the seed `seed + i` (each equal to
+/// a one-choice request with that seed), the prompt reused after the first; streamed, each
+/// choice's events carry its index and end with its finish reason; usage sums the choices.
+#[test]
+fn serve_generates_n_choices() {
+    let dir = temp_dir("serve-n");
+    let target = Tiny { scale: 0.8, ..Tiny::llama(57) }.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(58) }.write_hf(&dir.join("draft"));
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2"]);
+    let port = server.port;
+    let body = json!({"prompt": "ABCD", "max_tokens": 6, "ignore_eos": true, "temperature": 1.0, "seed": 5, "n": 3});
+    let (status, v) = post(port, "/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 18);
+    let stats = v["mdsd"]["choices"].as_array().unwrap();
+    let mut texts = Vec::new();
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(stats[i]["seed"], 5 + i as u64);
+        if i > 0 {
+            assert!(stats[i]["reused_tokens"].as_u64().unwrap() >= prompt_tokens - 1, "choice {i}: {v}");
+        }
+        let mut one = body.clone();
+        one["n"] = 1.into();
+        one["seed"] = (5 + i as u64).into();
+        let single = post(port, "/v1/completions", &one).1;
+        assert_eq!(c["text"], single["choices"][0]["text"], "choice {i}");
+        texts.push(c["text"].as_str().unwrap().to_string());
+    }
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "three seeds, three equal texts: {texts:?}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let evs = events(port, "/v1/completions", &streamed);
+    for (i, text) in texts.iter().enumerate() {
+        let mine: Vec<&Value> = evs.iter().filter(|e| e["choices"][0]["index"] == i).collect();
+        let got: String = mine.iter().map(|e| e["choices"][0]["text"].as_str().unwrap()).collect();
+        assert_eq!(&got, text, "streamed choice {i}");
+        let finishes = mine.iter().filter(|e| !e["choices"][0]["finish_reason"].is_null()).count();
+        assert_eq!(finishes, 1, "choice {i}");
+    }
+    assert_eq!(evs.last().unwrap()["usage"]["completion_tokens"], 18);
+
+    // Echo with logprobs: every choice starts with the same scored prompt.
+    let echo = json!({"prompt": "ABCD", "max_tokens": 3, "ignore_eos": true, "echo": true, "logprobs": 1, "n": 2});
+    let v = post(port, "/v1/completions", &echo).1;
+    let (a, b) = (&v["choices"][0]["logprobs"], &v["choices"][1]["logprobs"]);
+    assert_eq!(a["token_logprobs"].as_array().unwrap()[..4], b["token_logprobs"].as_array().unwrap()[..4], "{v}");
+    assert!(a["token_logprobs"][0].is_null() && a["token_logprobs"][3].is_f64(), "{v}");
+
+    for n in [0, 17] {
+        let (status, v) = post(port, "/v1/completions", &json!({"prompt": "AB", "n": n}));
+        assert!(status == 400 && v["error"]["message"].as_str().unwrap().contains("n: from 1 to 16"), "{v}");
     }
 }
