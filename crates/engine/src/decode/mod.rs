@@ -280,6 +280,7 @@ impl<'a> Generator<'a> {
         mut on_emit: impl FnMut(Emitted<'_>) -> Result<()>,
     ) -> Result<(Vec<u32>, Stats)> {
         self.logprobs.clear();
+        self.prompt_logprobs.clear();
         config.warp.check().map_err(|e| Error::Msg(e.to_string()))?;
         if prompt.is_empty() {
             candle_core::bail!("the prompt is empty");
@@ -353,7 +354,6 @@ impl<'a> Generator<'a> {
         } else {
             None
         };
-        self.prompt_logprobs.clear();
         if let (true, Some(hidden), Some(top)) = (score_prompt, &prompt_hidden, self.logprobs_top) {
             score_rows(self.target, hidden, &prompt[1..], top, &mut self.prompt_logprobs)?;
         }
