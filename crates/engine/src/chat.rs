@@ -62,8 +62,14 @@ fn block(
 
 pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     let run = &mut args.run;
-    if run.json || run.logprobs.is_some() {
-        let flag = if run.json { "--json" } else { "--logprobs" };
+    if run.json || run.logprobs.is_some() || run.prompt_logprobs {
+        let flag = if run.json {
+            "--json"
+        } else if run.logprobs.is_some() {
+            "--logprobs"
+        } else {
+            "--prompt-logprobs"
+        };
         bail!("{flag} does not apply to chat (it streams every answer); use generate --json");
     }
     run.chat = true;

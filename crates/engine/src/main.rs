@@ -36,7 +36,8 @@ enum Command {
     #[command(
         mut_arg("chat", |a| a.hide(true)),
         mut_arg("json", |a| a.hide(true)),
-        mut_arg("logprobs", |a| a.hide(true))
+        mut_arg("logprobs", |a| a.hide(true)),
+        mut_arg("prompt_logprobs", |a| a.hide(true))
     )]
     Chat(Box<chat::ChatArgs>),
     /// Serve OpenAI-compatible completion endpoints over HTTP (/v1/completions,
@@ -47,7 +48,8 @@ enum Command {
         mut_arg("chat", |a| a.hide(true)),
         mut_arg("system", |a| a.hide(true)),
         mut_arg("json", |a| a.hide(true)),
-        mut_arg("logprobs", |a| a.hide(true))
+        mut_arg("logprobs", |a| a.hide(true)),
+        mut_arg("prompt_logprobs", |a| a.hide(true))
     )]
     Serve(Box<serve::ServeArgs>),
     /// Fetch and verify the files of a model pair without generating.
@@ -209,6 +211,10 @@ struct GenerateArgs {
     /// before top-k/top-p) and its N most probable alternatives (0-20).
     #[arg(long, value_name = "N")]
     logprobs: Option<usize>,
+    /// With --logprobs: also `prompt_logprobs`, the log-probability of every prompt token after
+    /// the first, from the prompt's own pass (with --max-new-tokens 0: score a text only).
+    #[arg(long)]
+    prompt_logprobs: bool,
     /// Folder of the model-pair manifests.
     #[arg(long)]
     models_dir: Option<PathBuf>,
@@ -294,6 +300,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let capacity = (ids.len() + args.max_new_tokens + 2 * session.tree_len() + 1).min(session.context);
     let mut generator = session.generator(&args, capacity)?;
     generator.set_logprobs(args.logprobs);
+    generator.set_prompt_logprobs(args.prompt_logprobs);
     let json = args.json;
     let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).expect("--stop checked by Plan::new");
     let (out, mut stats) = generator.generate(
@@ -323,6 +330,9 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         let mut value = report.into_value(&stats, &args)?;
         if args.logprobs.is_some() {
             value["logprobs"] = report::logprobs(tok, generator.logprobs());
+        }
+        if args.prompt_logprobs {
+            value["prompt_logprobs"] = report::logprobs(tok, generator.prompt_logprobs());
         }
         println!("{value}");
     } else {

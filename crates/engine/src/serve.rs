@@ -129,6 +129,7 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         ("--prompt-file", run.prompt_file.is_some()),
         ("--json", run.json),
         ("--logprobs", run.logprobs.is_some()),
+        ("--prompt-logprobs", run.prompt_logprobs),
     ] {
         if given {
             bail!("{flag} does not apply to serve: prompts and what to return come with the requests");

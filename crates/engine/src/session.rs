@@ -28,6 +28,9 @@ impl Plan {
         let verifier = args.verifier.unwrap_or_else(|| samplers::default_verifier(args.construction()));
         let tree_name = args.tree_name();
         StopStrings::new(args.stop.clone()).map_err(|e| anyhow::anyhow!("--stop: {e}"))?;
+        if args.prompt_logprobs && args.logprobs.is_none() {
+            bail!("--prompt-logprobs needs --logprobs N (the alternatives per token) and --json");
+        }
         if let Some(n) = args.logprobs {
             if !args.json {
                 bail!("--logprobs is part of the --json output: give --json too");

@@ -464,6 +464,24 @@ fn serve_returns_logprobs() {
         assert!((a - b).abs() < 1e-3, "token {i}: scored {a}, generated {b}");
         assert_eq!(e["text_offset"][3 + i].as_u64(), Some(3 + i as u64));
     }
+    // generate --prompt-logprobs scores the same text the same way.
+    let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(["generate", "--json", "--max-new-tokens", "0", "--logprobs", "2", "--prompt-logprobs", "--prompt"])
+        .arg(format!("ABC{plain}"))
+        .args(models)
+        .env("MDSD_OFFLINE", "1")
+        .env("MDSD_CACHE", common::test_cache())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let g: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let prompt_records = g["prompt_logprobs"].as_array().unwrap();
+    assert_eq!((prompt_records.len(), g["new_tokens"].as_u64()), (10, Some(0)), "{g}");
+    for (i, r) in prompt_records.iter().enumerate() {
+        assert!(close(&r["logprob"], &e["token_logprobs"][i + 1]), "prompt token {}: {r} vs {e}", i + 1);
+        assert_eq!(r["text"], e["tokens"][i + 1]);
+    }
+
     // Echo with an answer, whole and streamed: the prompt's entries, then the answer's.
     let echo = json!({"prompt": "ABC", "max_tokens": 8, "ignore_eos": true, "echo": true, "logprobs": 2});
     let v = post(port, "/v1/completions", &echo).1;
@@ -541,9 +559,11 @@ fn serve_returns_logprobs() {
         let msg = v["error"]["message"].as_str().unwrap_or_default();
         assert!(status == 400 && msg.contains(expected), "{body}: {status} {v}");
     }
-    for (flags, expected) in
-        [(&["--logprobs", "2"][..], "give --json too"), (&["--json", "--logprobs", "21"][..], "at most 20")]
-    {
+    for (flags, expected) in [
+        (&["--logprobs", "2"][..], "give --json too"),
+        (&["--json", "--logprobs", "21"][..], "at most 20"),
+        (&["--json", "--prompt-logprobs"][..], "needs --logprobs"),
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
             .args(["generate", "--prompt", "AB", "--target", s(&target), "--no-spec"])
             .args(flags)
