@@ -55,9 +55,16 @@ pub(crate) fn draw_children(
     b: &mut StepBuffers,
 ) -> Result<()> {
     let (rows, dv) = logits.dims2()?;
-    let host = logits.flatten_all()?.to_vec1::<f32>()?;
+    let mut host = logits.flatten_all()?.to_vec1::<f32>()?;
     for (r, &i) in level_nodes.iter().enumerate().take(rows) {
-        let row = &host[r * dv..(r + 1) * dv];
+        let row = &mut host[r * dv..(r + 1) * dv];
+        // The draft's row is not read again: the bias stays.
+        for &(id, bias) in &b.logit_bias {
+            if let Some(x) = row.get_mut(id as usize) {
+                *x += bias;
+            }
+        }
+        let row = &*row;
         b.drawn[i].clear();
         if b.confidence_cutoff > 0.0 {
             let parent = tree.parent(i).map_or(1.0, |p| b.confidence[p]);
@@ -101,6 +108,55 @@ fn top_probability(logits: &[f32]) -> f64 {
     }
 }
 
+/// Runs `f` on `row` with `bias` added to its entries (OpenAI's `logit_bias`; ids past the row,
+/// beyond a draft's shorter vocabulary, are skipped), then puts the row back as it was (the
+/// entries are saved in `saved`, so that log-probabilities read the raw row).
+pub(crate) fn with_bias<T>(
+    row: &mut [f32],
+    bias: &[(u32, f32)],
+    saved: &mut Vec<f32>,
+    f: impl FnOnce(&[f32]) -> T,
+) -> T {
+    if bias.is_empty() {
+        return f(row);
+    }
+    saved.clear();
+    for &(id, b) in bias {
+        if let Some(x) = row.get_mut(id as usize) {
+            saved.push(*x);
+            *x += b;
+        }
+    }
+    let out = f(row);
+    // Back in reverse order, so that an id listed twice gets its first saved value.
+    let mut s = saved.len();
+    for &(id, _) in bias.iter().rev() {
+        if let Some(x) = row.get_mut(id as usize) {
+            s -= 1;
+            *x = saved[s];
+        }
+    }
+    out
+}
+
 pub(crate) fn nan_error(e: samplers::SamplerError, which: &str) -> Error {
     Error::Msg(format!("the {which} model produced invalid logits: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_bias;
+
+    #[test]
+    fn the_bias_is_seen_inside_and_the_row_comes_back_exactly() {
+        let mut row = vec![0.1f32, 1e8, -3.3, 7.0];
+        let original = row.clone();
+        let mut saved = Vec::new();
+        // Token 1 twice (its biases add up), an id past the row skipped.
+        let bias = [(1u32, 0.7f32), (3, -100.0), (1, 0.2), (9, 5.0)];
+        let seen = with_bias(&mut row, &bias, &mut saved, |r| r.to_vec());
+        assert_eq!(seen, [0.1, 1e8 + 0.7 + 0.2, -3.3, 7.0 - 100.0]);
+        assert_eq!(row, original, "bit for bit, though 1e8 + 0.7 - 0.7 is not 1e8 in f32");
+        assert_eq!(with_bias(&mut row, &[], &mut saved, |r| r.to_vec()), original);
+    }
 }

@@ -196,6 +196,10 @@ struct GenerateArgs {
     /// part of the text).
     #[arg(long)]
     stop: Vec<String>,
+    /// Add BIAS to token ID's logit, the target's and the draft's, before sampling (repeatable;
+    /// -100 all but bans a token; the output follows the biased target exactly).
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -226,6 +230,17 @@ enum NgramMode {
     Off,
     First,
     Only,
+}
+
+/// `--logit-bias ID=BIAS`: a token id and a finite bias in [-100, 100].
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s.split_once('=').ok_or_else(|| format!("`{s}`: expected ID=BIAS, e.g. 151643=-100"))?;
+    let id: u32 = id.trim().parse().map_err(|e| format!("`{id}`: not a token id: {e}"))?;
+    let bias: f32 = bias.trim().parse().map_err(|e| format!("`{bias}`: not a number: {e}"))?;
+    if !(-100.0..=100.0).contains(&bias) {
+        return Err(format!("bias {bias}: from -100 to 100"));
+    }
+    Ok((id, bias))
 }
 
 fn main() {

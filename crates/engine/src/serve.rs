@@ -66,6 +66,8 @@ struct CompletionRequest {
     logprobs: Option<Value>,
     /// Chat: the alternatives per token.
     top_logprobs: Option<usize>,
+    /// Token id (a string) to a bias in [-100, 100] added to its logit.
+    logit_bias: Option<serde_json::Map<String, Value>>,
     echo: bool,
 }
 
@@ -103,6 +105,9 @@ struct Checked {
     echo: Option<String>,
     /// Choices to generate, one after the other.
     n: usize,
+    /// Added to the logits of the target and the draft (the server's `--logit-bias` when the
+    /// request sets none).
+    logit_bias: Vec<(u32, f32)>,
 }
 
 /// The most choices one request may ask for (`n`).
@@ -232,6 +237,20 @@ impl State<'_, '_> {
             return refuse(400, "echo: a completions field (chat completions do not echo the messages)");
         }
         let logprobs = logprobs::requested(kind, &req.logprobs, req.top_logprobs)?;
+        let vocab = self.session.target.model.config().vocab_size;
+        let logit_bias = match &req.logit_bias {
+            None => self.run.logit_bias.clone(),
+            Some(map) => map
+                .iter()
+                .map(|(id, bias)| match (id.parse::<u32>(), bias.as_f64()) {
+                    (Ok(id), Some(b)) if (id as usize) < vocab && (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                    _ => refuse(
+                        400,
+                        format!("logit_bias: {id}: {bias}: token ids below {vocab} to biases from -100 to 100"),
+                    ),
+                })
+                .collect::<Result<_, _>>()?,
+        };
         let stops = match &req.stop {
             None | Some(Value::Null) => self.run.stop.clone(),
             Some(Value::String(s)) => vec![s.clone()],
@@ -288,7 +307,8 @@ impl State<'_, '_> {
         let seed = req.seed.unwrap_or_else(rand::random);
         let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
         let echo = req.echo.then_some(text);
-        Ok((Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo, n }, ids, config))
+        let checked = Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo, n, logit_bias };
+        Ok((checked, ids, config))
     }
 }
 

@@ -173,6 +173,11 @@ impl Session {
         if window > 0 {
             generator.set_draft_window(Some(DraftWindow::new(args.draft_sinks, window)?));
         }
+        let vocab = self.target.model.config().vocab_size;
+        if let Some((id, _)) = args.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            bail!("--logit-bias {id}=...: the target's vocabulary has {vocab} tokens");
+        }
+        generator.set_logit_bias(args.logit_bias.clone());
         Ok(generator)
     }
 

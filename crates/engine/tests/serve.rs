@@ -278,9 +278,9 @@ fn serve_refuses_bad_requests() {
         (
             "POST",
             "/v1/chat/completions",
-            r#"{"messages": [{"role": "user", "content": "A"}], "logit_bias": {"5": 100}, "presence_penalty": 0}"#,
+            r#"{"messages": [{"role": "user", "content": "A"}], "logit_bias": {"5": 200}, "presence_penalty": 0}"#,
             400,
-            "logit_bias: not supported",
+            "logit_bias: 5: 200",
         ),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "max_tokens": 0}"#, 400, "max_tokens"),
         ("POST", "/v1/chat/completions", r#"{"messages": []}"#, 400, "messages"),
@@ -509,6 +509,15 @@ fn serve_returns_logprobs() {
     let v = post(port, "/v1/completions", &json!({"prompt": "ABC", "max_tokens": 2, "echo": true})).1;
     assert!(v["choices"][0]["text"].as_str().unwrap().starts_with("ABC") && v["choices"][0]["logprobs"].is_null());
 
+    // A logit bias banning the answer's first character: the server's answer equals generate's
+    // with --logit-bias (the tiny vocabulary's token for a character is its code minus 0x21).
+    let first = plain.chars().next().unwrap() as u32 - 0x21;
+    let body = json!({"prompt": "ABC", "max_tokens": 8, "ignore_eos": true, "logit_bias": {first.to_string(): -100}});
+    let biased = post(port, "/v1/completions", &body).1["choices"][0]["text"].as_str().unwrap().to_string();
+    let flag = format!("{first}=-100");
+    let (cli, _) = generate_logprobs(&[&models[..], &["--prompt", "ABC", "--logit-bias", &flag]].concat());
+    assert!(biased == cli && !biased.starts_with(&plain[..1]), "{biased:?} / {cli:?} / {plain:?}");
+
     // Chat: entries with bytes and the alternatives asked for.
     let (chat, chat_records) = generate_logprobs(&[&models[..], &["--chat", "--prompt", "ABC"]].concat());
     let body = json!({"messages": [{"role": "user", "content": "ABC"}], "max_tokens": 8, "ignore_eos": true,
@@ -563,6 +572,9 @@ fn serve_returns_logprobs() {
         (&["--logprobs", "2"][..], "give --json too"),
         (&["--json", "--logprobs", "21"][..], "at most 20"),
         (&["--json", "--prompt-logprobs"][..], "needs --logprobs"),
+        (&["--logit-bias", "5=300"][..], "from -100 to 100"),
+        (&["--logit-bias", "5"][..], "expected ID=BIAS"),
+        (&["--logit-bias", "48=1"][..], "vocabulary has 48 tokens"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
             .args(["generate", "--prompt", "AB", "--target", s(&target), "--no-spec"])

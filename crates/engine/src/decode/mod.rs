@@ -35,7 +35,7 @@ mod step;
 
 use crate::auto_tree::AutoTree;
 use crate::draft_window::{DraftContext, DraftWindow};
-use crate::drafting::nan_error;
+use crate::drafting::{nan_error, with_bias};
 use crate::eagle_draft::EagleDraft;
 use crate::kv_cache::KvCache;
 use crate::logprobs::{token_logprobs, TokenLogprobs};
@@ -123,6 +123,10 @@ pub(crate) struct StepBuffers {
     pub(crate) noise: Option<PositionalNoise>,
     /// Position of the running step's root (the pending token) in the text.
     pub(crate) root_pos: usize,
+    /// Added to the target's and the draft's logits before the warp ([`Generator::set_logit_bias`]).
+    pub(crate) logit_bias: Vec<(u32, f32)>,
+    /// The target row's entries under the bias, kept to put the row back ([`with_bias`]).
+    pub(crate) bias_saved: Vec<f32>,
 }
 
 impl<'a> Generator<'a> {
@@ -213,6 +217,16 @@ impl<'a> Generator<'a> {
         &self.logprobs
     }
 
+    /// Adds `bias` to the logits of those token ids, the target's and the draft's alike, before
+    /// the warp, from the next generation on (OpenAI's `logit_bias`; empty, the default: none).
+    /// The output then follows the biased target exactly, as the verifier sees the same biased
+    /// `p` that plain decoding samples, whatever the drafts. Log-probabilities stay the raw
+    /// model's. An id outside the target's vocabulary or a bias that is not finite is an error
+    /// at generation.
+    pub fn set_logit_bias(&mut self, bias: Vec<(u32, f32)>) {
+        self.buf.logit_bias = bias;
+    }
+
     /// With [`Self::set_logprobs`], also records the log-probability of every prompt token after
     /// the first (and its alternatives), from the prompt's own pass: OpenAI's `echo` with
     /// `logprobs`, a text's likelihood under the target. Such a generation runs its prompt whole
@@ -281,6 +295,13 @@ impl<'a> Generator<'a> {
     ) -> Result<(Vec<u32>, Stats)> {
         self.logprobs.clear();
         self.prompt_logprobs.clear();
+        if let Some(&(id, b)) = self.buf.logit_bias.iter().find(|(id, b)| *id as usize >= self.vocab || !b.is_finite())
+        {
+            candle_core::bail!(
+                "logit bias {b} for token {id}: ids must be below the vocabulary's {} and biases finite",
+                self.vocab
+            );
+        }
         config.warp.check().map_err(|e| Error::Msg(e.to_string()))?;
         if prompt.is_empty() {
             candle_core::bail!("the prompt is empty");
@@ -410,10 +431,12 @@ impl<'a> Generator<'a> {
                 None => {
                     let t0 = Instant::now();
                     let hidden = self.target.forward_chain(&[pending], &mut self.target_cache)?;
-                    let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+                    let mut logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
                     timings[1] += t0.elapsed();
                     let t1 = Instant::now();
-                    config.warp.apply(&logits, &mut self.buf.p).map_err(|e| nan_error(e, "target"))?;
+                    let b = &mut self.buf;
+                    with_bias(&mut logits, &b.logit_bias, &mut b.bias_saved, |row| config.warp.apply(row, &mut b.p))
+                        .map_err(|e| nan_error(e, "target"))?;
                     // The cache now ends at the sampled token's position.
                     let position = self.target_cache.len() as u64;
                     let token = sample_token(self.buf.noise, position, &self.buf.p, &mut rng)?;

@@ -4,7 +4,7 @@
 
 use super::{for_draft, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
 use crate::auto_tree::AutoTree;
-use crate::drafting::{draw_children, expandable, nan_error, tree_bias};
+use crate::drafting::{draw_children, expandable, nan_error, tree_bias, with_bias};
 use crate::tree::DraftTree;
 use candle_core::{Error, Result};
 use rand::rngs::StdRng;
@@ -122,7 +122,7 @@ impl Generator<'_> {
         let tbase = self.target_cache.len();
         let bias = tree_bias(tree, tbase, &live, &live, self.target.dtype(), self.target.device())?;
         let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
-        let logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
         stats.target_forwards += 1;
         stats.target_rows += live.len();
         timings[1] += t1.elapsed();
@@ -138,7 +138,9 @@ impl Generator<'_> {
         b.path.push(0);
         loop {
             let row = b.row_of[node];
-            warp.apply(&logits[row * v..(row + 1) * v], &mut b.p).map_err(|e| nan_error(e, "target"))?;
+            let p = &mut b.p;
+            with_bias(&mut logits[row * v..(row + 1) * v], &b.logit_bias, &mut b.bias_saved, |r| warp.apply(r, p))
+                .map_err(|e| nan_error(e, "target"))?;
             // The position of the token sampled at this node.
             let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {

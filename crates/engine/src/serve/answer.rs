@@ -37,6 +37,7 @@ impl<'s> State<'s, '_> {
         let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, self.served);
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         self.generator.set_logprobs(req.logprobs);
+        self.generator.set_logit_bias(req.logit_bias.clone());
         let configs: Vec<GenerationConfig> = (0..req.n)
             .map(|i| GenerationConfig { seed: config.seed.wrapping_add(i as u64), ..config.clone() })
             .collect();

@@ -8,11 +8,10 @@ use serde_json::Value;
 type Refused = (&'static str, fn(&Value) -> bool, &'static str);
 
 /// The refused fields.
-const REFUSED: [Refused; 13] = [
+const REFUSED: [Refused; 12] = [
     ("presence_penalty", is_zero, "penalties would change the target's distribution"),
     ("frequency_penalty", is_zero, "penalties would change the target's distribution"),
     ("repetition_penalty", is_one, "penalties would change the target's distribution"),
-    ("logit_bias", is_empty, "a logit bias would change the target's distribution"),
     ("min_p", is_zero, "min-p is not implemented (temperature, top_k and top_p are)"),
     ("min_tokens", is_zero, "a minimum length is not implemented"),
     ("best_of", is_one, "best-of selection is not implemented"),
@@ -62,13 +61,12 @@ mod tests {
     #[test]
     fn neutral_values_pass_and_others_are_named() {
         let neutral = json!({"presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-            "logit_bias": {}, "min_p": 0, "best_of": 1, "suffix": "", "response_format": {"type": "text"},
+            "min_p": 0, "best_of": 1, "suffix": "", "response_format": {"type": "text"},
             "tools": [], "functions": null, "guided_json": null, "model": "x", "user": "y"});
         assert_eq!(refused_field(&neutral), None);
         for (field, value) in [
             ("presence_penalty", json!(0.5)),
             ("repetition_penalty", json!(1.1)),
-            ("logit_bias", json!({"50256": -100})),
             ("min_p", json!(0.05)),
             ("min_tokens", json!(3)),
             ("best_of", json!(3)),
