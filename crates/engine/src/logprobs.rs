@@ -2,10 +2,10 @@
 //!
 //! They are the target's own: `ln softmax(logits)` of the row that scored the token, at
 //! temperature 1, before top-k/top-p and any logit bias (vLLM's default "raw" log-probabilities).
-//! Speculative decoding does not change them: every emitted token is scored by the target's row at its
-//! position, the one the verifier sampled from, whether the token was an accepted draft or the
-//! bonus token; where the target computes a row the same alone and in a tree (our Q4_K/Q6_K CPU
-//! kernels, f32 weights) they are the very numbers plain decoding reports.
+//! Speculative decoding does not change them: every emitted token is scored by the target's row
+//! at its position, the one the verifier sampled from, whether the token was an accepted draft or
+//! the bonus token; where the target computes a row the same alone and in a tree (our Q4_K/Q6_K
+//! CPU kernels, f32 weights) they are the very numbers plain decoding reports.
 
 use crate::model::attention_kernels::exp;
 
