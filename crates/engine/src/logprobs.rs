@@ -25,14 +25,15 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Fills `out` for `token` from its scoring row `logits` (`ln softmax`, summed in f64) with the
 /// `top` most probable tokens. Reuses `out.top`'s storage; one read of the row for the
-/// normaliser and one for the top tokens. A row with a NaN or no finite logit is an error.
+/// normaliser and one for the top tokens. A row with a NaN or +inf, or no finite logit, is an
+/// error.
 pub fn token_logprobs(logits: &[f32], token: u32, top: usize, out: &mut TokenLogprobs) -> Result<(), String> {
     let Some(&chosen) = logits.get(token as usize) else {
         return Err(format!("token {token} is outside the vocabulary of {} logits", logits.len()));
     };
-    let (max, nan) = max_and_nan(logits);
-    if nan {
-        return Err("the target's logits contain NaN".into());
+    let (max, bad) = samplers::warp::max_and_bad(logits);
+    if bad {
+        return Err("the target's logits contain NaN or +inf".into());
     }
     if !max.is_finite() {
         return Err("the target's logits have no finite maximum".into());
@@ -60,22 +61,6 @@ pub fn token_logprobs(logits: &[f32], token: u32, top: usize, out: &mut TokenLog
         }
     }
     Ok(())
-}
-
-/// The largest logit (NaN ignored) and whether any is NaN, sixteen lanes at a time.
-fn max_and_nan(logits: &[f32]) -> (f32, bool) {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut nan = [false; LANES];
-    let mut blocks = logits.chunks_exact(LANES);
-    for block in &mut blocks {
-        for j in 0..LANES {
-            lanes[j] = lanes[j].max(block[j]);
-            nan[j] |= block[j].is_nan();
-        }
-    }
-    let rest = blocks.remainder();
-    let max = rest.iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-    (max, nan.iter().any(|&n| n) || rest.iter().any(|l| l.is_nan()))
 }
 
 /// `sum_i e^(l_i - max)`: the vectorizing `f32` exponential (2 ulp) in sixteen lanes, each

@@ -127,17 +127,26 @@ fn events(port: u16, path: &str, body: &Value) -> Vec<Value> {
     data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
 }
 
-/// `mdsd generate --json --temperature 0` with `extra` flags: its text.
-fn generate_text(extra: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
-        .args(["generate", "--json", "--temperature", "0", "--max-new-tokens", "8", "--ignore-eos"])
-        .args(extra)
+/// `mdsd generate --json` with `args`: its JSON object (the command must succeed).
+fn generate_json(args: &[&str]) -> Value {
+    let out = mdsd(&[&["generate", "--json"][..], args].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `mdsd ARGS`, offline, with the tests' cache.
+fn mdsd(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(args)
         .env("MDSD_OFFLINE", "1")
         .env("MDSD_CACHE", common::test_cache())
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        .unwrap()
+}
+
+/// `mdsd generate --json --temperature 0` of 8 tokens with `extra` flags: its text.
+fn generate_text(extra: &[&str]) -> String {
+    let v = generate_json(&[&["--temperature", "0", "--max-new-tokens", "8", "--ignore-eos"][..], extra].concat());
     v["text"].as_str().unwrap().to_string()
 }
 
@@ -305,12 +314,7 @@ fn serve_refuses_bad_requests() {
     assert_eq!((status, v["usage"]["completion_tokens"].as_u64().unwrap() <= 3), (200, true), "{v}");
 
     for flag in [&["--prompt", "AB"][..], &["--json"][..]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
-            .args(["serve", "--port", "0", "--target", s(&target), "--no-spec"])
-            .args(flag)
-            .env("MDSD_OFFLINE", "1")
-            .output()
-            .unwrap();
+        let out = mdsd(&[&["serve", "--port", "0", "--target", s(&target), "--no-spec"][..], flag].concat());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("does not apply to serve"), "{flag:?}: {err}");
     }
@@ -337,18 +341,26 @@ fn serve_checks_the_api_key() {
     assert_eq!(http(server.port, "GET", "/v1/models", "").0, 401);
 }
 
-/// `generate --json --logprobs N`: the text, one record per token with N alternatives.
+/// `generate --json --logprobs 2` (temperature 0, 8 tokens): the text, one record per token
+/// with 2 alternatives.
 fn generate_logprobs(extra: &[&str]) -> (String, Vec<Value>) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
-        .args(["generate", "--json", "--temperature", "0", "--max-new-tokens", "8", "--ignore-eos", "--logprobs", "2"])
-        .args(extra)
-        .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", common::test_cache())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fixed = ["--temperature", "0", "--max-new-tokens", "8", "--ignore-eos", "--logprobs", "2"];
+    let v = generate_json(&[&fixed[..], extra].concat());
     (v["text"].as_str().unwrap().to_string(), v["logprobs"].as_array().unwrap().clone())
+}
+
+/// The completion `logprobs` of streamed events, joined in order.
+fn joined_logprobs(evs: &[Value]) -> Value {
+    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for e in evs {
+        let l = &e["choices"][0]["logprobs"];
+        if !l.is_null() {
+            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                joined[key].as_array_mut().unwrap().extend(l[key].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    joined
 }
 
 fn close(a: &Value, b: &Value) -> bool {
@@ -404,16 +416,7 @@ fn serve_returns_logprobs() {
     let mut streamed = request.clone();
     streamed["stream"] = true.into();
     let evs = events(port, "/v1/completions", &streamed);
-    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
-    for e in &evs {
-        let l = &e["choices"][0]["logprobs"];
-        if !l.is_null() {
-            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
-                joined[key].as_array_mut().unwrap().extend(l[key].as_array().unwrap().iter().cloned());
-            }
-        }
-    }
-    assert_eq!(joined, *lp, "streamed completion logprobs");
+    assert_eq!(joined_logprobs(&evs), *lp, "streamed completion logprobs");
     // A stop string the answer's end begins: that end is held back to the last event, its
     // token's entry with it.
     let mut held = streamed.clone();
@@ -465,16 +468,9 @@ fn serve_returns_logprobs() {
         assert_eq!(e["text_offset"][3 + i].as_u64(), Some(3 + i as u64));
     }
     // generate --prompt-logprobs scores the same text the same way.
-    let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
-        .args(["generate", "--json", "--max-new-tokens", "0", "--logprobs", "2", "--prompt-logprobs", "--prompt"])
-        .arg(format!("ABC{plain}"))
-        .args(models)
-        .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", common::test_cache())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let g: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = format!("ABC{plain}");
+    let scoring = ["--max-new-tokens", "0", "--logprobs", "2", "--prompt-logprobs", "--prompt", &text];
+    let g = generate_json(&[&scoring[..], &models[..]].concat());
     let prompt_records = g["prompt_logprobs"].as_array().unwrap();
     assert_eq!((prompt_records.len(), g["new_tokens"].as_u64()), (10, Some(0)), "{g}");
     for (i, r) in prompt_records.iter().enumerate() {
@@ -495,16 +491,7 @@ fn serve_returns_logprobs() {
     let evs = events(port, "/v1/completions", &streamed);
     let text: String = evs.iter().map(|e| e["choices"][0]["text"].as_str().unwrap()).collect();
     assert_eq!(text, format!("ABC{plain}"));
-    let mut joined = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
-    for e in &evs {
-        let l = &e["choices"][0]["logprobs"];
-        if !l.is_null() {
-            for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
-                joined[key].as_array_mut().unwrap().extend(l[key].as_array().unwrap().iter().cloned());
-            }
-        }
-    }
-    assert_eq!(joined, whole, "streamed echo");
+    assert_eq!(joined_logprobs(&evs), whole, "streamed echo");
     // Echo without logprobs: the text only.
     let v = post(port, "/v1/completions", &json!({"prompt": "ABC", "max_tokens": 2, "echo": true})).1;
     assert!(v["choices"][0]["text"].as_str().unwrap().starts_with("ABC") && v["choices"][0]["logprobs"].is_null());
@@ -576,12 +563,7 @@ fn serve_returns_logprobs() {
         (&["--logit-bias", "5"][..], "expected ID=BIAS"),
         (&["--logit-bias", "48=1"][..], "vocabulary has 48 tokens"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_mdsd"))
-            .args(["generate", "--prompt", "AB", "--target", s(&target), "--no-spec"])
-            .args(flags)
-            .env("MDSD_OFFLINE", "1")
-            .output()
-            .unwrap();
+        let out = mdsd(&[&["generate", "--prompt", "AB", "--target", s(&target), "--no-spec"][..], flags].concat());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(expected), "{flags:?}: {err}");
     }

@@ -169,8 +169,9 @@ fn bucket(x: f64) -> usize {
     (top.saturating_sub(BASE) as usize).min(BUCKETS - 1)
 }
 
-/// The largest logit (NaN aside) and whether any logit is NaN or +inf, in sixteen lanes.
-fn max_and_bad(logits: &[f32]) -> (f32, bool) {
+/// The largest logit (NaN aside) and whether any logit is NaN or +inf, in sixteen lanes (one
+/// vectorizing pass).
+pub fn max_and_bad(logits: &[f32]) -> (f32, bool) {
     const LANES: usize = 16;
     let mut max = [f32::NEG_INFINITY; LANES];
     let mut bad = [false; LANES];

@@ -13,6 +13,16 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::Request;
 
+/// What one choice answers: the endpoint, the checked request, its prompt's tokens, the path
+/// (for the log).
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    kind: Kind,
+    req: &'a Checked,
+    ids: &'a [u32],
+    path: &'a str,
+}
+
 /// How a streamed choice ended.
 enum Streamed {
     Done(Box<Stats>),
@@ -44,10 +54,11 @@ impl<'s> State<'s, '_> {
         // The echoed prompt's records, from the first choice's prompt pass.
         let mut prompt_records: Option<Vec<TokenLogprobs>> = None;
         let mut done: Vec<(Stats, u64)> = Vec::with_capacity(req.n);
+        let ask = Ask { kind, req, ids, path };
         if !req.stream {
             let mut choices = Vec::with_capacity(req.n);
             for (index, config) in configs.iter().enumerate() {
-                match self.answer_whole(kind, req, ids, config, path, index, &mut prompt_records) {
+                match self.answer_whole(ask, config, index, &mut prompt_records) {
                     Ok((choice, stats)) => {
                         choices.push(choice);
                         done.push((stats, config.seed));
@@ -74,7 +85,7 @@ impl<'s> State<'s, '_> {
         let mut events = Events { kind, index: 0, id: &id, created, model: &model, writer };
         for (index, config) in configs.iter().enumerate() {
             events.index = index;
-            match self.answer_streamed(kind, req, ids, config, path, &mut events, &mut prompt_records)? {
+            match self.answer_streamed(ask, config, &mut events, &mut prompt_records)? {
                 Streamed::Done(stats) => {
                     let stats = *stats;
                     let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)), Value::Null);
@@ -106,17 +117,14 @@ impl<'s> State<'s, '_> {
     }
 
     /// One choice, whole: its `choices` entry and statistics, or the error's message.
-    #[allow(clippy::too_many_arguments)]
     fn answer_whole(
         &mut self,
-        kind: Kind,
-        req: &Checked,
-        ids: &[u32],
+        ask: Ask,
         config: &GenerationConfig,
-        path: &str,
         index: usize,
         prompt_records: &mut Option<Vec<TokenLogprobs>>,
     ) -> Result<(Value, Stats), String> {
+        let Ask { kind, req, ids, path } = ask;
         let stops = self.prepare(req, index, prompt_records);
         let session = self.session;
         let tok = &session.target.tokenizer;
@@ -165,17 +173,14 @@ impl<'s> State<'s, '_> {
 
     /// One choice, streamed: the role (chat), the echoed prompt, then the answer's pieces with
     /// their log-probabilities; not its finish event.
-    #[allow(clippy::too_many_arguments)]
     fn answer_streamed(
         &mut self,
-        kind: Kind,
-        req: &Checked,
-        ids: &[u32],
+        ask: Ask,
         config: &GenerationConfig,
-        path: &str,
         events: &mut Events,
         prompt_records: &mut Option<Vec<TokenLogprobs>>,
     ) -> std::io::Result<Streamed> {
+        let Ask { kind, req, ids, path } = ask;
         let stops = self.prepare(req, events.index, prompt_records);
         let session = self.session;
         let tok = &session.target.tokenizer;
