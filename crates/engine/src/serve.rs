@@ -50,7 +50,8 @@ pub struct ServeArgs {
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct CompletionRequest {
-    prompt: Option<String>,
+    /// A string, an array of strings, an array of token ids, or an array of such arrays.
+    prompt: Option<Value>,
     messages: Option<Vec<ChatMessage>>,
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
@@ -101,8 +102,8 @@ struct Checked {
     stops: Vec<String>,
     /// Log-probabilities with this many alternatives per token.
     logprobs: Option<usize>,
-    /// Completions with `echo`: the prompt, put before the answer (and scored, with `logprobs`).
-    echo: Option<String>,
+    /// Completions with `echo`: the prompt put before the answer (and scored, with `logprobs`).
+    echo: bool,
     /// Choices to generate, one after the other.
     n: usize,
     /// Added to the logits of the target and the draft (the server's `--logit-bias` when the
@@ -112,6 +113,15 @@ struct Checked {
 
 /// The most choices one request may ask for (`n`).
 const MAX_CHOICES: usize = 16;
+
+/// The most prompts one completions request may batch.
+const MAX_PROMPTS: usize = 64;
+
+/// One prompt of a request: its tokens and its text (echoed with `echo`).
+struct Prompt {
+    ids: Vec<u32>,
+    text: String,
+}
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -209,7 +219,7 @@ impl State<'_, '_> {
                             eprintln!("mdsd serve: {method} {path}: {status} {msg}");
                             respond_error(request, status, &msg)
                         }
-                        Ok((req, ids, config)) => self.generate(request, kind, &req, &ids, &config, &path),
+                        Ok((req, prompts, config)) => self.generate(request, kind, &req, &prompts, &config, &path),
                     },
                 }
             }
@@ -223,8 +233,8 @@ impl State<'_, '_> {
         }
     }
 
-    /// Parses and checks a completion request: its prompt's tokens and generation settings.
-    fn complete(&self, kind: Kind, body: &str) -> Result<(Checked, Vec<u32>, GenerationConfig), Refusal> {
+    /// Parses and checks a completion request: its prompts and generation settings.
+    fn complete(&self, kind: Kind, body: &str) -> Result<(Checked, Vec<Prompt>, GenerationConfig), Refusal> {
         let req: CompletionRequest = match serde_json::from_str(body) {
             Ok(r) => r,
             Err(e) => return refuse(400, format!("the body is not a valid request: {e}")),
@@ -267,25 +277,30 @@ impl State<'_, '_> {
             return refuse(400, msg);
         }
         let tok = &self.session.target.tokenizer;
-        let text = match (kind, &req.prompt, &req.messages) {
-            (Kind::Text, Some(p), _) => p.clone(),
-            (Kind::Text, None, _) => return refuse(400, "prompt: missing (a string)"),
+        let encode = |text: String| match tok.encode(&text) {
+            Ok(ids) if !ids.is_empty() => Ok(Prompt { ids, text }),
+            Ok(_) => refuse(400, "the prompt has no tokens"),
+            Err(e) => refuse(400, format!("tokenizing the prompt: {e}")),
+        };
+        let prompts = match (kind, &req.prompt, &req.messages) {
+            (Kind::Text, Some(p), _) => {
+                prompts(p, tok)?.into_iter().map(|p| p.map_or_else(encode, Ok)).collect::<Result<Vec<_>, _>>()?
+            }
+            (Kind::Text, None, _) => return refuse(400, "prompt: missing"),
             (Kind::Chat, _, Some(m)) if !m.is_empty() => {
                 let texts = m.iter().map(ChatMessage::text).collect::<Result<Vec<String>, Refusal>>()?;
                 let turns: Vec<(&str, &str)> =
                     m.iter().zip(&texts).map(|(m, t)| (m.role.as_str(), t.as_str())).collect();
                 match tok.apply_chat_conversation(&turns, None) {
-                    Ok(t) => t,
+                    Ok(t) => vec![encode(t)?],
                     Err(e) => return refuse(400, format!("messages: {e}")),
                 }
             }
             (Kind::Chat, _, _) => return refuse(400, "messages: missing or empty"),
         };
-        let ids = match tok.encode(&text) {
-            Ok(ids) if !ids.is_empty() => ids,
-            Ok(_) => return refuse(400, "the prompt has no tokens"),
-            Err(e) => return refuse(400, format!("tokenizing the prompt: {e}")),
-        };
+        if prompts.len() * n > MAX_PROMPTS {
+            return refuse(400, format!("prompt: {} prompts x n {n}: at most {MAX_PROMPTS} answers", prompts.len()));
+        }
         let defaults = &self.session.config;
         let warp = Warp {
             temperature: req.temperature.unwrap_or(defaults.warp.temperature),
@@ -296,8 +311,10 @@ impl State<'_, '_> {
             return refuse(400, e.to_string());
         }
         // The largest tree depends on the request's warp.
-        if let Err(e) = self.session.check_fits(ids.len(), warp, self.capacity, "prompt") {
-            return refuse(400, format!("{e} (the server's --context)"));
+        for p in &prompts {
+            if let Err(e) = self.session.check_fits(p.ids.len(), warp, self.capacity, "prompt") {
+                return refuse(400, format!("{e} (the server's --context)"));
+            }
         }
         let max_new_tokens = req.max_completion_tokens.or(req.max_tokens).unwrap_or(defaults.max_new_tokens);
         if max_new_tokens == 0 && !req.echo {
@@ -306,9 +323,38 @@ impl State<'_, '_> {
         // Without a seed each request draws one, reported with the answer.
         let seed = req.seed.unwrap_or_else(rand::random);
         let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
-        let echo = req.echo.then_some(text);
+        let echo = req.echo;
         let checked = Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo, n, logit_bias };
-        Ok((checked, ids, config))
+        Ok((checked, prompts, config))
+    }
+}
+
+/// The prompts of a completions request: each a text to tokenize (`Err`) or token ids, checked
+/// against the vocabulary (`Ok`, with their text).
+fn prompts(prompt: &Value, tok: &engine::tokenizer::TextTokenizer) -> Result<Vec<Result<Prompt, String>>, Refusal> {
+    let vocab = tok.vocab().len();
+    let ids = |list: &[Value]| -> Result<Prompt, Refusal> {
+        let ids: Option<Vec<u32>> =
+            list.iter().map(|v| v.as_u64().filter(|&id| (id as usize) < vocab).map(|id| id as u32)).collect();
+        match ids {
+            Some(ids) if !ids.is_empty() => {
+                let text = tok.decode(&ids).map_err(|e| Refusal(400, format!("prompt: {e}")))?;
+                Ok(Prompt { ids, text })
+            }
+            _ => refuse(400, format!("prompt: token ids must be a non-empty list of ids below {vocab}")),
+        }
+    };
+    match prompt {
+        Value::String(s) => Ok(vec![Err(s.clone())]),
+        Value::Array(list) if list.is_empty() => refuse(400, "prompt: an empty list"),
+        Value::Array(list) if list.iter().all(Value::is_string) => {
+            Ok(list.iter().map(|s| Err(s.as_str().unwrap_or_default().to_string())).collect())
+        }
+        Value::Array(list) if list.iter().all(Value::is_number) => Ok(vec![Ok(ids(list)?)]),
+        Value::Array(list) if list.iter().all(Value::is_array) => {
+            list.iter().map(|l| ids(l.as_array().map_or(&[][..], Vec::as_slice)).map(Ok)).collect()
+        }
+        _ => refuse(400, "prompt: a string, an array of strings, an array of token ids, or an array of those"),
     }
 }
 

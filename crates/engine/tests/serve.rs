@@ -626,4 +626,38 @@ fn serve_generates_n_choices() {
         let (status, v) = post(port, "/v1/completions", &json!({"prompt": "AB", "n": n}));
         assert!(status == 400 && v["error"]["message"].as_str().unwrap().contains("n: from 1 to 16"), "{v}");
     }
+
+    // Batched prompts (as lm-evaluation-harness sends them): strings, token ids, lists of
+    // token ids; each prompt's answer is its one-prompt request's (temperature 0).
+    let ask = |prompt: Value, extra: Value| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 4, "ignore_eos": true, "temperature": 0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        post(port, "/v1/completions", &body)
+    };
+    let text = |v: &Value, i: usize| v["choices"][i]["text"].as_str().unwrap().to_string();
+    let ids = |t: &str| t.chars().map(|c| c as u32 - 0x21).collect::<Vec<u32>>();
+    let (abcd, bcde) = (text(&ask(json!("ABCD"), json!({})).1, 0), text(&ask(json!("BCDE"), json!({})).1, 0));
+    for prompt in [json!(["ABCD", "BCDE"]), json!([ids("ABCD"), ids("BCDE")])] {
+        let (status, v) = ask(prompt.clone(), json!({}));
+        assert_eq!(status, 200, "{v}");
+        assert_eq!((text(&v, 0), text(&v, 1)), (abcd.clone(), bcde.clone()), "{prompt}");
+        assert_eq!((v["choices"][1]["index"].as_u64(), v["usage"]["prompt_tokens"].as_u64()), (Some(1), Some(8)));
+    }
+    assert_eq!(text(&ask(json!(ids("ABCD")), json!({})).1, 0), abcd, "token ids");
+    let v = ask(json!([ids("ABCD"), ids("BCDE")]), json!({"echo": true, "logprobs": 0, "n": 2})).1;
+    assert_eq!(v["choices"].as_array().unwrap().len(), 4);
+    assert_eq!(text(&v, 3), format!("BCDE{bcde}"), "echo of token ids, the second prompt's second choice");
+    assert!(v["choices"][2]["logprobs"]["token_logprobs"][1].is_f64(), "{v}");
+    let many: Vec<&str> = vec!["AB"; 33];
+    for (prompt, extra, expected) in [
+        (json!([]), json!({}), "an empty list"),
+        (json!([[]]), json!({}), "non-empty list of ids below 48"),
+        (json!([48]), json!({}), "non-empty list of ids below 48"),
+        (json!([1, "a"]), json!({}), "a string, an array of strings"),
+        (json!(many), json!({"n": 2}), "at most 64 answers"),
+    ] {
+        let (status, v) = ask(prompt.clone(), extra);
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(status == 400 && msg.contains(expected), "{prompt}: {status} {v}");
+    }
 }

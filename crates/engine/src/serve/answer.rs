@@ -1,8 +1,9 @@
-//! Answering a checked request: its `n` choices one after the other on the one generator
-//! (choice `i` with the seed `seed + i`; after the first, the prompt's cached rows are reused),
-//! in one JSON object or streamed as server-sent events.
+//! Answering a checked request: `n` choices for each of its prompts, one after the other on
+//! the one generator (choice `i`, counted over all prompts, with the seed `seed + i`; after a
+//! prompt's first choice, its cached rows are reused), in one JSON object or streamed as
+//! server-sent events.
 
-use super::{logprobs, respond_error, respond_json, Checked, Kind, State};
+use super::{logprobs, respond_error, respond_json, Checked, Kind, Prompt, State};
 use crate::message;
 use engine::decode::{GenerationConfig, Stats};
 use engine::logprobs::TokenLogprobs;
@@ -13,13 +14,14 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tiny_http::Request;
 
-/// What one choice answers: the endpoint, the checked request, its prompt's tokens, the path
-/// (for the log).
+/// What one choice answers: the endpoint, the checked request, its prompt's tokens, the text
+/// to echo before the answer, the path (for the log).
 #[derive(Clone, Copy)]
 struct Ask<'a> {
     kind: Kind,
     req: &'a Checked,
     ids: &'a [u32],
+    echo: Option<&'a str>,
     path: &'a str,
 }
 
@@ -39,7 +41,7 @@ impl<'s> State<'s, '_> {
         request: Request,
         kind: Kind,
         req: &Checked,
-        ids: &[u32],
+        prompts: &[Prompt],
         config: &GenerationConfig,
         path: &str,
     ) -> std::io::Result<()> {
@@ -48,17 +50,27 @@ impl<'s> State<'s, '_> {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         self.generator.set_logprobs(req.logprobs);
         self.generator.set_logit_bias(req.logit_bias.clone());
-        let configs: Vec<GenerationConfig> = (0..req.n)
-            .map(|i| GenerationConfig { seed: config.seed.wrapping_add(i as u64), ..config.clone() })
+        // Every prompt's `n` choices, in order: the choice's index is its place in this list.
+        let asks: Vec<(Ask, GenerationConfig)> = prompts
+            .iter()
+            .flat_map(|p| {
+                let ask = Ask { kind, req, ids: &p.ids, echo: req.echo.then_some(p.text.as_str()), path };
+                std::iter::repeat_n(ask, req.n)
+            })
+            .enumerate()
+            .map(|(i, ask)| (ask, GenerationConfig { seed: config.seed.wrapping_add(i as u64), ..config.clone() }))
             .collect();
-        // The echoed prompt's records, from the first choice's prompt pass.
+        let prompt_tokens: usize = prompts.iter().map(|p| p.ids.len()).sum();
+        // The echoed prompt's records, from its first choice's prompt pass.
         let mut prompt_records: Option<Vec<TokenLogprobs>> = None;
-        let mut done: Vec<(Stats, u64)> = Vec::with_capacity(req.n);
-        let ask = Ask { kind, req, ids, path };
+        let mut done: Vec<(Stats, u64)> = Vec::with_capacity(asks.len());
         if !req.stream {
-            let mut choices = Vec::with_capacity(req.n);
-            for (index, config) in configs.iter().enumerate() {
-                match self.answer_whole(ask, config, index, &mut prompt_records) {
+            let mut choices = Vec::with_capacity(asks.len());
+            for (index, (ask, config)) in asks.iter().enumerate() {
+                if index % req.n == 0 {
+                    prompt_records = None;
+                }
+                match self.answer_whole(*ask, config, index, &mut prompt_records) {
                     Ok((choice, stats)) => {
                         choices.push(choice);
                         done.push((stats, config.seed));
@@ -72,7 +84,7 @@ impl<'s> State<'s, '_> {
                 "created": created,
                 "model": self.model,
                 "choices": choices,
-                "usage": usage(&done),
+                "usage": usage(prompt_tokens, &done),
                 "mdsd": mdsd_stats(&done),
             });
             return respond_json(request, 200, &body);
@@ -83,16 +95,19 @@ impl<'s> State<'s, '_> {
         )?;
         let model = self.model.clone();
         let mut events = Events { kind, index: 0, id: &id, created, model: &model, writer };
-        for (index, config) in configs.iter().enumerate() {
+        for (index, (ask, config)) in asks.iter().enumerate() {
             events.index = index;
-            match self.answer_streamed(ask, config, &mut events, &mut prompt_records)? {
+            if index % req.n == 0 {
+                prompt_records = None;
+            }
+            match self.answer_streamed(*ask, config, &mut events, &mut prompt_records)? {
                 Streamed::Done(stats) => {
                     let stats = *stats;
                     let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)), Value::Null);
                     done.push((stats, config.seed));
                     // The last event carries the request's usage and statistics.
-                    if index + 1 == req.n {
-                        last["usage"] = usage(&done);
+                    if index + 1 == asks.len() {
+                        last["usage"] = usage(prompt_tokens, &done);
                         last["mdsd"] = mdsd_stats(&done);
                     }
                     events.raw(&last.to_string())?;
@@ -105,12 +120,13 @@ impl<'s> State<'s, '_> {
     }
 
     /// Sets whether this choice scores the echoed prompt, and returns its stop matcher.
-    fn prepare(&mut self, req: &Checked, index: usize, prompt_records: &Option<Vec<TokenLogprobs>>) -> TextStops<'s> {
+    fn prepare(&mut self, ask: Ask, prompt_records: &Option<Vec<TokenLogprobs>>) -> TextStops<'s> {
+        let req = ask.req;
         let session: &'s crate::session::Session = self.session;
         let tok = &session.target.tokenizer;
         let ignore_eos = req.ignore_eos || self.run.ignore_eos;
-        // Only the first choice scores the echoed prompt; the others take its records.
-        let score = req.echo.is_some() && req.logprobs.is_some() && index == 0 && prompt_records.is_none();
+        // Only a prompt's first choice scores the echoed prompt; the others take its records.
+        let score = ask.echo.is_some() && req.logprobs.is_some() && prompt_records.is_none();
         self.generator.set_prompt_logprobs(score);
         // The end of turn, else each token's text against the stop strings (checked already).
         TextStops::new(tok, req.stops.clone(), ignore_eos).expect("stop checked by complete")
@@ -124,8 +140,8 @@ impl<'s> State<'s, '_> {
         index: usize,
         prompt_records: &mut Option<Vec<TokenLogprobs>>,
     ) -> Result<(Value, Stats), String> {
-        let Ask { kind, req, ids, path } = ask;
-        let stops = self.prepare(req, index, prompt_records);
+        let Ask { kind, req, ids, echo: echoed, path } = ask;
+        let stops = self.prepare(ask, prompt_records);
         let session = self.session;
         let tok = &session.target.tokenizer;
         let (out, mut stats) = self.generator.generate(ids, config, |t| stops.is_stop(t), |_| Ok(())).map_err(|e| {
@@ -137,7 +153,7 @@ impl<'s> State<'s, '_> {
             stats.stop_reason = "stop_string".into();
         }
         log(path, &stats);
-        let echo = req.echo.as_deref().unwrap_or("");
+        let echo = echoed.unwrap_or("");
         let answer = if req.stops.is_empty() {
             tok.decode(&out).map_err(|e| format!("decoding the answer: {e}"))?
         } else {
@@ -148,7 +164,7 @@ impl<'s> State<'s, '_> {
             Some(_) => {
                 let records = &self.generator.logprobs()[..stops.tokens_shown(out.len(), true)];
                 let answer = logprobs::format(kind, tok, &stops, records, 0, echo.chars().count());
-                match req.echo {
+                match echoed {
                     Some(_) => {
                         let prompt = prompt_records.get_or_insert_with(|| self.generator.prompt_logprobs().to_vec());
                         logprobs::with_prompt(tok, ids, prompt, answer)
@@ -180,20 +196,20 @@ impl<'s> State<'s, '_> {
         events: &mut Events,
         prompt_records: &mut Option<Vec<TokenLogprobs>>,
     ) -> std::io::Result<Streamed> {
-        let Ask { kind, req, ids, path } = ask;
-        let stops = self.prepare(req, events.index, prompt_records);
+        let Ask { kind, req, ids, echo: echoed, path } = ask;
+        let stops = self.prepare(ask, prompt_records);
         let session = self.session;
         let tok = &session.target.tokenizer;
         if kind == Kind::Chat {
             events.send(json!({"role": "assistant", "content": ""}), Value::Null)?;
         }
-        let echo = req.echo.as_deref().unwrap_or("");
+        let echo = echoed.unwrap_or("");
         let mut gathered = logprobs::Gathered::new(echo.chars().count());
         // A streaming client that went away ends the generation at the next token (the caches
         // keep the text for the next request).
         let gone = Cell::new(false);
         // The echoed prompt goes first, with its log-probabilities once the prompt pass gave them.
-        let mut echo_pending = req.echo.is_some();
+        let mut echo_pending = echoed.is_some();
         let echo_event = |events: &mut Events, records: &[TokenLogprobs]| {
             let lp = match req.logprobs {
                 Some(_) => logprobs::with_prompt(tok, ids, records, logprobs::format(kind, tok, &stops, &[], 0, 0)),
@@ -236,7 +252,7 @@ impl<'s> State<'s, '_> {
                     stats.stop_reason = "stop_string".into();
                 }
                 log(path, &stats);
-                if req.echo.is_some() && req.logprobs.is_some() && prompt_records.is_none() {
+                if echoed.is_some() && req.logprobs.is_some() && prompt_records.is_none() {
                     *prompt_records = Some(self.generator.prompt_logprobs().to_vec());
                 }
                 if echo_pending {
@@ -332,9 +348,8 @@ fn finish_reason(stats: &Stats) -> &'static str {
     }
 }
 
-/// The request's usage: the prompt once, the choices' tokens summed.
-fn usage(done: &[(Stats, u64)]) -> Value {
-    let prompt = done.first().map_or(0, |(s, _)| s.prompt_tokens);
+/// The request's usage: each prompt once, the choices' tokens summed.
+fn usage(prompt: usize, done: &[(Stats, u64)]) -> Value {
     let completion: usize = done.iter().map(|(s, _)| s.new_tokens).sum();
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
