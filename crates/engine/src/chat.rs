@@ -62,14 +62,9 @@ fn block(
 
 pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     let run = &mut args.run;
-    if run.json || run.logprobs.is_some() || run.prompt_logprobs {
-        let flag = if run.json {
-            "--json"
-        } else if run.logprobs.is_some() {
-            "--logprobs"
-        } else {
-            "--prompt-logprobs"
-        };
+    let json_only =
+        [("--json", run.json), ("--logprobs", run.logprobs.is_some()), ("--prompt-logprobs", run.prompt_logprobs)];
+    if let Some((flag, _)) = json_only.iter().find(|(_, given)| *given) {
         bail!("{flag} does not apply to chat (it streams every answer); use generate --json");
     }
     run.chat = true;

@@ -59,11 +59,7 @@ pub(crate) fn draw_children(
     for (r, &i) in level_nodes.iter().enumerate().take(rows) {
         let row = &mut host[r * dv..(r + 1) * dv];
         // The draft's row is not read again: the bias stays.
-        for &(id, bias) in &b.logit_bias {
-            if let Some(x) = row.get_mut(id as usize) {
-                *x += bias;
-            }
-        }
+        add_bias(row, &b.logit_bias);
         let row = &*row;
         b.drawn[i].clear();
         if b.confidence_cutoff > 0.0 {
@@ -121,12 +117,8 @@ pub(crate) fn with_bias<T>(
         return f(row);
     }
     saved.clear();
-    for &(id, b) in bias {
-        if let Some(x) = row.get_mut(id as usize) {
-            saved.push(*x);
-            *x += b;
-        }
-    }
+    saved.extend(bias.iter().filter_map(|&(id, _)| row.get(id as usize).copied()));
+    add_bias(row, bias);
     let out = f(row);
     // Back in reverse order, so that an id listed twice gets its first saved value.
     let mut s = saved.len();
@@ -137,6 +129,16 @@ pub(crate) fn with_bias<T>(
         }
     }
     out
+}
+
+/// Adds `bias` to `row`'s entries; ids past the row (beyond a draft's shorter vocabulary) are
+/// skipped.
+fn add_bias(row: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(x) = row.get_mut(id as usize) {
+            *x += b;
+        }
+    }
 }
 
 pub(crate) fn nan_error(e: samplers::SamplerError, which: &str) -> Error {

@@ -58,7 +58,7 @@ impl Json<'_> {
 /// `generate --json --logprobs N`'s `logprobs`: per generated token its id, text (the token's
 /// bytes, a partial UTF-8 character shown as U+FFFD), log-probability and alternatives.
 pub fn logprobs(tok: &TextTokenizer, records: &[TokenLogprobs]) -> Value {
-    let text = |id: u32| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned();
+    let text = |id: u32| tok.token_text(id);
     records
         .iter()
         .map(|r| {

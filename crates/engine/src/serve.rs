@@ -235,7 +235,12 @@ impl State<'_, '_> {
 
     /// Parses and checks a completion request: its prompts and generation settings.
     fn complete(&self, kind: Kind, body: &str) -> Result<(Checked, Vec<Prompt>, GenerationConfig), Refusal> {
-        let req: CompletionRequest = match serde_json::from_str(body) {
+        // Parsed once: the typed request, and the whole object for the refused fields.
+        let json: Value = match serde_json::from_str(body) {
+            Ok(v) => v,
+            Err(e) => return refuse(400, format!("the body is not a valid request: {e}")),
+        };
+        let req = match CompletionRequest::deserialize(&json) {
             Ok(r) => r,
             Err(e) => return refuse(400, format!("the body is not a valid request: {e}")),
         };
@@ -272,8 +277,7 @@ impl State<'_, '_> {
         if let Err(e) = StopStrings::new(stops.clone()) {
             return refuse(400, format!("stop: {e}"));
         }
-        // The body parsed above, so it is JSON.
-        if let Some(msg) = serde_json::from_str(body).ok().as_ref().and_then(refused::refused_field) {
+        if let Some(msg) = refused::refused_field(&json) {
             return refuse(400, msg);
         }
         let tok = &self.session.target.tokenizer;

@@ -221,6 +221,12 @@ impl TextTokenizer {
         s.replace('\u{2581}', " ").into_bytes()
     }
 
+    /// [`Self::token_bytes`] as text, a partial UTF-8 character shown as U+FFFD (OpenAI's
+    /// `token` of a log-probability).
+    pub fn token_text(&self, id: u32) -> String {
+        String::from_utf8_lossy(&self.token_bytes(id)).into_owned()
+    }
+
     /// Where the tokenizer came from.
     pub fn source(&self) -> &Path {
         &self.source

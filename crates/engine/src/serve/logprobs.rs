@@ -97,7 +97,7 @@ pub(super) fn format(
     first: usize,
     shift: usize,
 ) -> Value {
-    let string = |id: u32| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned();
+    let string = |id: u32| tok.token_text(id);
     match kind {
         Kind::Text => {
             let tops: Vec<Value> = records.iter().map(|r| top_object(tok, r)).collect();
@@ -128,7 +128,7 @@ pub(super) fn format(
 fn top_object(tok: &TextTokenizer, r: &TokenLogprobs) -> Value {
     let mut top = Map::new();
     for &(id, lp) in r.top.iter().chain([&(r.token, r.logprob)]) {
-        top.entry(String::from_utf8_lossy(&tok.token_bytes(id)).into_owned()).or_insert(json!(lp));
+        top.entry(tok.token_text(id)).or_insert(json!(lp));
     }
     Value::Object(top)
 }
@@ -137,8 +137,7 @@ fn top_object(tok: &TextTokenizer, r: &TokenLogprobs) -> Value {
 /// log-probability (`null`), each later one its record from the prompt pass (`records`, one per
 /// token after the first); the prompt's offsets count its tokens' texts from 0.
 pub(super) fn with_prompt(tok: &TextTokenizer, ids: &[u32], records: &[TokenLogprobs], answer: Value) -> Value {
-    let strings: Vec<String> =
-        ids.iter().map(|&id| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned()).collect();
+    let strings: Vec<String> = ids.iter().map(|&id| tok.token_text(id)).collect();
     let mut offsets = Vec::with_capacity(ids.len());
     let mut at = 0;
     for s in &strings {
