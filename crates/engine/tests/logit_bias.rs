@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::{load_on_test_device, spec, temp_dir, Tiny, TinyEagle};
+use common::{load_on_test_device, spec, temp_dir, Tiny};
 use engine::decode::{DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
-use engine::model::eagle::EagleHead;
 use engine::model::DecoderModel;
 use engine::ngram::NgramConfig;
 use engine::DraftTree;
@@ -26,11 +25,7 @@ fn fixed(name: &str) -> TreeChoice {
 /// plain biased decoding's tokens; the banned token never comes, and the bias changed the text.
 #[test]
 fn biased_speculative_output_equals_biased_plain_decoding() {
-    let tiny = Tiny { scale: 0.8, ..Tiny::llama(141) };
-    let target = model(tiny, "bias-target");
-    let draft = model(Tiny { layers: 1, ..tiny }, "bias-draft");
-    let head_spec = TinyEagle { target: tiny, seed: 142, own_embedding: false, scale: 0.5 };
-    let head = EagleHead::load(&head_spec.write(&temp_dir("bias-head"), false), &target).unwrap();
+    let (target, draft, head) = common::target_draft_head(141, "bias");
     let prompt: Vec<u32> = (0..10u32).map(|i| (i * 11 + 4) % 48).collect();
     let base = common::greedy(30, 3);
     let (unbiased, _) =

@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{load_on_test_device, spec, temp_dir, Tiny, TinyEagle};
+use common::{load_on_test_device, spec, temp_dir, Tiny};
 use engine::decode::{DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
 use engine::logprobs::TokenLogprobs;
-use engine::model::eagle::EagleHead;
 use engine::model::DecoderModel;
 use engine::ngram::NgramConfig;
 use engine::DraftTree;
@@ -94,11 +93,7 @@ fn configs() -> Vec<(&'static str, Option<SpecConfig>)> {
 /// log-softmax at its position, as one prompt pass over the text computes it.
 #[test]
 fn speculative_logprobs_are_the_targets_at_each_position() {
-    let tiny = Tiny { scale: 0.8, ..Tiny::llama(131) };
-    let target = model(tiny, "logprobs-target");
-    let draft = model(Tiny { layers: 1, ..tiny }, "logprobs-draft");
-    let head_spec = TinyEagle { target: tiny, seed: 132, own_embedding: false, scale: 0.5 };
-    let head = EagleHead::load(&head_spec.write(&temp_dir("logprobs-head"), false), &target).unwrap();
+    let (target, draft, head) = common::target_draft_head(131, "logprobs");
     let prompt: Vec<u32> = (0..12u32).map(|i| (i * 7 + 3) % 48).collect();
     for (warp, randomness) in
         [(Warp::temperature(0.0), Randomness::Stream), (Warp::temperature(1.0), Randomness::Positional)]

@@ -252,6 +252,22 @@ pub fn load_on_test_device(path: &Path) -> engine::model::DecoderModel {
     engine::load::load(path, &test_device(), &opts).unwrap().model
 }
 
+/// Three draft sources for one target: the target (`Tiny::llama(seed)` at scale 0.8, Hugging
+/// Face layout), a one-layer draft with the same seed, and a tiny EAGLE head for the target
+/// (seed `seed + 1`), written under folders named after `tag`.
+pub fn target_draft_head(
+    seed: u64,
+    tag: &str,
+) -> (engine::model::DecoderModel, engine::model::DecoderModel, engine::model::eagle::EagleHead) {
+    let tiny = Tiny { scale: 0.8, ..Tiny::llama(seed) };
+    let target = load_on_test_device(&tiny.write_hf(&temp_dir(&format!("{tag}-target"))));
+    let draft = load_on_test_device(&Tiny { layers: 1, ..tiny }.write_hf(&temp_dir(&format!("{tag}-draft"))));
+    let head_spec = TinyEagle { target: tiny, seed: seed + 1, own_embedding: false, scale: 0.5 };
+    let head_dir = head_spec.write(&temp_dir(&format!("{tag}-head")), false);
+    let head = engine::model::eagle::EagleHead::load(&head_dir, &target).unwrap();
+    (target, draft, head)
+}
+
 /// A fresh temporary folder under the target directory.
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mdsd-test-{}-{name}", std::process::id()));
