@@ -32,6 +32,9 @@ pub struct AlphaArgs {
     /// Top-p applied to logits lines (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f64,
+    /// Min-p applied to logits lines (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
     /// `all`, or `optimal` (alpha* of every construction and K-SEQ's alpha; no RRS).
     #[arg(long, default_value = "all", value_parser = ["all", "optimal"])]
     pub methods: String,
@@ -64,7 +67,7 @@ const EXACT_RRS_WOR_SUPPORT: usize = 8;
 
 /// Runs the calculator; returns the number of bad lines (each reported on stderr).
 pub fn run(args: &AlphaArgs) -> Result<usize> {
-    let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
+    let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
     warp.check().context("bad sampling options")?;
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))

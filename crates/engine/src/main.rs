@@ -88,6 +88,10 @@ struct GenerateArgs {
     /// Nucleus sampling mass (1: off).
     #[arg(long, default_value_t = 1.0)]
     top_p: f64,
+    /// Keep only the tokens at least this fraction as probable as the most probable one
+    /// (0: off). Applied after the temperature and before top-k and top-p, as vLLM does.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f64,
     /// Seed of every random draw. With a fixed --tree the same command gives the same text;
     /// `--tree auto` picks each step's tree from forward times measured as it runs, so at
     /// temperature > 0 its texts can differ between runs (each an exact sample), unless

@@ -58,6 +58,7 @@ struct CompletionRequest {
     temperature: Option<f64>,
     top_p: Option<f64>,
     top_k: Option<usize>,
+    min_p: Option<f64>,
     seed: Option<u64>,
     stream: bool,
     n: Option<usize>,
@@ -310,6 +311,7 @@ impl State<'_, '_> {
             temperature: req.temperature.unwrap_or(defaults.warp.temperature),
             top_k: req.top_k.unwrap_or(defaults.warp.top_k),
             top_p: req.top_p.unwrap_or(defaults.warp.top_p),
+            min_p: req.min_p.unwrap_or(defaults.warp.min_p),
         };
         if let Err(e) = warp.check() {
             return refuse(400, e.to_string());

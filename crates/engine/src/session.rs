@@ -58,7 +58,7 @@ impl Plan {
             check_ngram(s).context(format!("--ngram {}", args.ngram.name()))?;
             samplers::validate_pair(s.construction, s.verifier)?;
         }
-        let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
+        let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
         warp.check()?;
         Ok(Self { spec, warp, verifier, tree_name })
     }
@@ -245,7 +245,12 @@ fn spec_config(args: &GenerateArgs, tree_name: &str, verifier: Verifier) -> anyh
         }
         TreeChoice::Fixed(tree)
     };
-    let draft_warp = args.draft_temperature.map(|t| Warp { temperature: t, top_k: args.top_k, top_p: args.top_p });
+    let draft_warp = args.draft_temperature.map(|t| Warp {
+        temperature: t,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+    });
     if !(0.0..=1.0).contains(&args.draft_confidence) {
         bail!("--draft-confidence must be in [0, 1], got {}", args.draft_confidence);
     }

@@ -370,6 +370,40 @@ pub fn check_vocabularies(target: &[String], draft: &[String], target_src: &Path
     Ok(())
 }
 
+impl TextTokenizer {
+    /// Where each of `ids`' texts begins in `text`, in characters, where `text` is `ids`
+    /// decoded ([`Self::decode`]) or the text they were encoded from. A token advances by the
+    /// text its detokenization completes ([`TokenStream`]; the first bytes of a character
+    /// advance nothing, the token completing it advances past it); a special token, which
+    /// decoding drops, advances by its own string where `text` has it at that point (a prompt
+    /// that spelt it out) and by nothing otherwise (a BOS the encoder added, a decoded id
+    /// prompt). No offset passes the end of `text`.
+    pub fn char_offsets(&self, ids: &[u32], text: &str) -> Result<Vec<usize>> {
+        let total = text.chars().count();
+        let mut stream = TokenStream::default();
+        let (mut byte, mut chars) = (0usize, 0usize);
+        let mut offsets = Vec::with_capacity(ids.len());
+        for &id in ids {
+            offsets.push(chars.min(total));
+            match stream.push(self, id)? {
+                Some(piece) => {
+                    byte += piece.len();
+                    chars += piece.chars().count();
+                }
+                None if self.added.contains(&id) => {
+                    let s = self.vocab.get(id as usize).map_or("", String::as_str);
+                    if !s.is_empty() && text.get(byte..).is_some_and(|rest| rest.starts_with(s)) {
+                        byte += s.len();
+                        chars += s.chars().count();
+                    }
+                }
+                None => {}
+            }
+        }
+        Ok(offsets)
+    }
+}
+
 /// Incremental detokenization: pushes token ids and returns the newly completed text (text is
 /// held back while it ends in an incomplete UTF-8 sequence).
 #[derive(Debug, Default)]
@@ -443,6 +477,24 @@ mod tests {
         let ids = [0u32, 1, 2];
         let bytes: Vec<u8> = ids.iter().flat_map(|&i| tok.token_bytes(i)).collect();
         assert_eq!(String::from_utf8(bytes).unwrap(), tok.decode(&ids).unwrap());
+    }
+
+    /// Offsets index the text the tokens came from or decode to: a special token spelt out in the
+    /// text has its width, one decoding drops has none, and a character split over two tokens
+    /// begins at the first.
+    #[test]
+    fn char_offsets_index_the_text() {
+        let decoder = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
+        // 0 "a", 1 " hi", 2 é's first byte, 3 its second, 4 "b"; 5 is <|im_end|>.
+        let tok = tokenizer("offsets", &["a", "Ġhi", "Ã", "©", "b"], decoder);
+        let ids = [0u32, 5, 1, 2, 3, 4];
+        assert_eq!(tok.decode(&ids).unwrap(), "a hié".to_string() + "b");
+        assert_eq!(tok.char_offsets(&ids, "a hiéb").unwrap(), [0, 1, 1, 4, 4, 5]);
+        assert_eq!(tok.char_offsets(&ids, "a<|im_end|> hiéb").unwrap(), [0, 1, 11, 14, 14, 15]);
+        // A text shorter than the tokens: offsets stop at its end.
+        assert_eq!(tok.char_offsets(&[0, 4, 4], "ab").unwrap(), [0, 1, 2]);
+        assert_eq!(tok.char_offsets(&[0, 4, 4, 4], "ab").unwrap(), [0, 1, 2, 2]);
+        assert!(tok.char_offsets(&[], "").unwrap().is_empty());
     }
 
     #[test]

@@ -272,6 +272,8 @@ fn bad_inputs_give_clear_errors() {
     assert!(e.contains("spechub") && e.contains("--tree auto"), "{e}");
     let e = gen(&good, &good, &["--top-p", "1.5"]);
     assert!(e.contains("top-p"), "{e}");
+    let e = gen(&good, &good, &["--min-p", "1.5"]);
+    assert!(e.contains("min-p must be in [0, 1], got 1.5"), "{e}");
     // NaN logits: a model whose output head is NaN.
     let mut nan = Tiny::llama(47);
     nan.tied = false;

@@ -76,7 +76,7 @@ fn lookup_alone_first_two_tokens_follow_the_target_law() {
     let configs = [
         ("chain-2", Warp::temperature(1.0)),
         ("drafts-2-depth-2", Warp::temperature(1.0)),
-        ("drafts-2-depth-2", Warp { temperature: 0.8, top_k: 4, top_p: 1.0 }),
+        ("drafts-2-depth-2", Warp { temperature: 0.8, top_k: 4, top_p: 1.0, min_p: 0.0 }),
     ];
     for (name, warp) in configs {
         let law = common::two_token_law(&target, &prompt, warp);

@@ -260,6 +260,13 @@ fn serve_answers_as_generate_does() {
     let b = post(port, "/v1/completions", &seeded).1;
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
     assert_eq!(a["mdsd"]["seed"], 5);
+    // The sampling fields are generate's flags: the same seed gives the same sample.
+    let warped = json!({"prompt": "ABC", "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true,
+        "min_p": 0.2, "top_k": 20, "top_p": 0.95});
+    let flags = ["--temperature", "1", "--seed", "5", "--min-p", "0.2", "--top-k", "20", "--top-p", "0.95"];
+    let want =
+        generate_json(&[&flags[..], &["--max-new-tokens", "8", "--ignore-eos", "--prompt", "ABC"], &models].concat());
+    assert_eq!(post(port, "/v1/completions", &warped).1["choices"][0]["text"], want["text"], "min-p, top-k, top-p");
     let unseeded = post(port, "/v1/completions", &json!({"prompt": "ABC", "max_tokens": 2})).1;
     assert!(unseeded["mdsd"]["seed"].is_u64(), "{unseeded}");
 }
@@ -276,13 +283,14 @@ fn serve_refuses_bad_requests() {
     );
     let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
     let port = server.port;
-    let cases: [(&str, &str, &str, u16, &str); 14] = [
+    let cases: [(&str, &str, &str, u16, &str); 15] = [
         ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
         ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 20}"#, 400, "n: from 1 to 16"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ["C", 7]}"#, 400, "stop: a string or an array"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ""}"#, 400, "an empty stop string"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "temperature": -1}"#, 400, "temperature"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "min_p": 1.5}"#, 400, "min-p must be in [0, 1]"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "presence_penalty": 0.5}"#, 400, "presence_penalty"),
         (
             "POST",

@@ -150,7 +150,7 @@ fn positional_randomness_gives_plain_texts() {
         let seed = seed as u64;
         let plain = GenerationConfig {
             max_new_tokens: 24,
-            warp: Warp { temperature: 0.8, top_k: 0, top_p: 0.95 },
+            warp: Warp { temperature: 0.8, top_k: 0, top_p: 0.95, min_p: 0.0 },
             seed,
             randomness: Randomness::Positional,
             speculative: None,
@@ -292,20 +292,32 @@ fn chat_interrupt_ends_the_answer_and_keeps_the_conversation() {
 
 /// `mdsd serve`: a streaming client that hangs up after the first event ends its answer early
 /// (the server notices the closed connection at a later event), the server goes on serving,
-/// and the next request with that prompt reuses the cached text.
+/// and the next request with that prompt reuses the cached text. Then echoed prompts with the
+/// chat template's special tokens, as text and as ids: their offsets index the returned text.
 #[test]
 fn serve_ends_an_answer_whose_client_hung_up() {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::TcpStream;
     use std::process::{Command, Stdio};
     let path = smollm2();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mdsd"))
-        .args(["serve", "--port", "0", "--target", path.to_str().unwrap(), "--no-spec"])
-        .env("MDSD_OFFLINE", "1")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run mdsd serve");
-    let mut log = BufReader::new(child.stderr.take().unwrap()).lines();
+    /// Kills the server when the test ends, a failed assertion included (a server left running
+    /// would hold the test's output pipe open).
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Killed(
+        Command::new(env!("CARGO_BIN_EXE_mdsd"))
+            .args(["serve", "--port", "0", "--target", path.to_str().unwrap(), "--no-spec"])
+            .env("MDSD_OFFLINE", "1")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run mdsd serve"),
+    );
+    let mut log = BufReader::new(child.0.stderr.take().unwrap()).lines();
     let port: u16 = loop {
         let line = log.next().expect("the server's address").unwrap();
         if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
@@ -333,14 +345,52 @@ fn serve_ends_an_answer_whose_client_hung_up() {
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(r#""reused_tokens":"#), "{answer}");
-    let _ = child.kill();
-    let _ = child.wait();
+
+    // An echoed prompt's offsets index the returned text: special tokens spelt out in a text
+    // prompt take their width, those a decoded id prompt drops take none.
+    let tok = load(&path, &Device::Cpu, &LoadOptions::default()).unwrap().tokenizer;
+    let spelt = "<|im_start|>user\nNaïve café?<|im_end|>\n<|im_start|>assistant\n";
+    let ids = tok.encode(spelt).unwrap();
+    let specials = ids.iter().filter(|&&id| tok.token_text(id).starts_with("<|im_")).count();
+    assert_eq!(specials, 3, "{ids:?}");
+    for prompt in [serde_json::json!(spelt), serde_json::json!(ids)] {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 0});
+        let mut s = request(&body.to_string());
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        let v: serde_json::Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        let choice = &v["choices"][0];
+        let text: Vec<char> = choice["text"].as_str().unwrap().chars().collect();
+        let offsets: Vec<usize> = choice["logprobs"]["text_offset"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_u64().unwrap() as usize)
+            .collect();
+        let tokens = choice["logprobs"]["tokens"].as_array().unwrap();
+        assert_eq!(offsets.len(), ids.len());
+        // A decoded id prompt shows no special token.
+        let dropped = !choice["text"].as_str().unwrap().contains("<|im_start|>");
+        for (i, (&at, t)) in offsets.iter().zip(tokens).enumerate() {
+            let t = t.as_str().unwrap();
+            let special = t.starts_with("<|im_");
+            let here: String = text[at.min(text.len())..].iter().collect();
+            if special && dropped {
+                // Dropped from the decoded text: no width.
+                assert_eq!(offsets.get(i + 1).copied().unwrap_or(text.len()), at, "{prompt}: {offsets:?}");
+            } else if !t.contains('\u{FFFD}') {
+                assert!(here.starts_with(t), "{prompt}: token {i} {t:?} at {at} of {text:?} ({offsets:?})");
+            }
+        }
+    }
+    drop(child);
     let lines: Vec<String> = log.map_while(Result::ok).collect();
     let served: Vec<&String> = lines.iter().filter(|l| l.starts_with("mdsd serve: POST")).collect();
     assert!(lines.iter().any(|l| l.contains("the client went away")), "{lines:?}");
     // "POST /v1/completions · P + N tokens (R reused) ...": the hung-up answer stopped early.
     let new_tokens: usize = served[0].split(" + ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-    assert!(new_tokens < 400, "{lines:?}");
-    let reused: usize = served.last().unwrap().split('(').nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(new_tokens < 400 && served[0].ends_with("client_gone"), "{lines:?}");
+    let asked_again = served.iter().find(|l| l.contains(" + 2 tokens") && l.ends_with("max_new_tokens")).unwrap();
+    let reused: usize = asked_again.split('(').nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(reused > 0, "{lines:?}");
 }

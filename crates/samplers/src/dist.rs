@@ -227,11 +227,11 @@ mod tests {
         let mut out = Vec::new();
         // Probabilities are about [0.06, 0.45, 0.45, 0.04]: top-p 0.4 keeps one token (the
         // lower id among the tied), top-p 0.5 keeps two.
-        Warp { temperature: 1.0, top_k: 0, top_p: 0.4 }.apply(&logits, &mut out).unwrap();
+        Warp { temperature: 1.0, top_k: 0, top_p: 0.4, min_p: 0.0 }.apply(&logits, &mut out).unwrap();
         assert_eq!(out, vec![0.0, 1.0, 0.0, 0.0]);
-        Warp { temperature: 1.0, top_k: 0, top_p: 0.5 }.apply(&logits, &mut out).unwrap();
+        Warp { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0 }.apply(&logits, &mut out).unwrap();
         assert!((out[1] - 0.5).abs() < 1e-12 && (out[2] - 0.5).abs() < 1e-12);
-        Warp { temperature: 1.0, top_k: 2, top_p: 1.0 }.apply(&logits, &mut out).unwrap();
+        Warp { temperature: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0 }.apply(&logits, &mut out).unwrap();
         assert!((out[1] - 0.5).abs() < 1e-12 && (out[2] - 0.5).abs() < 1e-12);
         assert!(softmax(&[f32::NAN, 1.0], 1.0).is_err());
     }

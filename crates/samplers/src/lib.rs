@@ -14,7 +14,9 @@
 //! - [`positional`]: noise keyed by `(seed, position, token)`: exponential-race sampling
 //!   and Gumbel-top-k drafts on the same noise, whose speculative output equals plain
 //!   sampling's token for token (drafter-invariant decoding).
-//! - [`dist`]: validation and sampling primitives; [`warp`]: temperature, top-k and top-p.
+//! - [`dist`]: validation and sampling primitives; [`warp`]: temperature, min-p, top-k and
+//!   top-p.
+//! - [`stats`]: the chi-square p-value the lossless tests compute their thresholds with.
 //!
 //! Equation names refer to "Towards Optimal Multi-draft Speculative Decoding" (ICLR 2025).
 
@@ -24,6 +26,7 @@ pub mod dist;
 pub mod error;
 pub mod pairs;
 pub mod positional;
+pub mod stats;
 pub mod verify;
 pub mod warp;
 

@@ -1,5 +1,9 @@
-//! Logits to a probability vector: temperature, top-k and top-p ([`Warp`]), applied
+//! Logits to a probability vector: temperature, min-p, top-k and top-p ([`Warp`]), applied
 //! identically to the target's and the draft's logits.
+//!
+//! The order is vLLM's: softmax at the temperature; min-p drops the tokens less probable than
+//! `min_p` times the most probable one (a ratio, so it is the same before or after top-k);
+//! top-k and top-p then act on what min-p kept, top-p's mass counted after renormalising it.
 //!
 //! The work is a few vectorising passes over the vocabulary: the maximum (and NaN / +inf
 //! check), `e^((l - max) / T)` with an `f64` exponential that vectorizes ([`exp_nonpositive`]),
@@ -23,11 +27,14 @@ pub struct Warp {
     pub top_k: usize,
     /// Keep the smallest set of most probable tokens whose mass reaches `top_p` (1 = off).
     pub top_p: f64,
+    /// Keep only the tokens at least `min_p` times as probable as the most probable one, at
+    /// the temperature (0 = off; in `[0, 1]`).
+    pub min_p: f64,
 }
 
 impl Default for Warp {
     fn default() -> Self {
-        Self { temperature: 1.0, top_k: 0, top_p: 1.0 }
+        Self { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 }
     }
 }
 
@@ -46,11 +53,14 @@ impl Warp {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(SamplerError::BadParameter(format!("top-p must be in (0, 1], got {}", self.top_p)));
         }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(SamplerError::BadParameter(format!("min-p must be in [0, 1], got {}", self.min_p)));
+        }
         Ok(())
     }
 
-    /// Turns logits into a probability vector written to `out`: softmax(logits / T),
-    /// then top-k and top-p truncation and renormalisation. Temperature 0 gives the one-hot
+    /// Turns logits into a probability vector written to `out`: softmax(logits / T), then
+    /// min-p, top-k and top-p truncation (in that order) and renormalisation. Temperature 0 gives the one-hot
     /// vector of the argmax (the lowest id among equal maxima). NaN or +inf logits are an error
     /// naming the index. Allocates nothing once `out` and a thread's bucket buffer have grown.
     pub fn apply(&self, logits: &[f32], out: &mut Vec<f64>) -> Result<()> {
@@ -79,6 +89,12 @@ impl Warp {
         }
         let (max, inv_t) = (max as f64, 1.0 / self.temperature);
         out.extend(logits.iter().map(|&l| exp_nonpositive((l as f64 - max) * inv_t)));
+        if self.min_p > 0.0 {
+            // Before normalising, the most probable token's value is e^0 = 1: the others' are
+            // their probability ratios to it.
+            let min_p = self.min_p;
+            out.iter_mut().for_each(|x| *x = if *x >= min_p { *x } else { 0.0 });
+        }
         let sum = fast_sum(out);
         out.iter_mut().for_each(|x| *x /= sum);
         let limit = if self.top_k > 0 { self.top_k.min(out.len()) } else { out.len() };
@@ -244,10 +260,15 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    /// The warp as first written: std's `exp`, the whole vocabulary sorted.
+    /// The warp as first written: std's `exp`, the whole vocabulary sorted; min-p as vLLM
+    /// writes it, on the normalised probabilities against `min_p` times the largest.
     fn reference(w: &Warp, logits: &[f32]) -> Vec<f64> {
         let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
         let mut out: Vec<f64> = logits.iter().map(|&l| ((l as f64 - max) / w.temperature).exp()).collect();
+        let sum: f64 = out.iter().sum();
+        out.iter_mut().for_each(|x| *x /= sum);
+        let threshold = w.min_p * out.iter().cloned().fold(0.0, f64::max);
+        out.iter_mut().filter(|x| **x < threshold).for_each(|x| *x = 0.0);
         let sum: f64 = out.iter().sum();
         out.iter_mut().for_each(|x| *x /= sum);
         let mut order: Vec<usize> = (0..out.len()).collect();
@@ -309,18 +330,23 @@ mod tests {
                         _ => rng.random::<f32>() * 8.0 - 4.0,
                     })
                     .collect();
-                for (t, top_k, top_p) in [
-                    (1.0, 0, 1.0),
-                    (0.7, 0, 0.9),
-                    (1.0, 0, 0.95),
-                    (1.3, 0, 0.3),
-                    (0.7, 50, 1.0),
-                    (1.0, 3, 0.8),
-                    (0.5, 2000, 0.999),
-                    (1.0, 0, 0.999_999),
-                    (2.0, 20_000, 1.0),
+                for (t, top_k, top_p, min_p) in [
+                    (1.0, 0, 1.0, 0.0),
+                    (0.7, 0, 0.9, 0.0),
+                    (1.0, 0, 0.95, 0.0),
+                    (1.3, 0, 0.3, 0.0),
+                    (0.7, 50, 1.0, 0.0),
+                    (1.0, 3, 0.8, 0.0),
+                    (0.5, 2000, 0.999, 0.0),
+                    (1.0, 0, 0.999_999, 0.0),
+                    (2.0, 20_000, 1.0, 0.0),
+                    (1.0, 0, 1.0, 0.05),
+                    (0.7, 0, 0.9, 0.1),
+                    (1.5, 40, 1.0, 0.02),
+                    (1.0, 0, 0.5, 0.3),
+                    (1.0, 0, 1.0, 1.0),
                 ] {
-                    let w = Warp { temperature: t, top_k, top_p };
+                    let w = Warp { temperature: t, top_k, top_p, min_p };
                     w.apply(&logits, &mut out).unwrap();
                     let want = reference(&w, &logits);
                     for (i, (&a, &b)) in out.iter().zip(&want).enumerate() {
@@ -331,7 +357,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 7 * 4 * 9);
+        assert_eq!(cases, 7 * 4 * 14);
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct MtBenchArgs {
     /// (0: off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Min-p of every cell's sampling, target and draft alike, as `mdsd generate --min-p`
+    /// (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f64,
     /// Temperature of the draft's q for the speculative methods (default: each cell's
     /// temperature), as `mdsd generate --draft-temperature`: at temperature 0 a one-hot q gives
     /// one draft per node, so multi-draft trees need one (e.g. 1, with `topk`).
@@ -323,7 +327,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     })?;
     let ngram = args.ngram.config().map_err(|e| anyhow::anyhow!("--ngram-min/--ngram-max: {e}"))?;
     let ngram_tree = args.ngram.tree()?;
-    let warp = |temperature| Warp { temperature, top_k: args.top_k, top_p: args.top_p };
+    let warp = |temperature| Warp { temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
     let temperatures = parse_list(&args.temperatures, "temperature", |s| {
         let t: f64 = s.parse().context("not a number")?;
         warp(t).check()?;
@@ -519,6 +523,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "draft_temperature": args.draft_temperature,
         "top_p": args.top_p,
         "top_k": args.top_k,
+        "min_p": args.min_p,
         "ngram": [args.ngram.ngram_min, args.ngram.ngram_max],
         "ngram_tree": args.ngram.ngram_tree,
         "chat": chat,

@@ -167,7 +167,7 @@ impl<'s> State<'s, '_> {
                 match echoed {
                     Some(_) => {
                         let prompt = prompt_records.get_or_insert_with(|| self.generator.prompt_logprobs().to_vec());
-                        logprobs::with_prompt(tok, ids, prompt, answer)
+                        logprobs::with_prompt(tok, ids, echo, prompt, answer)
                     }
                     None => answer,
                 }
@@ -212,7 +212,9 @@ impl<'s> State<'s, '_> {
         let mut echo_pending = echoed.is_some();
         let echo_event = |events: &mut Events, records: &[TokenLogprobs]| {
             let lp = match req.logprobs {
-                Some(_) => logprobs::with_prompt(tok, ids, records, logprobs::format(kind, tok, &stops, &[], 0, 0)),
+                Some(_) => {
+                    logprobs::with_prompt(tok, ids, echo, records, logprobs::format(kind, tok, &stops, &[], 0, 0))
+                }
                 None => Value::Null,
             };
             events.send(events.delta(echo.to_string()), lp)
@@ -242,7 +244,8 @@ impl<'s> State<'s, '_> {
             },
         );
         match result {
-            Ok((_, stats)) if gone.get() => {
+            Ok((_, mut stats)) if gone.get() => {
+                stats.stop_reason = "client_gone".into();
                 log(path, &stats);
                 eprintln!("mdsd serve: POST {path}: the client went away; the answer ended there");
                 Ok(Streamed::Gone)

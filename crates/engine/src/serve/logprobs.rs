@@ -135,15 +135,18 @@ fn top_object(tok: &TextTokenizer, r: &TokenLogprobs) -> Value {
 
 /// A completion's `logprobs` with the echoed prompt's tokens first: the first token has no
 /// log-probability (`null`), each later one its record from the prompt pass (`records`, one per
-/// token after the first); the prompt's offsets count its tokens' texts from 0.
-pub(super) fn with_prompt(tok: &TextTokenizer, ids: &[u32], records: &[TokenLogprobs], answer: Value) -> Value {
+/// token after the first); the prompt's offsets index `echo`, the prompt's text as returned
+/// ([`TextTokenizer::char_offsets`]: special tokens it does not show take no room).
+pub(super) fn with_prompt(
+    tok: &TextTokenizer,
+    ids: &[u32],
+    echo: &str,
+    records: &[TokenLogprobs],
+    answer: Value,
+) -> Value {
     let strings: Vec<String> = ids.iter().map(|&id| tok.token_text(id)).collect();
-    let mut offsets = Vec::with_capacity(ids.len());
-    let mut at = 0;
-    for s in &strings {
-        offsets.push(json!(at));
-        at += s.chars().count();
-    }
+    // Decoding ran on these ids when the prompt was read; an error here cannot name anything new.
+    let offsets = tok.char_offsets(ids, echo).unwrap_or_else(|_| vec![0; ids.len()]);
     let none = std::iter::once(Value::Null);
     let mut prompt = json!({
         "tokens": strings,

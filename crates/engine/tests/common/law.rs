@@ -49,16 +49,6 @@ pub fn pearson(counts: &[u64], law: &[f64], draws: u64) -> (f64, usize) {
     (stat, cells)
 }
 
-/// Chi-square critical value at p = 1e-4 for `df` degrees of freedom (the ones the tests meet:
-/// 25 cells of a 5-token vocabulary, or 16 when top-k 4 leaves 4 x 4).
-pub fn chi2_critical_p1e4(df: usize) -> f64 {
-    match df {
-        24 => 52.62,
-        15 => 42.58,
-        other => panic!("no critical value tabulated for {other} degrees of freedom"),
-    }
-}
-
 /// Generates two tokens after `prompt` with seeds `0..draws` (`config(seed)`), counts each
 /// pair at `out[0] * vocab + out[1]`, and hands each run's statistics to `each`.
 pub fn two_token_counts(
@@ -87,8 +77,12 @@ pub fn assert_follows_law(counts: &[u64], law: &[f64], draws: u64, cells: Option
     if let Some(c) = cells {
         assert_eq!(used, c, "{what}: {used} cells of positive probability, expected {c}");
     }
-    let critical = chi2_critical_p1e4(used - 1);
-    assert!(stat < critical, "{what}: chi2 = {stat:.1} >= {critical} (counts {counts:?}, law {law:?})");
+    let p_value = samplers::stats::chi_square_p_value(stat, used - 1);
+    assert!(
+        p_value > 1e-4,
+        "{what}: chi2 = {stat:.1} on {} df, p {p_value:.1e} (counts {counts:?}, law {law:?})",
+        used - 1
+    );
 }
 
 /// `--tree auto` at temperature 0 (`base` must be greedy) for every valid pair but

@@ -76,64 +76,7 @@ pub fn cases(v: usize, seed: u64, random: usize) -> Vec<(String, Vec<f64>, Vec<f
     out
 }
 
-/// Regularised upper incomplete gamma `Q(a, x)` (Numerical Recipes' series / continued fraction).
-pub fn gamma_q(a: f64, x: f64) -> f64 {
-    fn ln_gamma(z: f64) -> f64 {
-        let c = [
-            76.18009172947146,
-            -86.50532032941677,
-            24.01409824083091,
-            -1.231739572450155,
-            0.1208650973866179e-2,
-            -0.5395239384953e-5,
-        ];
-        let mut y = z;
-        let tmp = z + 5.5 - (z + 0.5) * (z + 5.5).ln();
-        let mut ser = 1.000000000190015;
-        for ci in c {
-            y += 1.0;
-            ser += ci / y;
-        }
-        -tmp + (2.5066282746310005 * ser / z).ln()
-    }
-    if x <= 0.0 {
-        return 1.0;
-    }
-    if x < a + 1.0 {
-        let (mut sum, mut del, mut ap) = (1.0 / a, 1.0 / a, a);
-        for _ in 0..10_000 {
-            ap += 1.0;
-            del *= x / ap;
-            sum += del;
-            if del.abs() < sum.abs() * 1e-15 {
-                break;
-            }
-        }
-        1.0 - sum * (-x + a * x.ln() - ln_gamma(a)).exp()
-    } else {
-        let (mut b, mut c, mut d) = (x + 1.0 - a, 1.0 / 1e-300, 1.0 / (x + 1.0 - a));
-        let mut h = d;
-        for i in 1..10_000 {
-            let an = -(i as f64) * (i as f64 - a);
-            b += 2.0;
-            d = an * d + b;
-            if d.abs() < 1e-300 {
-                d = 1e-300;
-            }
-            c = b + an / c;
-            if c.abs() < 1e-300 {
-                c = 1e-300;
-            }
-            d = 1.0 / d;
-            let del = d * c;
-            h *= del;
-            if (del - 1.0).abs() < 1e-15 {
-                break;
-            }
-        }
-        (-x + a * x.ln() - ln_gamma(a)).exp() * h
-    }
-}
+pub use samplers::stats::gamma_q;
 
 /// Pearson chi-square goodness of fit of `counts` against probabilities `p`; cells with an
 /// expected count under 5 are pooled. Returns `(statistic, degrees of freedom, p-value)`.
