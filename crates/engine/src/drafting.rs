@@ -58,8 +58,17 @@ pub(crate) fn draw_children(
     let mut host = logits.flatten_all()?.to_vec1::<f32>()?;
     for (r, &i) in level_nodes.iter().enumerate().take(rows) {
         let row = &mut host[r * dv..(r + 1) * dv];
-        // The draft's row is not read again: the bias stays.
+        // The draft's row is not read again: the bias and penalties stay.
         add_bias(row, &b.logit_bias);
+        // The drafted tokens from the root (exclusive) to this node: the row's text past the
+        // committed one, for the penalties.
+        b.path_tokens.clear();
+        let mut at = i;
+        while let Some(parent) = tree.parent(at) {
+            b.path_tokens.extend(b.token[at]);
+            at = parent;
+        }
+        b.penalty.apply(row, &b.path_tokens);
         let row = &*row;
         b.drawn[i].clear();
         if b.confidence_cutoff > 0.0 {
@@ -106,12 +115,13 @@ fn top_probability(logits: &[f32]) -> f64 {
 
 /// Runs `f` on `row` with `bias` added to its entries (OpenAI's `logit_bias`; ids past the row,
 /// beyond a draft's shorter vocabulary, are skipped), then puts the row back as it was (the
-/// entries are saved in `saved`, so that log-probabilities read the raw row).
+/// entries are saved in `saved`, so that log-probabilities read the raw row). `f` may change
+/// the row if it puts it back.
 pub(crate) fn with_bias<T>(
     row: &mut [f32],
     bias: &[(u32, f32)],
     saved: &mut Vec<f32>,
-    f: impl FnOnce(&[f32]) -> T,
+    f: impl FnOnce(&mut [f32]) -> T,
 ) -> T {
     if bias.is_empty() {
         return f(row);

@@ -14,6 +14,7 @@ pub mod load;
 pub mod logprobs;
 pub mod model;
 pub mod ngram;
+pub mod penalties;
 pub mod provision;
 pub mod speculative;
 pub mod stop;

@@ -10,6 +10,7 @@ use crate::GenerateArgs;
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::decode::{GenerationConfig, Generator};
+use engine::penalties::Penalties;
 use engine::stop::StopStrings;
 use samplers::dist::Warp;
 use serde::Deserialize;
@@ -59,6 +60,9 @@ struct CompletionRequest {
     top_p: Option<f64>,
     top_k: Option<usize>,
     min_p: Option<f64>,
+    repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
     seed: Option<u64>,
     stream: bool,
     n: Option<usize>,
@@ -110,6 +114,8 @@ struct Checked {
     /// Added to the logits of the target and the draft (the server's `--logit-bias` when the
     /// request sets none).
     logit_bias: Vec<(u32, f32)>,
+    /// Repetition, presence and frequency penalties (the server's flags where unset).
+    penalties: Penalties,
 }
 
 /// The most choices one request may ask for (`n`).
@@ -267,6 +273,14 @@ impl State<'_, '_> {
                 })
                 .collect::<Result<_, _>>()?,
         };
+        let penalties = Penalties {
+            repetition: req.repetition_penalty.unwrap_or(self.run.repetition_penalty),
+            presence: req.presence_penalty.unwrap_or(self.run.presence_penalty),
+            frequency: req.frequency_penalty.unwrap_or(self.run.frequency_penalty),
+        };
+        if let Err(e) = penalties.check() {
+            return refuse(400, e);
+        }
         let stops = match &req.stop {
             None | Some(Value::Null) => self.run.stop.clone(),
             Some(Value::String(s)) => vec![s.clone()],
@@ -330,7 +344,8 @@ impl State<'_, '_> {
         let seed = req.seed.unwrap_or_else(rand::random);
         let config = GenerationConfig { max_new_tokens, warp, seed, ..defaults.clone() };
         let echo = req.echo;
-        let checked = Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo, n, logit_bias };
+        let checked =
+            Checked { stream: req.stream, ignore_eos: req.ignore_eos, stops, logprobs, echo, n, logit_bias, penalties };
         Ok((checked, prompts, config))
     }
 }

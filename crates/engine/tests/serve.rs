@@ -262,11 +262,25 @@ fn serve_answers_as_generate_does() {
     assert_eq!(a["mdsd"]["seed"], 5);
     // The sampling fields are generate's flags: the same seed gives the same sample.
     let warped = json!({"prompt": "ABC", "max_tokens": 8, "temperature": 1.0, "seed": 5, "ignore_eos": true,
-        "min_p": 0.2, "top_k": 20, "top_p": 0.95});
+        "min_p": 0.2, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.3, "presence_penalty": 0.5,
+        "frequency_penalty": -0.25});
     let flags = ["--temperature", "1", "--seed", "5", "--min-p", "0.2", "--top-k", "20", "--top-p", "0.95"];
+    let flags =
+        [&flags[..], &["--repetition-penalty", "1.3", "--presence-penalty", "0.5", "--frequency-penalty", "-0.25"]]
+            .concat();
     let want =
         generate_json(&[&flags[..], &["--max-new-tokens", "8", "--ignore-eos", "--prompt", "ABC"], &models].concat());
-    assert_eq!(post(port, "/v1/completions", &warped).1["choices"][0]["text"], want["text"], "min-p, top-k, top-p");
+    assert_eq!(post(port, "/v1/completions", &warped).1["choices"][0]["text"], want["text"], "sampling fields");
+    // The penalties reached the sample: without them it differs (checked for this seed).
+    let mut plain = warped.clone();
+    for k in ["repetition_penalty", "presence_penalty", "frequency_penalty"] {
+        plain.as_object_mut().unwrap().remove(k);
+    }
+    assert_ne!(
+        post(port, "/v1/completions", &plain).1["choices"][0]["text"],
+        want["text"],
+        "penalties changed nothing"
+    );
     let unseeded = post(port, "/v1/completions", &json!({"prompt": "ABC", "max_tokens": 2})).1;
     assert!(unseeded["mdsd"]["seed"].is_u64(), "{unseeded}");
 }
@@ -283,7 +297,7 @@ fn serve_refuses_bad_requests() {
     );
     let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
     let port = server.port;
-    let cases: [(&str, &str, &str, u16, &str); 15] = [
+    let cases: [(&str, &str, &str, u16, &str); 16] = [
         ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
         ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 20}"#, 400, "n: from 1 to 16"),
@@ -291,7 +305,8 @@ fn serve_refuses_bad_requests() {
         ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ""}"#, 400, "an empty stop string"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "temperature": -1}"#, 400, "temperature"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "min_p": 1.5}"#, 400, "min-p must be in [0, 1]"),
-        ("POST", "/v1/completions", r#"{"prompt": "AB", "presence_penalty": 0.5}"#, 400, "presence_penalty"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "best_of": 3}"#, 400, "best_of: not supported"),
+        ("POST", "/v1/completions", r#"{"prompt": "AB", "presence_penalty": 2.5}"#, 400, "presence penalty must be in"),
         (
             "POST",
             "/v1/chat/completions",

@@ -42,6 +42,7 @@ use crate::logprobs::{token_logprobs, TokenLogprobs};
 use crate::model::eagle::EagleHead;
 use crate::model::DecoderModel;
 use crate::ngram::NgramDrafter;
+use crate::penalties::{Penalties, PenaltyState};
 use candle_core::{Error, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -127,6 +128,12 @@ pub(crate) struct StepBuffers {
     pub(crate) logit_bias: Vec<(u32, f32)>,
     /// The target row's entries under the bias, kept to put the row back ([`with_bias`]).
     pub(crate) bias_saved: Vec<f32>,
+    /// Repetition penalties of the next generations ([`Generator::set_penalties`]).
+    penalties: Penalties,
+    /// The running generation's counts for the penalties.
+    pub(crate) penalty: PenaltyState,
+    /// A node's drafted path, for its row's penalties.
+    pub(crate) path_tokens: Vec<u32>,
 }
 
 impl<'a> Generator<'a> {
@@ -227,6 +234,16 @@ impl<'a> Generator<'a> {
         self.buf.logit_bias = bias;
     }
 
+    /// Applies repetition, presence and frequency penalties ([`Penalties`]) to the target's and
+    /// the draft's logits, after any logit bias and before the warp, from the next generation
+    /// on (the default: none). Each tree node's rows are penalised for the text up to that node,
+    /// its drafted path included, so the output follows the penalised target exactly, as plain
+    /// decoding samples it. Log-probabilities stay the raw model's. Out-of-range penalties are
+    /// an error at generation.
+    pub fn set_penalties(&mut self, penalties: Penalties) {
+        self.buf.penalties = penalties;
+    }
+
     /// With [`Self::set_logprobs`], also records the log-probability of every prompt token after
     /// the first (and its alternatives), from the prompt's own pass: OpenAI's `echo` with
     /// `logprobs`, a text's likelihood under the target. Such a generation runs its prompt whole
@@ -303,6 +320,7 @@ impl<'a> Generator<'a> {
             );
         }
         config.warp.check().map_err(|e| Error::Msg(e.to_string()))?;
+        self.buf.penalties.check().map_err(Error::Msg)?;
         if prompt.is_empty() {
             candle_core::bail!("the prompt is empty");
         }
@@ -346,6 +364,7 @@ impl<'a> Generator<'a> {
             );
         }
         let mut rng = StdRng::seed_from_u64(config.seed);
+        self.buf.penalty.start(self.buf.penalties, self.vocab, prompt);
         self.buf.noise = match config.randomness {
             Randomness::Stream => None,
             Randomness::Positional => Some(PositionalNoise::new(config.seed)),
@@ -435,8 +454,13 @@ impl<'a> Generator<'a> {
                     timings[1] += t0.elapsed();
                     let t1 = Instant::now();
                     let b = &mut self.buf;
-                    with_bias(&mut logits, &b.logit_bias, &mut b.bias_saved, |row| config.warp.apply(row, &mut b.p))
-                        .map_err(|e| nan_error(e, "target"))?;
+                    with_bias(&mut logits, &b.logit_bias, &mut b.bias_saved, |row| {
+                        b.penalty.apply(row, &[]);
+                        let warped = config.warp.apply(row, &mut b.p);
+                        b.penalty.restore(row);
+                        warped
+                    })
+                    .map_err(|e| nan_error(e, "target"))?;
                     // The cache now ends at the sampled token's position.
                     let position = self.target_cache.len() as u64;
                     let token = sample_token(self.buf.noise, position, &self.buf.p, &mut rng)?;
@@ -480,6 +504,7 @@ impl<'a> Generator<'a> {
             }
             // Every emitted token, past a cut too: the caches may hold accepted drafts beyond it.
             self.history.extend_from_slice(&self.buf.emitted);
+            self.buf.penalty.push(&self.buf.emitted);
             // The step's log-probabilities follow the ones of `out` (none when not asked for).
             let logprobs = &self.logprobs[out.len().min(self.logprobs.len())..];
             let prompt_logprobs: &[TokenLogprobs] = if out.is_empty() { &self.prompt_logprobs } else { &[] };

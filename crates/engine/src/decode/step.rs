@@ -139,8 +139,15 @@ impl Generator<'_> {
         loop {
             let row = b.row_of[node];
             let p = &mut b.p;
-            with_bias(&mut logits[row * v..(row + 1) * v], &b.logit_bias, &mut b.bias_saved, |r| warp.apply(r, p))
-                .map_err(|e| nan_error(e, "target"))?;
+            // The tokens emitted so far this step are the drafted path to this node.
+            let (penalty, path) = (&mut b.penalty, &b.emitted);
+            with_bias(&mut logits[row * v..(row + 1) * v], &b.logit_bias, &mut b.bias_saved, |r| {
+                penalty.apply(r, path);
+                let warped = warp.apply(r, p);
+                penalty.restore(r);
+                warped
+            })
+            .map_err(|e| nan_error(e, "target"))?;
             // The position of the token sampled at this node.
             let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {

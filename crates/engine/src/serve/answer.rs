@@ -50,6 +50,7 @@ impl<'s> State<'s, '_> {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         self.generator.set_logprobs(req.logprobs);
         self.generator.set_logit_bias(req.logit_bias.clone());
+        self.generator.set_penalties(req.penalties);
         // Every prompt's `n` choices, in order: the choice's index is its place in this list.
         let asks: Vec<(Ask, GenerationConfig)> = prompts
             .iter()

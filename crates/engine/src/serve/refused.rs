@@ -8,10 +8,7 @@ use serde_json::Value;
 type Refused = (&'static str, fn(&Value) -> bool, &'static str);
 
 /// The refused fields.
-const REFUSED: [Refused; 11] = [
-    ("presence_penalty", is_zero, "penalties would change the target's distribution"),
-    ("frequency_penalty", is_zero, "penalties would change the target's distribution"),
-    ("repetition_penalty", is_one, "penalties would change the target's distribution"),
+const REFUSED: [Refused; 8] = [
     ("min_tokens", is_zero, "a minimum length is not implemented"),
     ("best_of", is_one, "best-of selection is not implemented"),
     ("suffix", is_empty, "insertion after a suffix is not implemented"),
@@ -59,13 +56,10 @@ mod tests {
 
     #[test]
     fn neutral_values_pass_and_others_are_named() {
-        let neutral = json!({"presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-            "best_of": 1, "suffix": "", "response_format": {"type": "text"},
+        let neutral = json!({"best_of": 1, "suffix": "", "response_format": {"type": "text"},
             "tools": [], "functions": null, "guided_json": null, "model": "x", "user": "y"});
         assert_eq!(refused_field(&neutral), None);
         for (field, value) in [
-            ("presence_penalty", json!(0.5)),
-            ("repetition_penalty", json!(1.1)),
             ("min_tokens", json!(3)),
             ("best_of", json!(3)),
             ("suffix", json!("}")),

@@ -32,21 +32,35 @@ pub fn two_token_law(target: &engine::model::DecoderModel, prompt: &[u32], warp:
 }
 
 /// Pearson's chi-square statistic of `counts` (out of `draws`) against the probabilities
-/// `law`, over the cells of positive probability; a cell of zero probability must have no
-/// count. Returns the statistic and the number of cells used.
-pub fn pearson(counts: &[u64], law: &[f64], draws: u64) -> (f64, usize) {
-    let mut stat = 0.0;
-    let mut cells = 0;
+/// `law`: a cell of zero probability must have no count; cells expecting fewer than 5 draws
+/// are pooled into one (a cell of its own if it expects 5 or more, else its count must stay
+/// below its expectation plus 25), as the chi-square approximation needs. Returns the
+/// statistic, the number of cells of positive probability and the degrees of freedom.
+pub fn pearson(counts: &[u64], law: &[f64], draws: u64) -> (f64, usize, usize) {
+    let (mut stat, mut positive, mut bins) = (0.0, 0, 0);
+    let (mut pooled_o, mut pooled_e) = (0.0, 0.0);
     for (i, (&o, &p)) in counts.iter().zip(law).enumerate() {
         let e = p * draws as f64;
         if e == 0.0 {
             assert_eq!(o, 0, "cell {i}: a zero-probability outcome was generated");
             continue;
         }
+        positive += 1;
+        if e < 5.0 {
+            pooled_o += o as f64;
+            pooled_e += e;
+            continue;
+        }
         stat += (o as f64 - e).powi(2) / e;
-        cells += 1;
+        bins += 1;
     }
-    (stat, cells)
+    if pooled_e >= 5.0 {
+        stat += (pooled_o - pooled_e).powi(2) / pooled_e;
+        bins += 1;
+    } else {
+        assert!(pooled_o <= pooled_e + 25.0, "{pooled_o} draws in cells expecting {pooled_e:.2} in all");
+    }
+    (stat, positive, bins.max(2) - 1)
 }
 
 /// Generates two tokens after `prompt` with seeds `0..draws` (`config(seed)`), counts each
@@ -69,20 +83,16 @@ pub fn two_token_counts(
     counts
 }
 
-/// Asserts that `counts` (out of `draws`) follow `law`: Pearson's chi-square over the cells
-/// of positive probability stays below its critical value at p = 1e-4; with `cells`, that
-/// many cells must have positive probability. `what` names the configuration.
+/// Asserts that `counts` (out of `draws`) follow `law`: the p-value of Pearson's chi-square
+/// ([`pearson`], small cells pooled) is above 1e-4; with `cells`, that many cells must have
+/// positive probability. `what` names the configuration.
 pub fn assert_follows_law(counts: &[u64], law: &[f64], draws: u64, cells: Option<usize>, what: &str) {
-    let (stat, used) = pearson(counts, law, draws);
+    let (stat, positive, df) = pearson(counts, law, draws);
     if let Some(c) = cells {
-        assert_eq!(used, c, "{what}: {used} cells of positive probability, expected {c}");
+        assert_eq!(positive, c, "{what}: {positive} cells of positive probability, expected {c}");
     }
-    let p_value = samplers::stats::chi_square_p_value(stat, used - 1);
-    assert!(
-        p_value > 1e-4,
-        "{what}: chi2 = {stat:.1} on {} df, p {p_value:.1e} (counts {counts:?}, law {law:?})",
-        used - 1
-    );
+    let p_value = samplers::stats::chi_square_p_value(stat, df);
+    assert!(p_value > 1e-4, "{what}: chi2 = {stat:.1} on {df} df, p {p_value:.1e} (counts {counts:?}, law {law:?})");
 }
 
 /// `--tree auto` at temperature 0 (`base` must be greedy) for every valid pair but
