@@ -46,8 +46,8 @@ const STRONG: Penalties = Penalties { repetition: 1.4, presence: 0.6, frequency:
 /// Temperature 0: plain decoding with penalties is the argmax of the written-out penalties at
 /// every position (each row from a fresh pass over the text), and differs from decoding without
 /// them; every tree and draft source (a draft model, an EAGLE head, lookup, `auto`) emits plain
-/// decoding's tokens. The target drafting for itself keeps accepting (tau > 1.5): its drafts'
-/// rows are penalised for their paths as the target's are.
+/// decoding's tokens. The target drafting for itself keeps accepting (tau > 1.5), and accepts
+/// every argmax draft: its drafts' rows are penalised for their paths as the target's are.
 #[test]
 fn penalised_speculative_output_equals_penalised_plain_decoding() {
     let (target, draft, head) = common::target_draft_head(151, "penalties");
@@ -101,6 +101,16 @@ fn penalised_speculative_output_equals_penalised_plain_decoding() {
             assert_eq!(out, plain, "{name}, {source}");
             if source == "self" && name != "auto" && name != "lookup first" {
                 assert!(stats.tau > 1.5, "{name}: the target's own drafts, tau {}", stats.tau);
+            }
+            // The target's own argmax drafts, penalised for their paths, are all accepted: tau
+            // is the depth plus one (30 tokens: the last step of drafts-2-depth-3 is cut).
+            let full = match name {
+                "chain-4 greedy" => 5.0,
+                "drafts-2-depth-3 topk" => 3.75,
+                _ => 0.0,
+            };
+            if source == "self" {
+                assert!(stats.tau >= full, "{name}: the target's own drafts, tau {} < {full}", stats.tau);
             }
         }
     }
