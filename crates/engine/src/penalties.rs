@@ -64,7 +64,7 @@ impl fmt::Display for Penalties {
 /// The running generation's counts, and the row entries a penalty changed (to put them back).
 /// Sized to the vocabulary once; a generation resets only the entries it touched.
 #[derive(Debug, Default)]
-pub(crate) struct PenaltyState {
+pub struct PenaltyState {
     penalties: Penalties,
     /// Occurrences of each token among the generated tokens (and the path being scored).
     counts: Vec<u32>,
@@ -78,7 +78,7 @@ pub(crate) struct PenaltyState {
 
 impl PenaltyState {
     /// Starts a generation of `prompt` with `penalties` over a `vocab`-token vocabulary.
-    pub(crate) fn start(&mut self, penalties: Penalties, vocab: usize, prompt: &[u32]) {
+    pub fn start(&mut self, penalties: Penalties, vocab: usize, prompt: &[u32]) {
         for &t in &self.touched {
             self.counts[t as usize] = 0;
             self.in_prompt[t as usize] = false;
@@ -102,7 +102,7 @@ impl PenaltyState {
     }
 
     /// Records generated tokens.
-    pub(crate) fn push(&mut self, tokens: &[u32]) {
+    pub fn push(&mut self, tokens: &[u32]) {
         if self.penalties.is_off() {
             return;
         }
@@ -120,7 +120,7 @@ impl PenaltyState {
     /// followed by `path`, the drafted tokens between it and the row's position, saving the
     /// entries it changes for [`Self::restore`]. Costs one pass over the distinct tokens of the
     /// prompt and the text.
-    pub(crate) fn apply(&mut self, row: &mut [f32], path: &[u32]) {
+    pub fn apply(&mut self, row: &mut [f32], path: &[u32]) {
         self.saved.clear();
         if self.penalties.is_off() {
             return;
@@ -150,7 +150,7 @@ impl PenaltyState {
     }
 
     /// Puts back the entries the last [`Self::apply`] changed.
-    pub(crate) fn restore(&mut self, row: &mut [f32]) {
+    pub fn restore(&mut self, row: &mut [f32]) {
         for &(t, v) in &self.saved {
             row[t as usize] = v;
         }
