@@ -18,7 +18,8 @@ fn penalties(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(1);
     let mut logits: Vec<f32> = (0..VOCAB).map(|_| rng.random::<f32>() * 4.0 - 8.0).collect();
     // Text-like ids: most from a few thousand common tokens.
-    let mut token = || if rng.random::<f32>() < 0.9 { rng.random_range(0..5_000) } else { rng.random_range(0..VOCAB as u32) };
+    let mut token =
+        || if rng.random::<f32>() < 0.9 { rng.random_range(0..5_000) } else { rng.random_range(0..VOCAB as u32) };
     let prompt: Vec<u32> = (0..1_000).map(|_| token()).collect();
     let text: Vec<u32> = (0..256).map(|_| token()).collect();
     let path: Vec<u32> = (0..4).map(|_| token()).collect();

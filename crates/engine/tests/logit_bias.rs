@@ -4,20 +4,15 @@
 
 mod common;
 
-use common::{load_on_test_device, spec, temp_dir, Tiny};
-use engine::decode::{DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
+use common::{load_on_test_device, temp_dir, Tiny};
+use engine::decode::{GenerationConfig, Generator, Randomness};
 use engine::model::DecoderModel;
-use engine::ngram::NgramConfig;
 use engine::DraftTree;
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, Verifier};
 
 fn model(tiny: Tiny, name: &str) -> DecoderModel {
     load_on_test_device(&tiny.write_hf(&temp_dir(name)))
-}
-
-fn fixed(name: &str) -> TreeChoice {
-    TreeChoice::Fixed(DraftTree::preset(name).unwrap())
 }
 
 /// Temperature 0: with a bias that bans plain decoding's most frequent token and favours
@@ -39,40 +34,9 @@ fn biased_speculative_output_equals_biased_plain_decoding() {
     let (plain, _) = plain_generator.generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
     assert!(!plain.contains(&banned) && plain != unbiased, "the bias changed nothing: {plain:?}");
 
-    let topk = Some(Warp::temperature(1.0));
-    let ngram =
-        DraftSource::NgramFirst { ngram: NgramConfig { min: 1, max: 3 }, tree: DraftTree::preset("chain-3").unwrap() };
-    let configs: Vec<(&str, SpecConfig)> = vec![
-        ("chain-4 greedy", spec(fixed("chain-4"), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)),
-        ("drafts-2-depth-3 topk", spec(fixed("drafts-2-depth-3"), DraftConstruction::TopK, Verifier::TopK, topk, 0.0)),
-        (
-            "mc_sim_7b_63 wor",
-            spec(fixed("mc_sim_7b_63"), DraftConstruction::WithoutReplacement, Verifier::Rrs, topk, 0.0),
-        ),
-        ("auto", spec(TreeChoice::Auto, DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)),
-        (
-            "lookup first",
-            SpecConfig {
-                source: ngram,
-                ..spec(fixed("chain-2"), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)
-            },
-        ),
-    ];
-    for (name, s) in configs {
-        let config = GenerationConfig { speculative: Some(s.clone()), ..base.clone() };
-        for (source, mut g) in [
-            ("self", Generator::new(&target, Some(&target), 200).unwrap()),
-            ("1-layer", Generator::new(&target, Some(&draft), 200).unwrap()),
-            ("EAGLE", Generator::with_eagle(&target, &head, 200).unwrap()),
-        ] {
-            g.set_logit_bias(bias.clone());
-            let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
-            assert_eq!(out, plain, "{name}, {source}");
-            if source == "self" && name != "auto" && name != "lookup first" {
-                assert!(stats.tau > 1.5, "{name}: the target's own drafts, tau {}", stats.tau);
-            }
-        }
-    }
+    common::assert_every_source_equals_plain((&target, &draft, &head), &prompt, &base, &plain, |g| {
+        g.set_logit_bias(bias.clone())
+    });
     // Bad biases are errors naming the token.
     let mut g = Generator::new(&target, None, 200).unwrap();
     for bad in [vec![(48u32, 1.0f32)], vec![(3, f32::NAN)]] {

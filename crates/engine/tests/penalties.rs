@@ -6,18 +6,13 @@
 
 mod common;
 
-use common::{load_on_test_device, spec, temp_dir, Tiny};
-use engine::decode::{DraftSource, GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
+use common::{load_on_test_device, temp_dir, Tiny};
+use engine::decode::{GenerationConfig, Generator, Randomness};
 use engine::model::DecoderModel;
-use engine::ngram::NgramConfig;
 use engine::penalties::Penalties;
 use engine::DraftTree;
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, Verifier};
-
-fn fixed(name: &str) -> TreeChoice {
-    TreeChoice::Fixed(DraftTree::preset(name).unwrap())
-}
 
 /// The target's last logits row after `context`, run alone.
 fn last_row(target: &DecoderModel, context: &[u32]) -> Vec<f32> {
@@ -70,49 +65,14 @@ fn penalised_speculative_output_equals_penalised_plain_decoding() {
     }
     assert_eq!(plain, text, "plain decoding against the written-out penalties");
 
-    let topk = Some(Warp::temperature(1.0));
-    let ngram =
-        DraftSource::NgramFirst { ngram: NgramConfig { min: 1, max: 3 }, tree: DraftTree::preset("chain-3").unwrap() };
-    let configs: Vec<(&str, SpecConfig)> = vec![
-        ("chain-4 greedy", spec(fixed("chain-4"), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)),
-        ("drafts-2-depth-3 topk", spec(fixed("drafts-2-depth-3"), DraftConstruction::TopK, Verifier::TopK, topk, 0.0)),
-        (
-            "mc_sim_7b_63 wor",
-            spec(fixed("mc_sim_7b_63"), DraftConstruction::WithoutReplacement, Verifier::Rrs, topk, 0.0),
-        ),
-        ("auto", spec(TreeChoice::Auto, DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)),
-        (
-            "lookup first",
-            SpecConfig {
-                source: ngram,
-                ..spec(fixed("chain-2"), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)
-            },
-        ),
-    ];
-    for (name, s) in configs {
-        let config = GenerationConfig { speculative: Some(s.clone()), ..base.clone() };
-        for (source, mut g) in [
-            ("self", Generator::new(&target, Some(&target), 200).unwrap()),
-            ("1-layer", Generator::new(&target, Some(&draft), 200).unwrap()),
-            ("EAGLE", Generator::with_eagle(&target, &head, 200).unwrap()),
-        ] {
-            g.set_penalties(STRONG);
-            let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
-            assert_eq!(out, plain, "{name}, {source}");
-            if source == "self" && name != "auto" && name != "lookup first" {
-                assert!(stats.tau > 1.5, "{name}: the target's own drafts, tau {}", stats.tau);
-            }
-            // The target's own argmax drafts, penalised for their paths, are all accepted: tau
-            // is the depth plus one (30 tokens: the last step of drafts-2-depth-3 is cut).
-            let full = match name {
-                "chain-4 greedy" => 5.0,
-                "drafts-2-depth-3 topk" => 3.75,
-                _ => 0.0,
-            };
-            if source == "self" {
-                assert!(stats.tau >= full, "{name}: the target's own drafts, tau {} < {full}", stats.tau);
-            }
-        }
+    let runs = common::assert_every_source_equals_plain((&target, &draft, &head), &prompt, &base, &plain, |g| {
+        g.set_penalties(STRONG)
+    });
+    // The target's own argmax drafts, penalised for their paths, are all accepted: tau is the
+    // depth plus one (30 tokens: the last step of drafts-2-depth-3 is cut).
+    for (name, full) in [("chain-4 greedy", 5.0), ("drafts-2-depth-3 topk", 3.75)] {
+        let (_, _, stats) = runs.iter().find(|(n, source, _)| *n == name && *source == "self").unwrap();
+        assert!(stats.tau >= full, "{name}: the target's own drafts, tau {} < {full}", stats.tau);
     }
     // Out-of-range penalties are errors naming the penalty.
     let mut g = Generator::new(&target, None, 200).unwrap();

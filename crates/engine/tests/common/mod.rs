@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 mod law;
+mod sources;
 pub use law::*;
+pub use sources::*;
 
 /// Shape of a tiny test model.
 #[derive(Debug, Clone, Copy)]
