@@ -14,8 +14,6 @@
 //! decoding would penalise at that position, and the verifier sees it. The draft's rows get the
 //! same treatment, so that `q` stays close to `p`.
 
-use std::fmt;
-
 /// Penalty strengths; the default is none.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Penalties {
@@ -52,12 +50,6 @@ impl Penalties {
             }
         }
         Ok(())
-    }
-}
-
-impl fmt::Display for Penalties {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "repetition {}, presence {}, frequency {}", self.repetition, self.presence, self.frequency)
     }
 }
 
@@ -206,7 +198,7 @@ mod tests {
                 }
                 let original = got.clone();
                 state.apply(&mut got, path);
-                assert_eq!(got, want, "{p}, path {path:?}");
+                assert_eq!(got, want, "{p:?}, path {path:?}");
                 state.restore(&mut got);
                 assert_eq!(got, original);
             }

@@ -273,10 +273,11 @@ impl State<'_, '_> {
                 })
                 .collect::<Result<_, _>>()?,
         };
+        let defaults = self.run.penalties();
         let penalties = Penalties {
-            repetition: req.repetition_penalty.unwrap_or(self.run.repetition_penalty),
-            presence: req.presence_penalty.unwrap_or(self.run.presence_penalty),
-            frequency: req.frequency_penalty.unwrap_or(self.run.frequency_penalty),
+            repetition: req.repetition_penalty.unwrap_or(defaults.repetition),
+            presence: req.presence_penalty.unwrap_or(defaults.presence),
+            frequency: req.frequency_penalty.unwrap_or(defaults.frequency),
         };
         if let Err(e) = penalties.check() {
             return refuse(400, e);

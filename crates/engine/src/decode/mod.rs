@@ -47,6 +47,7 @@ use candle_core::{Error, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::construction::DraftScratch;
+use samplers::dist::Warp;
 use samplers::{PositionalNoise, VerifyScratch};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -134,6 +135,22 @@ pub(crate) struct StepBuffers {
     pub(crate) penalty: PenaltyState,
     /// A node's drafted path, for its row's penalties.
     pub(crate) path_tokens: Vec<u32>,
+}
+
+impl StepBuffers {
+    /// Turns a target row into `p`: the logit bias and the penalties (for the text so far and
+    /// the tokens this step emitted before the row's node, its drafted path), then `warp`. The
+    /// row comes back as it was, for the log-probabilities.
+    fn warp_target_row(&mut self, row: &mut [f32], warp: Warp) -> Result<()> {
+        let Self { logit_bias, bias_saved, penalty, emitted, p, .. } = self;
+        with_bias(row, logit_bias, bias_saved, |r| {
+            penalty.apply(r, emitted);
+            let warped = warp.apply(r, p);
+            penalty.restore(r);
+            warped
+        })
+        .map_err(|e| nan_error(e, "target"))
+    }
 }
 
 impl<'a> Generator<'a> {
@@ -453,14 +470,8 @@ impl<'a> Generator<'a> {
                     let mut logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
                     timings[1] += t0.elapsed();
                     let t1 = Instant::now();
-                    let b = &mut self.buf;
-                    with_bias(&mut logits, &b.logit_bias, &mut b.bias_saved, |row| {
-                        b.penalty.apply(row, &[]);
-                        let warped = config.warp.apply(row, &mut b.p);
-                        b.penalty.restore(row);
-                        warped
-                    })
-                    .map_err(|e| nan_error(e, "target"))?;
+                    // Nothing emitted yet this step: the row is penalised for the text alone.
+                    self.buf.warp_target_row(&mut logits, config.warp)?;
                     // The cache now ends at the sampled token's position.
                     let position = self.target_cache.len() as u64;
                     let token = sample_token(self.buf.noise, position, &self.buf.p, &mut rng)?;

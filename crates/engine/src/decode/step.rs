@@ -4,7 +4,7 @@
 
 use super::{for_draft, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
 use crate::auto_tree::AutoTree;
-use crate::drafting::{draw_children, expandable, nan_error, tree_bias, with_bias};
+use crate::drafting::{draw_children, expandable, tree_bias};
 use crate::tree::DraftTree;
 use candle_core::{Error, Result};
 use rand::rngs::StdRng;
@@ -138,16 +138,8 @@ impl Generator<'_> {
         b.path.push(0);
         loop {
             let row = b.row_of[node];
-            let p = &mut b.p;
             // The tokens emitted so far this step are the drafted path to this node.
-            let (penalty, path) = (&mut b.penalty, &b.emitted);
-            with_bias(&mut logits[row * v..(row + 1) * v], &b.logit_bias, &mut b.bias_saved, |r| {
-                penalty.apply(r, path);
-                let warped = warp.apply(r, p);
-                penalty.restore(r);
-                warped
-            })
-            .map_err(|e| nan_error(e, "target"))?;
+            b.warp_target_row(&mut logits[row * v..(row + 1) * v], warp)?;
             // The position of the token sampled at this node.
             let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {
