@@ -4,9 +4,8 @@ use serde_json::Value;
 use std::process::Command;
 
 fn run(input: &str, extra: &[&str]) -> (i32, Vec<Value>, String) {
-    let dir = std::env::temp_dir().join(format!("mdsd-alpha-{}-{}", std::process::id(), input.len()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("in.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in.jsonl");
     std::fs::write(&path, input).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_bench"))
         .args(["alpha", "--input", path.to_str().unwrap()])

@@ -6,7 +6,7 @@ mod common;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
-use common::{temp_dir, Tiny};
+use common::{temp_dir, test_cache, Tiny};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -89,6 +89,11 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         // q at temperature 1 in every cell: at T = 0 the trees then hold distinct drafts.
         "--draft-temperature",
         "1",
+        // Penalties apply to every cell, target and draft alike; T = 0 cells still agree.
+        "--repetition-penalty",
+        "1.5",
+        "--frequency-penalty",
+        "0.5",
         "--out-dir",
         s(&out_dir),
         "--name",
@@ -111,6 +116,10 @@ fn mt_bench_runs_every_cell_on_both_turns() {
     assert!(doc["config"]["revision"].as_str().is_some_and(|r| !r.is_empty()));
     assert_eq!(doc["config"]["notes"][0], "spechub left out on drafts-3-depth-1: a node has 3 drafts");
     assert_eq!(doc["config"]["draft_temperature"], 1.0);
+    assert_eq!(
+        (&doc["config"]["repetition_penalty"], &doc["config"]["presence_penalty"], &doc["config"]["frequency_penalty"]),
+        (&Value::from(1.5), &Value::from(0.0), &Value::from(0.5))
+    );
     let find = |q: &str, turn: u64, method: &str, tree: &str, t: f64| {
         records
             .iter()
@@ -163,6 +172,38 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         assert_eq!(c["speedup_vs_rrs_wr"].is_object(), spec && c["method"] != "rrs-wr", "{c}");
         assert_eq!(c["questions"], 2);
     }
+    // The penalties changed the text: the same baseline without them differs somewhere.
+    let o = bench(&[
+        "mt-bench",
+        "--target",
+        s(&target),
+        "--draft",
+        s(&draft),
+        "--questions",
+        s(&questions),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--methods",
+        "baseline",
+        "--out-dir",
+        s(&out_dir),
+        "--name",
+        "plain",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plain: Vec<Value> = std::fs::read_to_string(out_dir.join("plain.records.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(plain.len(), 4);
+    let changed = plain.iter().filter(|r| {
+        let q = r["question_id"].as_str().unwrap();
+        r["answer"] != find(q, r["turn"].as_u64().unwrap(), "baseline", "-", 0.0)["answer"]
+    });
+    assert!(changed.count() > 0, "the penalties changed no baseline answer");
     let md = std::fs::read_to_string(out_dir.join("run.md")).unwrap();
     assert!(md.contains("## T = 0") && md.contains("## T = 1") && md.contains("| greedy | drafts-3-depth-1 |"), "{md}");
     assert!(md.contains("## Per category"));
@@ -190,6 +231,8 @@ fn mt_bench_rejects_bad_input_clearly() {
     assert!(e.contains("-1"), "{e}");
     let e = run(&["--questions", s(&q), "--draft-temperature=-0.5"]);
     assert!(e.contains("--draft-temperature") && e.contains("-0.5"), "{e}");
+    let e = run(&["--questions", s(&q), "--presence-penalty", "3"]);
+    assert!(e.contains("presence penalty must be in [-2, 2], got 3") && e.contains("--presence-penalty"), "{e}");
     let e = run(&["--questions", s(&q), "--randomness", "stream,wild"]);
     assert!(e.contains("`wild`") && e.contains("stream or positional"), "{e}");
     // Valid options: the missing model file is named.
@@ -378,9 +421,4 @@ fn acceptance_rejects_bad_input_clearly() {
     assert!(e.contains("imdb"), "{e}");
     let e = run(&["--dataset", "alpaca", "--drafts", "0"]);
     assert!(e.contains("0 drafts"), "{e}");
-}
-
-/// A cache of this test process's own (converted model copies of the temporary test models).
-fn test_cache() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
 }

@@ -7,7 +7,7 @@ use engine::decode::{DraftSource, Randomness};
 use engine::draft_window::DraftWindow;
 use engine::model::gguf::WeightFormat;
 use engine::ngram::NgramFlags;
-use engine::penalties::Penalties;
+use engine::penalties::{Penalties, PenaltyFlags};
 use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
 use engine::stop::TextStops;
 use samplers::{DraftConstruction, Verifier};
@@ -205,17 +205,8 @@ struct GenerateArgs {
     /// -100 all but bans a token; the output follows the biased target exactly).
     #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias)]
     logit_bias: Vec<(u32, f32)>,
-    /// Divide the positive logits, and multiply the negative ones, of the tokens in the prompt
-    /// or the text by this (1: off; Hugging Face's and vLLM's repetition penalty).
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    /// Subtract this from the logit of every token the generated text holds (0: off; -2 to 2).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    presence_penalty: f32,
-    /// Subtract this times its count in the generated text from each token's logit (0: off; -2
-    /// to 2).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    frequency_penalty: f32,
+    #[command(flatten)]
+    penalty: PenaltyFlags,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -260,6 +251,8 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
 }
 
 fn main() {
+    // Before any thread starts: set_var is then race-free.
+    engine::cpu_threads::pin_thread_count();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {}", message(&e));
         std::process::exit(1);
@@ -444,13 +437,9 @@ fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf
 }
 
 impl GenerateArgs {
-    /// `--repetition-penalty`, `--presence-penalty` and `--frequency-penalty`.
-    fn penalties(&self) -> Penalties {
-        Penalties {
-            repetition: self.repetition_penalty,
-            presence: self.presence_penalty,
-            frequency: self.frequency_penalty,
-        }
+    /// `--repetition-penalty`, `--presence-penalty` and `--frequency-penalty`, checked.
+    fn penalties(&self) -> anyhow::Result<Penalties> {
+        self.penalty.penalties().map_err(anyhow::Error::msg)
     }
 
     /// The randomness `--reproducible` asks for.

@@ -53,6 +53,37 @@ impl Penalties {
     }
 }
 
+/// The penalty flags shared by `mdsd generate`, `chat`, `serve` (its defaults) and
+/// `bench mt-bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PenaltyFlags {
+    /// Divide the positive logits, and multiply the negative ones, of the tokens in the prompt
+    /// or the text by this (1: off; Hugging Face's and vLLM's repetition penalty).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Subtract this from the logit of every token the generated text holds (0: off; -2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtract this times its count in the generated text from each token's logit (0: off; -2
+    /// to 2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+}
+
+impl PenaltyFlags {
+    /// The penalties, checked; the error names the flags.
+    pub fn penalties(&self) -> Result<Penalties, String> {
+        let p = Penalties {
+            repetition: self.repetition_penalty,
+            presence: self.presence_penalty,
+            frequency: self.frequency_penalty,
+        };
+        p.check()
+            .map(|()| p)
+            .map_err(|e| format!("{e} (--repetition-penalty, --presence-penalty, --frequency-penalty)"))
+    }
+}
+
 /// The running generation's counts, and the row entries a penalty changed (to put them back).
 /// Sized to the vocabulary once; a generation resets only the entries it touched.
 #[derive(Debug, Default)]

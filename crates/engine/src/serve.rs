@@ -273,7 +273,11 @@ impl State<'_, '_> {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        let defaults = self.run.penalties();
+        // Checked when the server started (`Plan::new`).
+        let defaults = match self.run.penalties() {
+            Ok(p) => p,
+            Err(e) => return refuse(400, e.to_string()),
+        };
         let penalties = Penalties {
             repetition: req.repetition_penalty.unwrap_or(defaults.repetition),
             presence: req.presence_penalty.unwrap_or(defaults.presence),

@@ -60,9 +60,7 @@ impl Plan {
         }
         let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
         warp.check()?;
-        if let Err(e) = args.penalties().check() {
-            bail!("{e} (--repetition-penalty, --presence-penalty, --frequency-penalty)");
-        }
+        args.penalties()?;
         Ok(Self { spec, warp, verifier, tree_name })
     }
 
@@ -181,7 +179,7 @@ impl Session {
             bail!("--logit-bias {id}=...: the target's vocabulary has {vocab} tokens");
         }
         generator.set_logit_bias(args.logit_bias.clone());
-        generator.set_penalties(args.penalties());
+        generator.set_penalties(args.penalties()?);
         Ok(generator)
     }
 

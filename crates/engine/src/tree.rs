@@ -441,9 +441,8 @@ mod tests {
         assert_eq!(t.children(0).len(), 2);
         // Any input order gives the same tree.
         assert_eq!(DraftTree::from_path_list("[[1,0],[0,1],[0],[0,0],[1]]").unwrap(), t);
-        let dir = std::env::temp_dir().join(format!("mdsd-tree-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("t.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t.toml");
         std::fs::write(&f, "paths = [[0], [1], [0, 0]]\n").unwrap();
         assert_eq!(DraftTree::load(f.to_str().unwrap()).unwrap().num_drafts(), 3);
         std::fs::write(&f, "preset = \"chain-2\"\n").unwrap();
@@ -467,9 +466,8 @@ mod tests {
         assert!(DraftTree::preset("bushy").is_err());
         let e = DraftTree::load("/nonexistent/tree.toml").unwrap_err().to_string();
         assert!(e.contains("cannot read tree file /nonexistent/tree.toml"), "{e}");
-        let dir = std::env::temp_dir().join(format!("mdsd-tree-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("bad.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("bad.toml");
         std::fs::write(&f, "paths = [[0], [0, 0]\n").unwrap();
         let e = DraftTree::load(f.to_str().unwrap()).unwrap_err().to_string();
         assert!(e.contains("malformed tree file") && e.contains("bad.toml"), "{e}");

@@ -6,14 +6,11 @@ use engine::provision::{
 };
 use sha2::{Digest, Sha256};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mdsd-provision-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+mod common;
+
+use common::temp_dir as temp;
 
 /// A minimal valid wheel `{dist}-{version}-py3-none-any.whl` holding `members`.
 fn write_wheel(dir: &Path, project: &str, version: &str, members: &[(&str, &[u8])]) {

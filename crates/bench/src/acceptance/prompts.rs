@@ -129,8 +129,8 @@ mod tests {
 
     #[test]
     fn builds_messages_and_reports_bad_lines() {
-        let dir = std::env::temp_dir().join(format!("mdsd-prompts-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let p = dir.join("a.jsonl");
         std::fs::write(
             &p,

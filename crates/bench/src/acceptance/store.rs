@@ -137,7 +137,8 @@ mod tests {
         let mut p = Positions::new(serde_json::json!({"dataset": "alpaca"}));
         p.push(0, &[3, 1], &[0.5, -1.0], &[0.1, 0.2], (0.9, 0.8));
         p.push(1, &[7], &[2.0], &[-3.0], (1.0, 0.5));
-        let dir = std::env::temp_dir().join(format!("mdsd-store-{}", std::process::id()));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("d.safetensors");
         p.save(&path).unwrap();
         let q = Positions::load(&path).unwrap();

@@ -29,6 +29,7 @@ use engine::draft_window::DraftWindow;
 use engine::load::{parse_device, LoadOptions};
 use engine::model::gguf::WeightFormat;
 use engine::ngram::NgramFlags;
+use engine::penalties::PenaltyFlags;
 use engine::tokenizer::TextTokenizer;
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -80,6 +81,10 @@ pub struct MtBenchArgs {
     /// (0: off).
     #[arg(long, default_value_t = 0.0)]
     min_p: f64,
+    /// Repetition, presence and frequency penalties of every cell, target and draft alike, as
+    /// in `mdsd generate`.
+    #[command(flatten)]
+    penalty: PenaltyFlags,
     /// Temperature of the draft's q for the speculative methods (default: each cell's
     /// temperature), as `mdsd generate --draft-temperature`: at temperature 0 a one-hot q gives
     /// one draft per node, so multi-draft trees need one (e.g. 1, with `topk`).
@@ -333,6 +338,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         warp(t).check()?;
         Ok(t)
     })?;
+    let penalties = args.penalty.penalties().map_err(anyhow::Error::msg)?;
     if let Some(t) = args.draft_temperature {
         warp(t).check().context("--draft-temperature")?;
     }
@@ -379,6 +385,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     let most_turns = questions.iter().map(|q| q.turns.len()).max().unwrap_or(1);
     let capacity = longest + most_turns * (args.max_new_tokens + 16) + 512;
     let mut generator = Generator::new(&target.model, Some(&draft.model), capacity)?;
+    generator.set_penalties(penalties);
 
     let stem = args.name.clone().unwrap_or_else(|| format!("mt-bench-{}", utc_stamp()));
     let path = output_paths(&args.out_dir, &stem)?;
@@ -524,6 +531,9 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "top_p": args.top_p,
         "top_k": args.top_k,
         "min_p": args.min_p,
+        "repetition_penalty": penalties.repetition,
+        "presence_penalty": penalties.presence,
+        "frequency_penalty": penalties.frequency,
         "ngram": [args.ngram.ngram_min, args.ngram.ngram_max],
         "ngram_tree": args.ngram.ngram_tree,
         "chat": chat,

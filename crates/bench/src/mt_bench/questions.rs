@@ -90,10 +90,11 @@ pub fn select_categories(
 mod tests {
     use super::*;
 
-    fn write(name: &str, text: &str) -> std::path::PathBuf {
-        let p = std::env::temp_dir().join(format!("mdsd-q-{}-{name}.jsonl", std::process::id()));
-        std::fs::write(&p, text).unwrap();
-        p
+    /// A temporary `.jsonl` file holding `text`, removed when dropped.
+    fn write(name: &str, text: &str) -> tempfile::TempPath {
+        let f = tempfile::Builder::new().prefix(name).suffix(".jsonl").tempfile().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f.into_temp_path()
     }
 
     #[test]

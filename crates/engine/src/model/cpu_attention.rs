@@ -17,6 +17,10 @@ use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
 /// New rows per task at most: each task reads its KV head's cache once for all of them.
 const ROWS_PER_TASK: usize = 8;
 
+/// Below this many query-key products (`rows x heads x cached rows x head_dim`, about 20 us
+/// of work) a forward's attention runs on the calling thread instead of candle's pool.
+const INLINE_WORK: usize = 1 << 16;
+
 /// Forwards of up to this many new rows take this path; longer ones use candle's GEMM.
 /// Prompts are prefilled in chunks of this size ([`super::DecoderModel::forward_chain`]).
 pub const MAX_ROWS: usize = 256;
@@ -59,7 +63,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
     let pool = candle_core::utils::barrier_pool();
     let per_task = (t * kv_heads).div_ceil(pool.n_workers() + 1).clamp(1, ROWS_PER_TASK);
     let row_groups = t.div_ceil(per_task);
-    pool.execute_chunked(kv_heads * row_groups, |items| {
+    let work = |items: std::ops::Range<usize>| {
         // SAFETY: item (g, rg) writes only `out[r, h * hd..(h + 1) * hd]` for its rows `r` and
         // the query heads `h` of KV head `g`, and every item is run exactly once; `out`
         // outlives the dispatch.
@@ -133,7 +137,15 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
                 }
             }
         }
-    });
+    };
+    // Small work runs here: a dispatch wakes the pool's workers, which then spin for a while
+    // (a core's worth of time on a 2-core machine) before they park again. Each item does the
+    // same arithmetic on either path.
+    if t * heads * total * hd < INLINE_WORK {
+        work(0..kv_heads * row_groups);
+    } else {
+        pool.execute_chunked(kv_heads * row_groups, work);
+    }
     Ok(Some(Tensor::from_vec(out, (1, t, heads * hd), &candle_core::Device::Cpu)?))
 }
 

@@ -124,6 +124,7 @@ impl DecoderModel {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        crate::cpu_threads::pin_thread_count();
         let (cos, sin) = rotary_tables(&config, dtype, device)?;
         Ok(Self { config, embed, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
     }

@@ -270,9 +270,28 @@ pub fn target_draft_head(
     (target, draft, head)
 }
 
-/// A fresh temporary folder under the target directory.
+/// This test process's folder of temporary files, `$TMPDIR/mdsd-test-<pid>`. It is removed when
+/// the process exits, whether its tests passed or not (the harness catches a test's panic and
+/// exits normally).
+fn temp_root() -> PathBuf {
+    static ROOT: std::sync::Once = std::sync::Once::new();
+    extern "C" fn remove_root() {
+        let _ = std::fs::remove_dir_all(root_path());
+    }
+    fn root_path() -> PathBuf {
+        std::env::temp_dir().join(format!("mdsd-test-{}", std::process::id()))
+    }
+    ROOT.call_once(|| {
+        // SAFETY: `remove_root` is a plain function that only removes files.
+        let registered = unsafe { libc::atexit(remove_root) };
+        assert_eq!(registered, 0, "atexit failed");
+    });
+    root_path()
+}
+
+/// A fresh temporary folder, removed when the test process exits ([`temp_root`]).
 pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mdsd-test-{}-{name}", std::process::id()));
+    let dir = temp_root().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -426,5 +445,5 @@ pub const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{%
 /// A cache of this test process's own for `mdsd` runs (converted copies of the temporary test
 /// models).
 pub fn test_cache() -> PathBuf {
-    std::env::temp_dir().join(format!("mdsd-test-{}-cache", std::process::id()))
+    temp_root().join("cache")
 }
