@@ -52,6 +52,22 @@ fn failing(subcommand: &str, fixed: &[&str], extra: &[&str]) -> String {
     stderr(&o)
 }
 
+/// Runs `bench mt-bench` with `(target, draft, questions, out_dir)` (2 questions, 6 new tokens)
+/// and `extra` flags, writing `<out_dir>/<name>.*`, and returns its records.
+fn run_mt_bench(paths: (&Path, &Path, &Path, &Path), name: &str, extra: &[&str]) -> Vec<Value> {
+    let (target, draft, questions, out_dir) = paths;
+    let mut args = vec!["mt-bench", "--target", s(target), "--draft", s(draft), "--questions", s(questions)];
+    args.extend_from_slice(&["--limit", "2", "--max-new-tokens", "6", "--out-dir", s(out_dir), "--name", name]);
+    args.extend_from_slice(extra);
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::read_to_string(out_dir.join(format!("{name}.records.jsonl")))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
 }
@@ -66,48 +82,31 @@ fn mt_bench_runs_every_cell_on_both_turns() {
     let questions = dir.join("q.jsonl");
     std::fs::write(&questions, QUESTIONS).unwrap();
     let out_dir = dir.join("results");
-    let o = bench(&[
-        "mt-bench",
-        "--target",
-        s(&target),
-        "--draft",
-        s(&draft),
-        "--questions",
-        s(&questions),
-        "--limit",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--methods",
-        "baseline,rrs-wr,greedy,spechub,ngram,ngram+greedy",
-        "--trees",
-        "drafts-2-depth-2,drafts-3-depth-1",
-        "--temperatures",
-        "0,1",
-        "--draft-vocab",
-        "0",
-        // q at temperature 1 in every cell: at T = 0 the trees then hold distinct drafts.
-        "--draft-temperature",
-        "1",
-        // Penalties apply to every cell, target and draft alike; T = 0 cells still agree.
-        "--repetition-penalty",
-        "1.5",
-        "--frequency-penalty",
-        "0.5",
-        "--out-dir",
-        s(&out_dir),
-        "--name",
+    let records = run_mt_bench(
+        (&target, &draft, &questions, &out_dir),
         "run",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+        &[
+            "--methods",
+            "baseline,rrs-wr,greedy,spechub,ngram,ngram+greedy",
+            "--trees",
+            "drafts-2-depth-2,drafts-3-depth-1",
+            "--temperatures",
+            "0,1",
+            "--draft-vocab",
+            "0",
+            // q at temperature 1 in every cell: at T = 0 the trees then hold distinct drafts.
+            "--draft-temperature",
+            "1",
+            // Penalties apply to every cell, target and draft alike; T = 0 cells still agree.
+            "--repetition-penalty",
+            "1.5",
+            "--frequency-penalty",
+            "0.5",
+        ],
+    );
     // Cells: baseline x 2 temperatures, rrs-wr, greedy, ngram and ngram+greedy x 2 trees x 2,
     // spechub x 1 tree x 2.
     let cells = 2 + 4 + 4 + 4 + 4 + 2;
-    let records: Vec<Value> = std::fs::read_to_string(out_dir.join("run.records.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     assert_eq!(records.len(), 2 * 2 * cells);
     let doc = read_json(&out_dir.join("run.json"));
     assert_eq!(doc["records"].as_array().unwrap().len(), records.len());
@@ -173,31 +172,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         assert_eq!(c["questions"], 2);
     }
     // The penalties changed the text: the same baseline without them differs somewhere.
-    let o = bench(&[
-        "mt-bench",
-        "--target",
-        s(&target),
-        "--draft",
-        s(&draft),
-        "--questions",
-        s(&questions),
-        "--limit",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--methods",
-        "baseline",
-        "--out-dir",
-        s(&out_dir),
-        "--name",
-        "plain",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let plain: Vec<Value> = std::fs::read_to_string(out_dir.join("plain.records.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let plain = run_mt_bench((&target, &draft, &questions, &out_dir), "plain", &["--methods", "baseline"]);
     assert_eq!(plain.len(), 4);
     let changed = plain.iter().filter(|r| {
         let q = r["question_id"].as_str().unwrap();
