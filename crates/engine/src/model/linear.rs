@@ -1,7 +1,8 @@
 //! [`Linear`]: one matrix product with optional bias, and the routing of its products to our
-//! CPU kernels ([`qgemv`], the repacked layouts) or to candle's.
+//! CPU kernels ([`qgemv`], the repacked layouts, [`f32_rows`] for dense f32 matrices) or to
+//! candle's.
 
-use super::{attention_kernels, q4k_interleaved, q4k_tiled, q6k_interleaved, q6k_tiled, qgemv};
+use super::{attention_kernels, f32_rows, q4k_interleaved, q4k_tiled, q6k_interleaved, q6k_tiled, qgemv};
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Module, Result, Tensor, D};
 
@@ -134,6 +135,7 @@ impl Linear {
             return x.contiguous()?.apply_op1_no_bwd(&qgemv::QuantizedRowsMatmul(w));
         }
         match (&self.weight, &self.repacked) {
+            (Some(QMatMul::Tensor(w)), _) if dense_rows_apply(w, x) => dense_rows(w, x),
             (Some(w), _) => w.forward(x),
             // Repacked matrices are CPU-only and take f32 activations.
             (None, Some(r)) => x
@@ -161,6 +163,23 @@ impl Linear {
         let fits = k > 0 && x.elem_count() / k <= self.few_rows_max;
         fits.then_some(qgemv::RowsWeight::Ggml(w))
     }
+}
+
+/// Whether `x @ w^T` takes [`f32_rows`]: both `f32` on the CPU, widths equal.
+fn dense_rows_apply(w: &Tensor, x: &Tensor) -> bool {
+    let cpu_f32 = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
+    cpu_f32(w) && cpu_f32(x) && w.rank() == 2 && x.dims().last() == w.dims().last()
+}
+
+/// `x @ w^T` by [`f32_rows`] for a dense `[n, k]` matrix: every row's result is the same
+/// whatever rows share the product.
+fn dense_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let (n, k) = w.dims2()?;
+    let mut dims = x.dims().to_vec();
+    let m = x.elem_count() / k.max(1);
+    let y = with_host_f32(x, |xs| with_host_f32(w, |ws| f32_rows::matmul(xs, m, ws, n, k)))??;
+    *dims.last_mut().expect("non-empty dims") = n;
+    Tensor::from_vec(y, dims, x.device())
 }
 
 /// Runs `f` on the elements of a CPU f32 tensor in row-major order (copying only when it is

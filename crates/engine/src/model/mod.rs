@@ -18,6 +18,7 @@ pub mod converted;
 pub mod cpu_attention;
 pub mod eagle;
 pub mod embedding;
+pub mod f32_rows;
 pub mod gguf;
 pub mod hf;
 mod linear;
