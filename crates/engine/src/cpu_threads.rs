@@ -4,9 +4,9 @@
 //! thread count on every product. Unless `RAYON_NUM_THREADS` is set, that call counts the
 //! physical cores by reading `/proc/cpuinfo` (on Linux), each time: on a 2-core VM a two-token
 //! forward of a tiny 2-layer model took 1,040 us, of which the reads were most, against 165 us
-//! with the variable set (`benches/RESULTS.md`, "candle re-reads /proc/cpuinfo"). Quantized
-//! products (our Q4_K/Q6_K kernels, candle's k-quants) do not ask; f32/bf16 weights, EAGLE
-//! heads and the tests' models do.
+//! with the variable set (`benches/RESULTS.md`, "candle re-reads /proc/cpuinfo"). Our own
+//! kernels (quantized and dense f32 rows, attention) do not ask; whatever still runs through
+//! candle's dense CPU matmul does.
 
 use std::sync::Once;
 
