@@ -174,8 +174,9 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health"
     );
     let api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    let penalties = run.penalties()?;
     let mut server_state =
-        State { session: &session, generator: &mut generator, run, capacity, model, served: 0, api_key };
+        State { session: &session, generator: &mut generator, run, penalties, capacity, model, served: 0, api_key };
     for request in server.incoming_requests() {
         server_state.handle(request);
     }
@@ -186,6 +187,8 @@ struct State<'s, 'g> {
     session: &'s Session,
     generator: &'g mut Generator<'s>,
     run: &'s GenerateArgs,
+    /// The penalty flags, checked at start: a request's defaults.
+    penalties: Penalties,
     capacity: usize,
     model: String,
     served: u64,
@@ -273,11 +276,7 @@ impl State<'_, '_> {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        // Checked when the server started (`Plan::new`).
-        let defaults = match self.run.penalties() {
-            Ok(p) => p,
-            Err(e) => return refuse(400, e.to_string()),
-        };
+        let defaults = self.penalties;
         let penalties = Penalties {
             repetition: req.repetition_penalty.unwrap_or(defaults.repetition),
             presence: req.presence_penalty.unwrap_or(defaults.presence),

@@ -17,10 +17,6 @@ use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor};
 /// New rows per task at most: each task reads its KV head's cache once for all of them.
 const ROWS_PER_TASK: usize = 8;
 
-/// Below this many query-key products (`rows x heads x cached rows x head_dim`, about 20 us
-/// of work) a forward's attention runs on the calling thread instead of candle's pool.
-const INLINE_WORK: usize = 1 << 16;
-
 /// Forwards of up to this many new rows take this path; longer ones use candle's GEMM.
 /// Prompts are prefilled in chunks of this size ([`super::DecoderModel::forward_chain`]).
 pub const MAX_ROWS: usize = 256;
@@ -138,14 +134,9 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
             }
         }
     };
-    // Small work runs here: a dispatch wakes the pool's workers, which then spin for a while
-    // (a core's worth of time on a 2-core machine) before they park again. Each item does the
-    // same arithmetic on either path.
-    if t * heads * total * hd < INLINE_WORK {
-        work(0..kv_heads * row_groups);
-    } else {
-        pool.execute_chunked(kv_heads * row_groups, work);
-    }
+    // Small work (the query-key products) runs on this thread; each item does the same
+    // arithmetic on either path.
+    crate::cpu_threads::chunked(t * heads * total * hd, kv_heads * row_groups, work);
     Ok(Some(Tensor::from_vec(out, (1, t, heads * hd), &candle_core::Device::Cpu)?))
 }
 

@@ -11,33 +11,23 @@
 //! block or the product, so a row's result does not depend on how many rows share the forward
 //! (the tests compare them).
 
-use super::attention_kernels::{reduce_lanes, LANES};
+use super::attention_kernels::{lane_dot, reduce_lanes, LANES};
 
 /// Activation rows per tile: two 8-lane accumulators per row, eight FMA chains in flight.
 const ROW_TILE: usize = 4;
 /// Activation rows per block: every weight row passes once per block.
 const ROW_BLOCK: usize = 32;
-/// Below this many multiply-adds a product runs on the calling thread (about 20 us of work).
-const INLINE_WORK: usize = 1 << 16;
-
-/// The dot product every path computes: sixteen lane sums
-/// `acc[l] = fma(x[16c + l], w[16c + l], acc[l])` over the whole chunks `c` in order, reduced by
-/// [`reduce_lanes`], then the remaining elements added in order with `fma`.
+/// The dot product every path computes: the attention kernels' [`lane_dot`] over the whole
+/// chunks of sixteen (lane sums `acc[l] = fma(x[16c + l], w[16c + l], acc[l])` in order, then
+/// [`reduce_lanes`]), then the remaining elements added in order with `fma`.
 pub fn dot(x: &[f32], w: &[f32]) -> f32 {
     let full = w.len() / LANES * LANES;
-    let mut acc = [0f32; LANES];
-    for (xc, wc) in x[..full].chunks_exact(LANES).zip(w[..full].chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] = xc[l].mul_add(wc[l], acc[l]);
-        }
-    }
-    finish(&acc, &x[full..], &w[full..])
+    add_tail(lane_dot(&x[..full], &w[..full]), &x[full..], &w[full..])
 }
 
-/// The lane sums reduced, then the tail added in order.
+/// `s` with the tail products added in order.
 #[inline]
-fn finish(acc: &[f32; LANES], x_tail: &[f32], w_tail: &[f32]) -> f32 {
-    let mut s = reduce_lanes(acc);
+fn add_tail(mut s: f32, x_tail: &[f32], w_tail: &[f32]) -> f32 {
     for (a, b) in x_tail.iter().zip(w_tail) {
         s = a.mul_add(*b, s);
     }
@@ -72,7 +62,7 @@ unsafe fn dots_avx2<const R: usize>(xs: [*const f32; R], w: *const f32, k: usize
     for r in 0..R {
         _mm256_storeu_ps(acc.as_mut_ptr(), lo[r]);
         _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi[r]);
-        out[r] = finish(&acc, std::slice::from_raw_parts(xs[r].add(full), k - full), w_tail);
+        out[r] = add_tail(reduce_lanes(&acc), std::slice::from_raw_parts(xs[r].add(full), k - full), w_tail);
     }
     out
 }
@@ -135,14 +125,9 @@ pub fn matmul(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert_eq!(w.len(), n * k, "f32 rows matmul: {} weights for {n} rows of {k}", w.len());
     let mut out = vec![0f32; m * n];
     let addr = out.as_mut_ptr() as usize;
-    if m * n * k < INLINE_WORK {
-        // SAFETY: `out` holds m * n elements and only this thread writes them.
-        unsafe { columns(x, m, w, k, n, 0..n, addr as *mut f32) };
-        return out;
-    }
     // Blocks of 16 columns: a task's weight rows are adjacent in memory.
     const COLS: usize = 16;
-    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(COLS), |blocks| {
+    crate::cpu_threads::chunked(m * n * k, n.div_ceil(COLS), |blocks| {
         let cols = blocks.start * COLS..(blocks.end * COLS).min(n);
         // SAFETY: the blocks are disjoint column ranges, `out` (m * n elements) outlives the
         // dispatch, and every block is run exactly once.
