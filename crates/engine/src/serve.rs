@@ -3,7 +3,10 @@
 //! ([`engine::stop`]) and
 //! log-probabilities (`serve::logprobs`); `/v1/models`, `/health`), on
 //! one generator with prefix reuse: a chat client resending its conversation runs only the new
-//! turn. Requests are answered one at a time, in order. Part of the `mdsd` binary (`main.rs`).
+//! turn. Completion requests are answered one at a time, in order, on a worker thread; the
+//! listening thread answers `/health`, `/v1/models` and refusals at once, queues up to
+//! `--max-waiting` completion requests and answers 503 beyond. Part of the `mdsd` binary
+//! (`main.rs`).
 
 use crate::session::{Plan, Session};
 use crate::GenerateArgs;
@@ -15,6 +18,8 @@ use engine::stop::StopStrings;
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 mod answer;
@@ -43,6 +48,10 @@ pub struct ServeArgs {
     /// `MDSD_API_KEY` environment variable, else no key.
     #[arg(long, env = "MDSD_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Completion requests that may wait while another is answered; more get 503 with
+    /// `Retry-After` (`/health` reports the running and waiting counts).
+    #[arg(long, default_value_t = 64)]
+    pub max_waiting: usize,
 }
 
 /// A completion request: OpenAI's fields that change the output, and `ignore_eos` (as vLLM's).
@@ -173,30 +182,54 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     eprintln!(
         "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health"
     );
-    let api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    let front = Front { model: model.clone(), api_key: args.api_key.clone().filter(|k| !k.is_empty()) };
     let penalties = run.penalties()?;
-    let mut server_state =
-        State { session: &session, generator: &mut generator, run, penalties, capacity, model, served: 0, api_key };
-    for request in server.incoming_requests() {
-        server_state.handle(request);
-    }
+    let mut state = State { session: &session, generator: &mut generator, run, penalties, capacity, model, served: 0 };
+    let load = Load::default();
+    std::thread::scope(|scope| {
+        // The bound is the number of jobs that may wait: the one being answered has left it.
+        let (queue, jobs) = sync_channel::<Job>(args.max_waiting);
+        let load = &load;
+        scope.spawn(move || {
+            for job in jobs {
+                load.waiting.fetch_sub(1, Ordering::SeqCst);
+                load.running.store(1, Ordering::SeqCst);
+                state.answer(job);
+                load.running.store(0, Ordering::SeqCst);
+            }
+        });
+        for request in server.incoming_requests() {
+            front.route(request, &queue, load);
+        }
+    });
     Ok(())
 }
 
-struct State<'s, 'g> {
-    session: &'s Session,
-    generator: &'g mut Generator<'s>,
-    run: &'s GenerateArgs,
-    /// The penalty flags, checked at start: a request's defaults.
-    penalties: Penalties,
-    capacity: usize,
+/// Completion requests being answered (0 or 1) and waiting, as `/health` reports them.
+#[derive(Default)]
+struct Load {
+    running: AtomicUsize,
+    waiting: AtomicUsize,
+}
+
+/// A completion request passed from the listening thread to the generator's.
+struct Job {
+    request: Request,
+    kind: Kind,
+    method: Method,
+    path: String,
+}
+
+/// What the listening thread needs to answer the requests that do not generate.
+struct Front {
     model: String,
-    served: u64,
     api_key: Option<String>,
 }
 
-impl State<'_, '_> {
-    fn handle(&mut self, mut request: Request) {
+impl Front {
+    /// Answers `/health`, `/v1/models`, 401, 404 and 405 at once; queues completion requests
+    /// (503 when `--max-waiting` of them already wait).
+    fn route(&self, request: Request, queue: &SyncSender<Job>, load: &Load) {
         let path = request.url().split('?').next().unwrap_or("").to_string();
         let method = request.method().clone();
         let kind = match path.as_str() {
@@ -214,29 +247,71 @@ impl State<'_, '_> {
             (_, p, _) if !authorized && p != "/health" => {
                 respond_error(request, 401, "a valid API key is needed (Authorization: Bearer KEY)")
             }
-            (Method::Get, "/health", _) => respond_json(request, 200, &json!({"status": "ok"})),
+            (Method::Get, "/health", _) => {
+                let (running, waiting) = (load.running.load(Ordering::SeqCst), load.waiting.load(Ordering::SeqCst));
+                respond_json(request, 200, &json!({"status": "ok", "running": running, "waiting": waiting}))
+            }
             (Method::Get, "/v1/models", _) => respond_json(
                 request,
                 200,
                 &json!({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "mdsd"}]}),
             ),
             (Method::Post, _, Some(kind)) => {
-                let mut body = String::new();
-                match request.as_reader().read_to_string(&mut body) {
-                    Err(e) => respond_error(request, 400, &format!("reading the request body: {e}")),
-                    Ok(_) => match self.complete(kind, &body) {
-                        Err(Refusal(status, msg)) => {
-                            eprintln!("mdsd serve: {method} {path}: {status} {msg}");
-                            respond_error(request, status, &msg)
-                        }
-                        Ok((req, prompts, config)) => self.generate(request, kind, &req, &prompts, &config, &path),
-                    },
+                load.waiting.fetch_add(1, Ordering::SeqCst);
+                match queue.try_send(Job { request, kind, method: method.clone(), path: path.clone() }) {
+                    Ok(()) => Ok(()),
+                    Err(TrySendError::Disconnected(job)) => {
+                        load.waiting.fetch_sub(1, Ordering::SeqCst);
+                        respond_error(job.request, 500, "the generator has stopped; see the server's log")
+                    }
+                    Err(TrySendError::Full(job)) => {
+                        load.waiting.fetch_sub(1, Ordering::SeqCst);
+                        let msg = format!(
+                            "the queue is full: {} waiting (the server's --max-waiting); retry later",
+                            load.waiting.load(Ordering::SeqCst)
+                        );
+                        eprintln!("mdsd serve: {method} {path}: 503 {msg}");
+                        respond_busy(job.request, &msg)
+                    }
                 }
             }
             (_, "/health" | "/v1/models", _) | (_, _, Some(_)) => {
                 respond_error(request, 405, &format!("{method} is not allowed on {path}"))
             }
             _ => respond_error(request, 404, &format!("no endpoint {path}")),
+        };
+        if let Err(e) = outcome {
+            eprintln!("mdsd serve: {method} {path}: answering failed: {e}");
+        }
+    }
+}
+
+/// The generator and the request defaults: the worker thread's state.
+struct State<'s, 'g> {
+    session: &'s Session,
+    generator: &'g mut Generator<'s>,
+    run: &'s GenerateArgs,
+    /// The penalty flags, checked at start: a request's defaults.
+    penalties: Penalties,
+    capacity: usize,
+    model: String,
+    served: u64,
+}
+
+impl State<'_, '_> {
+    /// Reads, checks and answers one completion request.
+    fn answer(&mut self, job: Job) {
+        let Job { mut request, kind, method, path } = job;
+        let mut body = String::new();
+        let outcome = match request.as_reader().read_to_string(&mut body) {
+            Err(e) => respond_error(request, 400, &format!("reading the request body: {e}")),
+            Ok(_) => match self.complete(kind, &body) {
+                Err(Refusal(status, msg)) => {
+                    eprintln!("mdsd serve: {method} {path}: {status} {msg}");
+                    respond_error(request, status, &msg)
+                }
+                Ok((req, prompts, config)) => self.generate(request, kind, &req, &prompts, &config, &path),
+            },
         };
         if let Err(e) = outcome {
             eprintln!("mdsd serve: {method} {path}: answering failed: {e}");
@@ -386,6 +461,14 @@ fn prompts(prompt: &Value, tok: &engine::tokenizer::TextTokenizer) -> Result<Vec
 fn respond_json(request: Request, status: u16, body: &Value) -> std::io::Result<()> {
     let header = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("a valid header");
     request.respond(Response::from_string(body.to_string()).with_status_code(status).with_header(header))
+}
+
+/// 503 with OpenAI's error object and `Retry-After: 1`.
+fn respond_busy(request: Request, msg: &str) -> std::io::Result<()> {
+    let body = json!({"error": {"message": msg, "type": "server_error", "code": 503}});
+    let json = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("a valid header");
+    let retry = Header::from_bytes(&b"Retry-After"[..], &b"1"[..]).expect("a valid header");
+    request.respond(Response::from_string(body.to_string()).with_status_code(503).with_header(json).with_header(retry))
 }
 
 /// OpenAI's error object.

@@ -167,7 +167,8 @@ fn serve_answers_as_generate_does() {
     let port = server.port;
 
     let (status, health) = http(port, "GET", "/health", "");
-    assert_eq!((status, health.as_str()), (200, r#"{"status":"ok"}"#));
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!((status, health), (200, json!({"status": "ok", "running": 0, "waiting": 0})));
     let (status, list) = http(port, "GET", "/v1/models", "");
     assert!(status == 200 && list.contains(r#""id":"target""#), "{list}");
 
@@ -283,6 +284,59 @@ fn serve_answers_as_generate_does() {
     );
     let unseeded = post(port, "/v1/completions", &json!({"prompt": "ABC", "max_tokens": 2})).1;
     assert!(unseeded["mdsd"]["seed"].is_u64(), "{unseeded}");
+}
+
+/// While a completion is generated, `/health` and `/v1/models` answer at once and `/health`
+/// counts it running; with `--max-waiting 0` another completion request gets 503 with
+/// `Retry-After`. When the streaming client hangs up, the generator is free again.
+#[test]
+fn serve_stays_responsive_while_generating() {
+    let dir = temp_dir("serve-busy");
+    let target = Tiny { context: 4096, ..Tiny::llama(61) }.write_hf(&dir.join("target"));
+    let server = start(&["--target", s(&target), "--no-spec", "--temperature", "1", "--max-waiting", "0"]);
+    let port = server.port;
+    // 64 answers of up to 4,000 tokens: minutes of work unless the client goes away.
+    let body = json!({"prompt": vec!["ABC"; 64], "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
+    }
+
+    let (status, health) = http(port, "GET", "/health", "");
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!((status, health), (200, json!({"status": "ok", "running": 1, "waiting": 0})));
+    assert_eq!(http(port, "GET", "/v1/models", "").0, 200);
+    let mut busy = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let small = json!({"prompt": "AB", "max_tokens": 1}).to_string();
+    write!(
+        busy,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{small}",
+        small.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    busy.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("retry-after: 1\r\n"), "{answer}");
+    assert!(answer.contains("--max-waiting"), "{answer}");
+
+    // The generator notices the hang-up at its next token.
+    drop(reader);
+    let start = std::time::Instant::now();
+    loop {
+        let health: Value = serde_json::from_str(&http(port, "GET", "/health", "").1).unwrap();
+        if health["running"] == 0 {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 60, "still generating for a client that left: {health}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (status, v) = post(port, "/v1/completions", &json!({"prompt": "AB", "max_tokens": 1}));
+    assert_eq!(status, 200, "{v}");
 }
 
 /// Bad requests: 4xx with OpenAI's error object naming the problem; the server keeps serving.
