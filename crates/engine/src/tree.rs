@@ -224,13 +224,23 @@ impl DraftTree {
 
     /// Parses EAGLE's path-list text, e.g. `[[0],[1],[0,0]]`.
     pub fn from_path_list(text: &str) -> Result<Self, TreeError> {
-        let malformed = |reason: String| TreeError::Malformed { file: "<path list>".into(), reason };
+        Self::from_path_list_in(text, "<path list>")
+    }
+
+    /// [`Self::from_path_list`], naming `file` in its errors.
+    fn from_path_list_in(text: &str, file: &str) -> Result<Self, TreeError> {
+        let malformed = |reason: String| TreeError::Malformed { file: file.into(), reason };
         let value: toml::Value = toml::from_str(&format!("paths = {text}")).map_err(|e| malformed(e.to_string()))?;
         Self::from_paths(&paths_of(&value["paths"]).map_err(malformed)?)
     }
 
-    /// A preset name, or a TOML file holding `preset = "..."` or `paths = [[...], ...]`.
+    /// A preset name, an inline path list (`[[0],[1],[0,0]]`), or a file holding a TOML table
+    /// with `preset = "..."` or `paths = [[...], ...]`, or a bare path list (as EAGLE's
+    /// `choices.py` writes them, or as JSON).
     pub fn load(spec: &str) -> Result<Self, TreeError> {
+        if spec.trim_start().starts_with('[') {
+            return Self::from_path_list(spec);
+        }
         let path = Path::new(spec);
         if !path.exists() && !spec.ends_with(".toml") {
             return Self::preset(spec);
@@ -238,11 +248,19 @@ impl DraftTree {
         let file = spec.to_string();
         let text =
             std::fs::read_to_string(path).map_err(|e| TreeError::File { file: file.clone(), reason: e.to_string() })?;
+        // A topology error names the file.
+        let in_file = |e: TreeError| match e {
+            TreeError::Malformed { .. } => e,
+            e => TreeError::Malformed { file: file.clone(), reason: e.to_string() },
+        };
+        if text.trim_start().starts_with('[') {
+            return Self::from_path_list_in(&text, &file).map_err(in_file);
+        }
         let malformed = |reason: String| TreeError::Malformed { file: file.clone(), reason };
         let table: toml::Table = text.parse().map_err(|e: toml::de::Error| malformed(e.to_string()))?;
         match (table.get("preset"), table.get("paths")) {
             (Some(toml::Value::String(name)), None) => Self::preset(name),
-            (None, Some(paths)) => Self::from_paths(&paths_of(paths).map_err(malformed)?),
+            (None, Some(paths)) => Self::from_paths(&paths_of(paths).map_err(malformed)?).map_err(in_file),
             (Some(_), Some(_)) => Err(malformed("give either `preset` or `paths`, not both".into())),
             (Some(_), None) => Err(malformed("`preset` must be a string".into())),
             (None, None) => Err(malformed("expected `preset = \"...\"` or `paths = [[0], [0, 0], ...]`".into())),
@@ -448,6 +466,16 @@ mod tests {
         std::fs::write(&f, "preset = \"chain-2\"\n").unwrap();
         assert_eq!(DraftTree::load(f.to_str().unwrap()).unwrap(), DraftTree::preset("chain-2").unwrap());
         assert_eq!(DraftTree::load("drafts-2-depth-2").unwrap().num_drafts(), 6);
+        // Inline, and a bare list in a file (JSON, or EAGLE's lists with newlines and a
+        // trailing comma).
+        assert_eq!(DraftTree::load(" [[0],[1],[0,0],[0,1],[1,0]]").unwrap(), t);
+        let list = dir.path().join("t.json");
+        std::fs::write(&list, "[[0], [1],\n [0, 0], [0, 1],\n [1, 0],\n]\n").unwrap();
+        assert_eq!(DraftTree::load(list.to_str().unwrap()).unwrap(), t);
+        std::fs::write(&list, "[[0], [0, 0, 0]]").unwrap();
+        let e = DraftTree::load(list.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("t.json") && e.contains("prefix [0, 0] is not in the tree"), "{e}");
+        assert!(DraftTree::load("[[0],[2]]").unwrap_err().to_string().contains("ranks [0, 2]"));
     }
 
     #[test]
