@@ -231,7 +231,7 @@ fn spec_config(args: &GenerateArgs, tree_name: &str, verifier: Verifier) -> anyh
         TreeChoice::Auto
     } else {
         let tree = DraftTree::load(tree_name).with_context(|| {
-            format!("--tree `{tree_name}` (it takes a preset, `auto`, a path list such as `[[0],[1],[0,0]]`, or a file as in configs/trees/)")
+            format!("--tree `{tree_name}` (it takes a preset, `auto`, an EAGLE path list such as `[[0],[1],[0,0]]`, or a TOML file as in configs/trees/)")
         })?;
         if args.construction() == DraftConstruction::SpecHub {
             if let Some(i) = (0..tree.len()).find(|&i| ![0, 2].contains(&tree.children(i).len())) {

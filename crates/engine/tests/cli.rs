@@ -258,7 +258,10 @@ fn bad_inputs_give_clear_errors() {
     assert!(e.contains("drafts-0-depth-2"), "{e}");
     // An unknown name says what --tree takes.
     let e = gen(&good, &good, &["--tree", "chain-three"]);
-    assert!(e.contains("chain-three") && e.contains("`auto`") && e.contains("TOML file"), "{e}");
+    assert!(
+        e.contains("chain-three") && e.contains("`auto`") && e.contains("TOML file") && e.contains("path list"),
+        "{e}"
+    );
     // Prompt longer than the context (256 positions).
     let long = "ABCDEFGH".repeat(40);
     let e = fails(&["generate", "--target", s(&good), "--draft", s(&good), "--prompt", &long]);
