@@ -12,21 +12,21 @@ use crate::model::gguf::GgufFile;
 use candle_core::{Error, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+mod gguf_bpe;
+
+use gguf_bpe::GgufBpe;
 
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::Msg(format!("{}: {what}", path.display()))
 }
 
-/// Qwen2's pre-tokenizer split (from its `tokenizer.json`; llama.cpp's `qwen2`).
-const QWEN2_SPLIT: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// LLaMA-3's split (llama.cpp's `llama-bpe`).
-const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
 /// A tokenizer with the model's special tokens and chat template.
 #[derive(Clone)]
 pub struct TextTokenizer {
-    inner: tokenizers::Tokenizer,
+    /// Shared by the models whose GGUF metadata is the same tokenizer (`gguf_bpe::shared`).
+    inner: Arc<tokenizers::Tokenizer>,
     /// Token strings by id (for the target/draft vocabulary check).
     vocab: Vec<String>,
     chat_template: Option<String>,
@@ -66,50 +66,7 @@ impl TextTokenizer {
         let merges = file.strings("tokenizer.ggml.merges")?.ok_or_else(|| err(path, "no `tokenizer.ggml.merges`"))?;
         let types = file.ints("tokenizer.ggml.token_type")?.unwrap_or_else(|| vec![1; tokens.len()]);
         let pre = file.string("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".into());
-        let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": regex});
-        let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
-        let pre_tokenizer = match pre.as_str() {
-            "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
-            "llama-bpe" | "llama3" => {
-                json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
-            }
-            "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
-                {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-            "default" | "gpt2" | "gpt-2" => byte_level(true),
-            other => {
-                return Err(err(
-                    path,
-                    format!(
-                        "GGUF pre-tokenizer `{other}` is not supported (qwen2, llama-bpe, smollm, starcoder, gpt2); \
-                         pass the model's tokenizer.json with --tokenizer"
-                    ),
-                ))
-            }
-        };
-        let mut vocab = serde_json::Map::with_capacity(tokens.len());
-        let mut added = Vec::new();
-        for (id, tok) in tokens.iter().enumerate() {
-            let ty = types.get(id).copied().unwrap_or(1);
-            if ty == 3 || ty == 4 {
-                added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false,
-                    "normalized": false, "special": ty == 3}));
-            }
-            vocab.entry(tok.clone()).or_insert(json!(id));
-        }
-        let spec = json!({
-            "version": "1.0",
-            "truncation": null, "padding": null,
-            "added_tokens": added,
-            "normalizer": null,
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": null,
-            "decoder": byte_level(true),
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                "vocab": vocab, "merges": merges},
-        });
-        let inner = tokenizers::Tokenizer::from_bytes(spec.to_string().as_bytes())
-            .map_err(|e| err(path, format!("cannot build the tokenizer from the GGUF metadata: {e}")))?;
+        let (inner, tokens) = gguf_bpe::shared(GgufBpe { pre, tokens, merges, types }, path)?;
         let id_token = |key: &str| -> Result<Option<(u32, String)>> {
             Ok(file.uint(key)?.and_then(|id| tokens.get(id as usize).map(|t| (id as u32, t.clone()))))
         };
@@ -157,11 +114,11 @@ impl TextTokenizer {
         };
         let add_bos = config.get("add_bos_token").and_then(|b| b.as_bool()).unwrap_or(false);
         let (bos, eos) = (special("bos_token"), special("eos_token"));
-        Ok(Self::finish(inner, vocab, chat_template, bos, eos, add_bos, path))
+        Ok(Self::finish(Arc::new(inner), vocab, chat_template, bos, eos, add_bos, path))
     }
 
     fn finish(
-        inner: tokenizers::Tokenizer,
+        inner: Arc<tokenizers::Tokenizer>,
         vocab: Vec<String>,
         chat_template: Option<String>,
         bos: Option<(u32, String)>,
