@@ -48,8 +48,14 @@ impl GgufFile {
             None => file.metadata().map_err(|e| err(path, e))?.len(),
         };
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader)
-            .map_err(|e| err(path, format!("not a valid GGUF file: {}", crate::plain_error(&e))))?;
+        // From the map when there is one: candle asks the reader's position before every
+        // string, a `lseek` call on a file (600,000 of them for a 151,936-token vocabulary and
+        // its merges), free on a `Cursor`.
+        let content = match &map {
+            Some(m) => Content::read(&mut std::io::Cursor::new(&m[..])),
+            None => Content::read(&mut reader),
+        }
+        .map_err(|e| err(path, format!("not a valid GGUF file: {}", crate::plain_error(&e))))?;
         for (name, info) in &content.tensor_infos {
             let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
             let end = content.tensor_data_offset + info.offset + bytes as u64;
