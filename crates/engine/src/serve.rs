@@ -1,7 +1,7 @@
 //! `mdsd serve`: an HTTP server with OpenAI's completion endpoints (`/v1/completions`,
 //! `/v1/chat/completions`, streamed as server-sent events or not, with stop strings
 //! ([`engine::stop`]) and
-//! log-probabilities (`serve::logprobs`); `/v1/models`, `/health`), on
+//! log-probabilities (`serve::logprobs`); `/v1/models`, `/health`, `/metrics` (`serve::metrics`)), on
 //! one generator with prefix reuse: a chat client resending its conversation runs only the new
 //! turn. Completion requests are answered one at a time, in order, on a worker thread; the
 //! listening thread answers `/health`, `/v1/models` and refusals at once, queues up to
@@ -18,13 +18,16 @@ use engine::stop::StopStrings;
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 mod answer;
 mod logprobs;
+mod metrics;
 mod refused;
+
+use metrics::{Load, Outcome};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -44,7 +47,8 @@ pub struct ServeArgs {
     /// Run every prompt whole, instead of only what it adds to the last request's text.
     #[arg(long)]
     pub no_prefix_reuse: bool,
-    /// Answer only requests with `Authorization: Bearer KEY` (`/health` excepted); default: the
+    /// Answer only requests with `Authorization: Bearer KEY` (`/health` and `/metrics`
+    /// excepted); default: the
     /// `MDSD_API_KEY` environment variable, else no key.
     #[arg(long, env = "MDSD_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -180,12 +184,13 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let model = session.target.path.file_stem().map_or("target".into(), |s| s.to_string_lossy().to_string());
     eprintln!("--- {}", crate::report::mode(run, session.verifier, session.window(&generator, run)));
     eprintln!(
-        "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health"
+        "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics"
     );
     let front = Front { model: model.clone(), api_key: args.api_key.clone().filter(|k| !k.is_empty()) };
     let penalties = run.penalties()?;
-    let mut state = State { session: &session, generator: &mut generator, run, penalties, capacity, model, served: 0 };
     let load = Load::default();
+    let mut state =
+        State { session: &session, generator: &mut generator, run, penalties, capacity, model, served: 0, load: &load };
     std::thread::scope(|scope| {
         // The bound is the number of jobs that may wait: the one being answered has left it.
         let (queue, jobs) = sync_channel::<Job>(args.max_waiting);
@@ -203,13 +208,6 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         }
     });
     Ok(())
-}
-
-/// Completion requests being answered (0 or 1) and waiting, as `/health` reports them.
-#[derive(Default)]
-struct Load {
-    running: AtomicUsize,
-    waiting: AtomicUsize,
 }
 
 /// A completion request passed from the listening thread to the generator's.
@@ -244,8 +242,16 @@ impl Front {
             }),
         };
         let outcome = match (&method, path.as_str(), kind) {
-            (_, p, _) if !authorized && p != "/health" => {
+            (_, p, _) if !authorized && p != "/health" && p != "/metrics" => {
+                if kind.is_some() {
+                    load.count(Outcome::Unauthorized);
+                }
                 respond_error(request, 401, "a valid API key is needed (Authorization: Bearer KEY)")
+            }
+            (Method::Get, "/metrics", _) => {
+                let header = Header::from_bytes(&b"Content-Type"[..], &b"text/plain; version=0.0.4"[..])
+                    .expect("a valid header");
+                request.respond(Response::from_string(load.prometheus()).with_header(header))
             }
             (Method::Get, "/health", _) => {
                 let (running, waiting) = (load.running.load(Ordering::SeqCst), load.waiting.load(Ordering::SeqCst));
@@ -266,6 +272,7 @@ impl Front {
                     }
                     Err(TrySendError::Full(job)) => {
                         load.waiting.fetch_sub(1, Ordering::SeqCst);
+                        load.count(Outcome::Busy);
                         let msg = format!(
                             "the queue is full: {} waiting (the server's --max-waiting); retry later",
                             load.waiting.load(Ordering::SeqCst)
@@ -275,7 +282,7 @@ impl Front {
                     }
                 }
             }
-            (_, "/health" | "/v1/models", _) | (_, _, Some(_)) => {
+            (_, "/health" | "/v1/models" | "/metrics", _) | (_, _, Some(_)) => {
                 respond_error(request, 405, &format!("{method} is not allowed on {path}"))
             }
             _ => respond_error(request, 404, &format!("no endpoint {path}")),
@@ -296,6 +303,8 @@ struct State<'s, 'g> {
     capacity: usize,
     model: String,
     served: u64,
+    /// Where finished choices and request outcomes are counted.
+    load: &'s Load,
 }
 
 impl State<'_, '_> {
@@ -308,9 +317,13 @@ impl State<'_, '_> {
             Ok(_) => match self.complete(kind, &body) {
                 Err(Refusal(status, msg)) => {
                     eprintln!("mdsd serve: {method} {path}: {status} {msg}");
+                    self.load.count(Outcome::Refused);
                     respond_error(request, status, &msg)
                 }
-                Ok((req, prompts, config)) => self.generate(request, kind, &req, &prompts, &config, &path),
+                Ok((req, prompts, config)) => {
+                    self.load.count(Outcome::Generated);
+                    self.generate(request, kind, &req, &prompts, &config, &path)
+                }
             },
         };
         if let Err(e) = outcome {

@@ -337,6 +337,8 @@ fn serve_stays_responsive_while_generating() {
     }
     let (status, v) = post(port, "/v1/completions", &json!({"prompt": "AB", "max_tokens": 1}));
     assert_eq!(status, 200, "{v}");
+    let m = metrics(port);
+    assert_eq!((m["requests_total{outcome=\"busy\"}"], m["requests_total{outcome=\"generated\"}"]), (1.0, 2.0));
 }
 
 /// Bad requests: 4xx with OpenAI's error object naming the problem; the server keeps serving.
@@ -416,6 +418,91 @@ fn serve_checks_the_api_key() {
     }
     assert_eq!(http(server.port, "GET", "/health", "").0, 200);
     assert_eq!(http(server.port, "GET", "/v1/models", "").0, 401);
+    // Prometheus scrapes without the key; the two refused completions are counted.
+    let m = metrics(server.port);
+    assert_eq!((m["requests_total{outcome=\"unauthorized\"}"], m["requests_total{outcome=\"generated\"}"]), (2.0, 1.0));
+}
+
+/// `/metrics` as a map from `name{labels}` (without the `mdsd_` prefix) to value.
+fn metrics(port: u16) -> std::collections::HashMap<String, f64> {
+    let (status, text) = http(port, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').unwrap();
+            (name.strip_prefix("mdsd_").unwrap().to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// `/metrics` totals equal the sums of the answers' own statistics: requests by outcome,
+/// choices, prompt and generated tokens, target forwards and rows, and the steps accepting at
+/// each depth.
+#[test]
+fn serve_reports_metrics() {
+    let dir = temp_dir("serve-metrics");
+    let target = Tiny::llama(55).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(56) }.write_hf(&dir.join("draft"));
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2", "--temperature", "1"]);
+    let port = server.port;
+    let zero = metrics(port);
+    assert_eq!((zero["requests_running"], zero["requests_waiting"], zero["choices_total"]), (0.0, 0.0, 0.0));
+
+    let mut stats: Vec<Value> = Vec::new();
+    for body in [
+        json!({"prompt": "ABC", "max_tokens": 8, "ignore_eos": true, "seed": 1}),
+        json!({"prompt": ["AB", "ABCD"], "n": 2, "max_tokens": 4, "ignore_eos": true, "seed": 2}),
+        json!({"prompt": "ABC", "max_tokens": 6, "ignore_eos": true, "seed": 3, "stream": true}),
+    ] {
+        let v = if body["stream"] == true {
+            events(port, "/v1/completions", &body).pop().unwrap()
+        } else {
+            let (status, v) = post(port, "/v1/completions", &body);
+            assert_eq!(status, 200, "{v}");
+            v
+        };
+        match v["mdsd"]["choices"].as_array() {
+            Some(choices) => stats.extend(choices.iter().cloned()),
+            None => stats.push(v["mdsd"].clone()),
+        }
+    }
+    assert_eq!(post(port, "/v1/completions", &json!({"prompt": "AB", "temperature": -1})).0, 400);
+
+    let m = metrics(port);
+    let sum = |key: &str| stats.iter().map(|s| s[key].as_f64().unwrap()).sum::<f64>();
+    assert_eq!(m["requests_total{outcome=\"generated\"}"], 3.0);
+    assert_eq!(m["requests_total{outcome=\"refused\"}"], 1.0);
+    assert_eq!(m["requests_total{outcome=\"busy\"}"], 0.0);
+    assert_eq!(m["choices_total"], 6.0);
+    assert_eq!(m["generation_tokens_total"], 8.0 + 4.0 * 4.0 + 6.0);
+    for (metric, key) in [
+        ("prompt_tokens_total", "prompt_tokens"),
+        ("reused_prompt_tokens_total", "reused_tokens"),
+        ("generation_tokens_total", "new_tokens"),
+        ("target_forwards_total", "target_forwards"),
+        ("target_rows_total", "target_rows"),
+        ("draft_forwards_total", "draft_forwards"),
+    ] {
+        assert_eq!(m[metric], sum(key), "{metric}");
+    }
+    let accepting: Vec<f64> = (1..=2).map(|d| m[&format!("steps_accepting_total{{depth=\"{d}\"}}")]).collect();
+    let want: Vec<f64> =
+        // Each choice's acceptance at depth d is its steps accepting there over its target forwards.
+        (0..2)
+            .map(|d| {
+                stats
+                    .iter()
+                    .map(|s| {
+                        let forwards = s["target_forwards"].as_f64().unwrap();
+                        (s["acceptance_per_depth"][d].as_f64().unwrap() * forwards).round()
+                    })
+                    .sum()
+            })
+            .collect();
+    assert_eq!(accepting, want);
+    assert!(want[0] > 0.0, "no draft was accepted: {stats:?}");
+    assert!(m["decode_seconds_total"] > 0.0);
 }
 
 /// `generate --json --logprobs 2` (temperature 0, 8 tokens): the text, one record per token

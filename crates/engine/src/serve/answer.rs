@@ -74,6 +74,7 @@ impl<'s> State<'s, '_> {
                 match self.answer_whole(*ask, config, index, &mut prompt_records) {
                     Ok((choice, stats)) => {
                         choices.push(choice);
+                        self.load.add_choice(&stats);
                         done.push((stats, config.seed));
                     }
                     Err(msg) => return respond_error(request, 500, &msg),
@@ -104,6 +105,7 @@ impl<'s> State<'s, '_> {
             match self.answer_streamed(*ask, config, &mut events, &mut prompt_records)? {
                 Streamed::Done(stats) => {
                     let stats = *stats;
+                    self.load.add_choice(&stats);
                     let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)), Value::Null);
                     done.push((stats, config.seed));
                     // The last event carries the request's usage and statistics.

@@ -1,0 +1,136 @@
+//! What `/health` and `/metrics` report: the completion requests being answered and waiting, and
+//! totals over the server's life in Prometheus' text format (as vLLM's `/metrics`, with the
+//! speculative-decoding counters that give τ and the acceptance per depth).
+
+use engine::decode::Stats;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The server's load and totals, shared by the listening and generating threads.
+#[derive(Default)]
+pub(super) struct Load {
+    /// Completion requests being answered (0 or 1).
+    pub running: AtomicUsize,
+    /// Completion requests queued behind it.
+    pub waiting: AtomicUsize,
+    totals: Mutex<Totals>,
+}
+
+/// What happened to a completion request.
+#[derive(Clone, Copy)]
+pub(super) enum Outcome {
+    /// Checked and passed to the generator.
+    Generated,
+    /// Refused with a 4xx status after reading it (malformed, bad values, too long).
+    Refused,
+    /// Refused with 401: no valid API key.
+    Unauthorized,
+    /// Refused with 503: the queue was full.
+    Busy,
+}
+
+#[derive(Default)]
+struct Totals {
+    /// Requests by outcome, in [`Outcome`]'s order.
+    requests: [u64; 4],
+    choices: u64,
+    prompt_tokens: u64,
+    reused_tokens: u64,
+    generation_tokens: u64,
+    target_forwards: u64,
+    target_rows: u64,
+    draft_forwards: u64,
+    ngram_steps: u64,
+    /// Steps that accepted at least `d` drafts, index `d - 1`.
+    accepted_at_depth: Vec<u64>,
+    prefill_s: f64,
+    decode_s: f64,
+}
+
+impl Load {
+    fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
+        self.totals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn count(&self, outcome: Outcome) {
+        self.totals().requests[outcome as usize] += 1;
+    }
+
+    /// Adds a finished choice's statistics.
+    pub fn add_choice(&self, s: &Stats) {
+        let mut t = self.totals();
+        t.choices += 1;
+        t.prompt_tokens += s.prompt_tokens as u64;
+        t.reused_tokens += s.reused_tokens as u64;
+        t.generation_tokens += s.new_tokens as u64;
+        t.target_forwards += s.target_forwards as u64;
+        t.target_rows += s.target_rows as u64;
+        t.draft_forwards += s.draft_forwards as u64;
+        t.ngram_steps += s.ngram_steps as u64;
+        if t.accepted_at_depth.len() < s.accepted_at_depth.len() {
+            t.accepted_at_depth.resize(s.accepted_at_depth.len(), 0);
+        }
+        for (total, &n) in t.accepted_at_depth.iter_mut().zip(&s.accepted_at_depth) {
+            *total += n as u64;
+        }
+        t.prefill_s += s.prefill_s;
+        t.decode_s += (s.total_s - s.prefill_s).max(0.0);
+    }
+
+    /// The `/metrics` text: Prometheus' exposition format, version 0.0.4.
+    pub fn prometheus(&self) -> String {
+        let t = self.totals();
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+            let _ = writeln!(out, "# HELP mdsd_{name} {help}\n# TYPE mdsd_{name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "mdsd_{name}{labels} {value}");
+            }
+        };
+        let one = |v: String| [(String::new(), v)];
+        metric(
+            "requests_running",
+            "gauge",
+            "Completion requests being answered.",
+            &one(self.running.load(Ordering::SeqCst).to_string()),
+        );
+        metric(
+            "requests_waiting",
+            "gauge",
+            "Completion requests queued.",
+            &one(self.waiting.load(Ordering::SeqCst).to_string()),
+        );
+        let outcomes = ["generated", "refused", "unauthorized", "busy"];
+        let requests: Vec<_> =
+            outcomes.iter().zip(t.requests).map(|(o, n)| (format!("{{outcome=\"{o}\"}}"), n.to_string())).collect();
+        metric("requests_total", "counter", "Completion requests by outcome.", &requests);
+        for (name, help, value) in [
+            ("choices_total", "Choices generated to the end.", t.choices),
+            ("prompt_tokens_total", "Prompt tokens of the finished choices.", t.prompt_tokens),
+            ("reused_prompt_tokens_total", "Prompt tokens whose cached rows were reused.", t.reused_tokens),
+            ("generation_tokens_total", "Tokens generated.", t.generation_tokens),
+            ("target_forwards_total", "Target forwards after the prompts: one per step.", t.target_forwards),
+            ("target_rows_total", "Rows the target ran after the prompts.", t.target_rows),
+            ("draft_forwards_total", "Draft model or head forwards.", t.draft_forwards),
+            ("ngram_steps_total", "Steps drafted by n-gram lookup.", t.ngram_steps),
+        ] {
+            metric(name, "counter", help, &one(value.to_string()));
+        }
+        let depths: Vec<_> = t
+            .accepted_at_depth
+            .iter()
+            .enumerate()
+            .map(|(d, n)| (format!("{{depth=\"{}\"}}", d + 1), n.to_string()))
+            .collect();
+        metric(
+            "steps_accepting_total",
+            "counter",
+            "Steps that accepted at least `depth` drafts (over target_forwards_total: the acceptance at that depth).",
+            &depths,
+        );
+        metric("prefill_seconds_total", "counter", "Seconds in prompt passes.", &one(t.prefill_s.to_string()));
+        metric("decode_seconds_total", "counter", "Seconds in decoding steps.", &one(t.decode_s.to_string()));
+        out
+    }
+}
