@@ -89,7 +89,8 @@ fn mt_bench_runs_every_cell_on_both_turns() {
             "--methods",
             "baseline,rrs-wr,greedy,spechub,ngram,ngram+greedy",
             "--trees",
-            "drafts-2-depth-2,drafts-3-depth-1",
+            // drafts-3-depth-1 as an EAGLE path list
+            "drafts-2-depth-2,[[0],[1],[2]]",
             "--temperatures",
             "0,1",
             "--draft-vocab",
@@ -113,7 +114,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
     assert_eq!(doc["summary"]["cells"].as_array().unwrap().len(), cells);
     assert_eq!(doc["summary"]["by_category"].as_array().unwrap().len(), 2 * cells);
     assert!(doc["config"]["revision"].as_str().is_some_and(|r| !r.is_empty()));
-    assert_eq!(doc["config"]["notes"][0], "spechub left out on drafts-3-depth-1: a node has 3 drafts");
+    assert_eq!(doc["config"]["notes"][0], "spechub left out on [[0],[1],[2]]: a node has 3 drafts");
     assert_eq!(doc["config"]["draft_temperature"], 1.0);
     assert_eq!(
         (&doc["config"]["repetition_penalty"], &doc["config"]["presence_penalty"], &doc["config"]["frequency_penalty"]),
@@ -155,10 +156,10 @@ fn mt_bench_runs_every_cell_on_both_turns() {
         for turn in [1, 2] {
             let base = &find(q, turn, "baseline", "-", 0.0)["answer"];
             for (m, tree) in
-                [("rrs-wr", "drafts-2-depth-2"), ("greedy", "drafts-3-depth-1"), ("spechub", "drafts-2-depth-2")]
+                [("rrs-wr", "drafts-2-depth-2"), ("greedy", "[[0],[1],[2]]"), ("spechub", "drafts-2-depth-2")]
                     .into_iter()
-                    .chain([("ngram", "drafts-2-depth-2"), ("ngram", "drafts-3-depth-1")])
-                    .chain([("ngram+greedy", "drafts-2-depth-2"), ("ngram+greedy", "drafts-3-depth-1")])
+                    .chain([("ngram", "drafts-2-depth-2"), ("ngram", "[[0],[1],[2]]")])
+                    .chain([("ngram+greedy", "drafts-2-depth-2"), ("ngram+greedy", "[[0],[1],[2]]")])
             {
                 assert_eq!(&find(q, turn, m, tree, 0.0)["answer"], base, "{m} on {tree}, question {q} turn {turn}");
             }
@@ -180,7 +181,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
     });
     assert!(changed.count() > 0, "the penalties changed no baseline answer");
     let md = std::fs::read_to_string(out_dir.join("run.md")).unwrap();
-    assert!(md.contains("## T = 0") && md.contains("## T = 1") && md.contains("| greedy | drafts-3-depth-1 |"), "{md}");
+    assert!(md.contains("## T = 0") && md.contains("## T = 1") && md.contains("| greedy | [[0],[1],[2]] |"), "{md}");
     assert!(md.contains("## Per category"));
 }
 

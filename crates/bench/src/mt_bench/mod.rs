@@ -60,7 +60,8 @@ pub struct MtBenchArgs {
     #[arg(long, default_value = "baseline,rrs-wr,rrs-wor,greedy")]
     methods: String,
     /// Comma-separated trees for the speculative methods: presets (`chain-N`,
-    /// `drafts-K-depth-D`, `mc_sim_7b_63`, ...), TOML files, or `auto`; `TREE@C` prunes the
+    /// `drafts-K-depth-D`, `mc_sim_7b_63`, ...), EAGLE path lists (`[[0],[1],[0,0]]`), tree
+    /// files, or `auto`; `TREE@C` prunes the
     /// tree by draft confidence C (`mdsd generate --draft-confidence`), e.g. `chain-4@0.5`;
     /// `TREE~W` lets the draft model see only a window of W recent tokens (after the sinks,
     /// `mdsd generate --draft-window`; `~0`: the whole context), e.g. `chain-2~512`.
@@ -202,8 +203,8 @@ pub struct TurnRecord {
 }
 
 fn parse_list<T>(list: &str, what: &str, f: impl Fn(&str) -> anyhow::Result<T>) -> anyhow::Result<Vec<T>> {
-    let out: Vec<T> = list
-        .split(',')
+    let out: Vec<T> = split_top_level(list)
+        .into_iter()
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| f(s).with_context(|| format!("bad {what} `{s}`")))
@@ -212,6 +213,25 @@ fn parse_list<T>(list: &str, what: &str, f: impl Fn(&str) -> anyhow::Result<T>) 
         bail!("no {what} given");
     }
     Ok(out)
+}
+
+/// `list` split at the commas outside brackets: an EAGLE path list such as `[[0],[1],[0,0]]`
+/// stays one entry.
+fn split_top_level(list: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&list[start..]);
+    parts
 }
 
 /// The cells of a run: the baseline once per temperature, every speculative method on every
@@ -561,7 +581,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_tree_spec, TreeSpec};
+    use super::{parse_tree_spec, split_top_level, TreeSpec};
 
     #[test]
     fn tree_names_take_an_optional_confidence_cutoff_and_draft_window() {
@@ -569,6 +589,11 @@ mod tests {
         assert_eq!(parse_tree_spec("chain-4").unwrap(), spec("chain-4", 0.0, None));
         assert_eq!(parse_tree_spec("chain-4@0.6").unwrap(), spec("chain-4", 0.6, None));
         assert_eq!(parse_tree_spec("configs/trees/x.toml@1").unwrap(), spec("configs/trees/x.toml", 1.0, None));
+        assert_eq!(parse_tree_spec("[[0],[1],[0,0]]@0.5~64").unwrap(), spec("[[0],[1],[0,0]]", 0.5, Some(64)));
+        assert_eq!(
+            split_top_level("chain-2, [[0],[1],[0,0]]@0.5,[[0]],auto"),
+            ["chain-2", " [[0],[1],[0,0]]@0.5", "[[0]]", "auto"]
+        );
         assert_eq!(parse_tree_spec("chain-2~512").unwrap(), spec("chain-2", 0.0, Some(512)));
         assert_eq!(parse_tree_spec("chain-4@0.5~0").unwrap(), spec("chain-4", 0.5, Some(0)));
         assert_eq!(parse_tree_spec("a~b/x.toml").unwrap(), spec("a~b/x.toml", 0.0, None));
