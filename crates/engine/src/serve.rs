@@ -196,11 +196,19 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         let (queue, jobs) = sync_channel::<Job>(args.max_waiting);
         let load = &load;
         scope.spawn(move || {
-            for job in jobs {
-                load.waiting.fetch_sub(1, Ordering::SeqCst);
-                load.running.store(1, Ordering::SeqCst);
-                state.answer(job);
-                load.running.store(0, Ordering::SeqCst);
+            let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                for job in jobs {
+                    load.waiting.fetch_sub(1, Ordering::SeqCst);
+                    load.running.store(1, Ordering::SeqCst);
+                    state.answer(job);
+                    load.running.store(0, Ordering::SeqCst);
+                }
+            }));
+            // A bug that panics the generator ends the server (as it did when one thread did
+            // everything), rather than leaving it up, healthy to `/health`, unable to answer.
+            if answered.is_err() {
+                eprintln!("mdsd serve: the generator panicked (a bug; the message is above): exiting");
+                std::process::exit(101);
             }
         });
         for request in server.incoming_requests() {
