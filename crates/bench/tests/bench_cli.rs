@@ -185,6 +185,35 @@ fn mt_bench_runs_every_cell_on_both_turns() {
     assert!(md.contains("## Per category"));
 }
 
+/// `--prefix-reuse`: every second turn reuses the cached first turn, the answers are those of
+/// a run without it, and the config records it.
+#[test]
+fn mt_bench_reuses_prefixes_when_asked() {
+    let dir = temp_dir("bench-reuse");
+    let (target, draft) = pair(&dir);
+    let questions = dir.join("q.jsonl");
+    std::fs::write(&questions, QUESTIONS).unwrap();
+    let out_dir = dir.join("results");
+    let flags = ["--methods", "baseline,greedy", "--trees", "chain-2", "--temperatures", "0,1"];
+    let paths = (target.as_path(), draft.as_path(), questions.as_path(), out_dir.as_path());
+    let whole = run_mt_bench(paths, "whole", &flags);
+    let reused = run_mt_bench(paths, "reused", &[&flags[..], &["--prefix-reuse"]].concat());
+    assert_eq!(whole.len(), 2 * 2 * 4);
+    assert_eq!(whole.len(), reused.len());
+    for (w, r) in whole.iter().zip(&reused) {
+        for key in ["question_id", "turn", "method", "temperature", "answer", "prompt_tokens"] {
+            assert_eq!(w[key], r[key], "{key}: {w} / {r}");
+        }
+        assert_eq!(w["reused_tokens"], 0, "{w}");
+        if r["turn"] == 2 {
+            // The first turn's prompt and answer at least (the chat template's prefix).
+            assert!(r["reused_tokens"].as_u64().unwrap() >= 4, "{r}");
+        }
+    }
+    assert_eq!(read_json(&out_dir.join("reused.json"))["config"]["prefix_reuse"], true);
+    assert_eq!(read_json(&out_dir.join("whole.json"))["config"]["prefix_reuse"], false);
+}
+
 #[test]
 fn mt_bench_rejects_bad_input_clearly() {
     let dir = temp_dir("bench-mt-bad");

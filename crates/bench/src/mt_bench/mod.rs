@@ -128,6 +128,11 @@ pub struct MtBenchArgs {
     /// has that length (as `mdsd generate --ignore-eos`).
     #[arg(long)]
     ignore_eos: bool,
+    /// Keep the cached rows a prompt shares with the previous one, as `mdsd chat` and `serve`
+    /// do: a second turn then runs only its new text. Off by default, as in EAGLE's protocol,
+    /// which runs every prompt whole. It changes the prefill time only, not the answers.
+    #[arg(long)]
+    prefix_reuse: bool,
     /// Folder of the results (`<name>.records.jsonl`, `<name>.json`, `<name>.md`).
     #[arg(long, default_value = "benches/results")]
     out_dir: PathBuf,
@@ -174,6 +179,9 @@ pub struct TurnRecord {
     /// Position of this generation in the run (interleaving order).
     pub order: usize,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose cached rows were kept (`--prefix-reuse`).
+    #[serde(default)]
+    pub reused_tokens: usize,
     pub new_tokens: usize,
     pub target_forwards: usize,
     /// Tree rows the target ran (see `engine::decode::Stats::target_rows`).
@@ -406,6 +414,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     let capacity = longest + most_turns * (args.max_new_tokens + 16) + 512;
     let mut generator = Generator::new(&target.model, Some(&draft.model), capacity)?;
     generator.set_penalties(penalties);
+    generator.set_prefix_reuse(args.prefix_reuse);
 
     let stem = args.name.clone().unwrap_or_else(|| format!("mt-bench-{}", utc_stamp()));
     let path = output_paths(&args.out_dir, &stem)?;
@@ -488,6 +497,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     seed,
                     order: records.len() + question_records.len(),
                     prompt_tokens: stats.prompt_tokens,
+                    reused_tokens: stats.reused_tokens,
                     new_tokens: stats.new_tokens,
                     target_forwards: stats.target_forwards,
                     target_rows: stats.target_rows,
@@ -558,6 +568,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "ngram_tree": args.ngram.ngram_tree,
         "chat": chat,
         "ignore_eos": args.ignore_eos,
+        "prefix_reuse": args.prefix_reuse,
         "seed": args.seed,
         "randomness": args.randomness,
         "methods": methods.iter().map(Method::name).collect::<Vec<_>>(),
