@@ -340,6 +340,7 @@ mod tests {
             seed: 0,
             order: 0,
             prompt_tokens: 5,
+            reused_tokens: 0,
             new_tokens: new,
             target_forwards: fwd,
             target_rows: fwd,
