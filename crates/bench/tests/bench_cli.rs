@@ -75,13 +75,18 @@ fn read_json(p: &Path) -> Value {
 const QUESTIONS: &str = "{\"question_id\": 1, \"category\": \"math\", \"turns\": [\"ABCD\", \"EFG\"]}\n\
 {\"question_id\": 2, \"category\": \"coding\", \"turns\": [\"HIJ+K\", \"LMNO\"]}\n";
 
-#[test]
-fn mt_bench_runs_every_cell_on_both_turns() {
-    let dir = temp_dir("bench-mt");
+/// A tiny pair, the two-question file and a results folder, in a fresh test folder `name`.
+fn mt_bench_files(name: &str) -> [std::path::PathBuf; 4] {
+    let dir = temp_dir(name);
     let (target, draft) = pair(&dir);
     let questions = dir.join("q.jsonl");
     std::fs::write(&questions, QUESTIONS).unwrap();
-    let out_dir = dir.join("results");
+    [target, draft, questions, dir.join("results")]
+}
+
+#[test]
+fn mt_bench_runs_every_cell_on_both_turns() {
+    let [target, draft, questions, out_dir] = mt_bench_files("bench-mt");
     let records = run_mt_bench(
         (&target, &draft, &questions, &out_dir),
         "run",
@@ -189,11 +194,7 @@ fn mt_bench_runs_every_cell_on_both_turns() {
 /// a run without it, and the config records it.
 #[test]
 fn mt_bench_reuses_prefixes_when_asked() {
-    let dir = temp_dir("bench-reuse");
-    let (target, draft) = pair(&dir);
-    let questions = dir.join("q.jsonl");
-    std::fs::write(&questions, QUESTIONS).unwrap();
-    let out_dir = dir.join("results");
+    let [target, draft, questions, out_dir] = mt_bench_files("bench-reuse");
     let flags = ["--methods", "baseline,greedy", "--trees", "chain-2", "--temperatures", "0,1"];
     let paths = (target.as_path(), draft.as_path(), questions.as_path(), out_dir.as_path());
     let whole = run_mt_bench(paths, "whole", &flags);
