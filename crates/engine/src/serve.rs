@@ -18,8 +18,7 @@ use engine::stop::StopStrings;
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{channel, Sender};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 mod answer;
@@ -186,22 +185,25 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     eprintln!(
         "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics"
     );
-    let front = Front { model: model.clone(), api_key: args.api_key.clone().filter(|k| !k.is_empty()) };
+    let front = Front {
+        model: model.clone(),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        max_waiting: args.max_waiting,
+    };
     let penalties = run.penalties()?;
     let load = Load::default();
     let mut state =
         State { session: &session, generator: &mut generator, run, penalties, capacity, model, served: 0, load: &load };
     std::thread::scope(|scope| {
-        // The bound is the number of jobs that may wait: the one being answered has left it.
-        let (queue, jobs) = sync_channel::<Job>(args.max_waiting);
+        // Unbounded: `Load::admit` bounds what waits.
+        let (queue, jobs) = channel::<Job>();
         let load = &load;
         scope.spawn(move || {
             let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 for job in jobs {
-                    load.waiting.fetch_sub(1, Ordering::SeqCst);
-                    load.running.store(1, Ordering::SeqCst);
+                    load.start();
                     state.answer(job);
-                    load.running.store(0, Ordering::SeqCst);
+                    load.finish();
                 }
             }));
             // A bug that panics the generator ends the server (as it did when one thread did
@@ -230,12 +232,14 @@ struct Job {
 struct Front {
     model: String,
     api_key: Option<String>,
+    /// `--max-waiting`.
+    max_waiting: usize,
 }
 
 impl Front {
     /// Answers `/health`, `/v1/models`, 401, 404 and 405 at once; queues completion requests
     /// (503 when `--max-waiting` of them already wait).
-    fn route(&self, request: Request, queue: &SyncSender<Job>, load: &Load) {
+    fn route(&self, request: Request, queue: &Sender<Job>, load: &Load) {
         let path = request.url().split('?').next().unwrap_or("").to_string();
         let method = request.method().clone();
         let kind = match path.as_str() {
@@ -262,7 +266,7 @@ impl Front {
                 request.respond(Response::from_string(load.prometheus()).with_header(header))
             }
             (Method::Get, "/health", _) => {
-                let (running, waiting) = (load.running.load(Ordering::SeqCst), load.waiting.load(Ordering::SeqCst));
+                let (running, waiting) = load.counts();
                 respond_json(request, 200, &json!({"status": "ok", "running": running, "waiting": waiting}))
             }
             (Method::Get, "/v1/models", _) => respond_json(
@@ -270,26 +274,21 @@ impl Front {
                 200,
                 &json!({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "mdsd"}]}),
             ),
-            (Method::Post, _, Some(kind)) => {
-                load.waiting.fetch_add(1, Ordering::SeqCst);
-                match queue.try_send(Job { request, kind, method: method.clone(), path: path.clone() }) {
+            (Method::Post, _, Some(kind)) => match load.admit(self.max_waiting) {
+                Ok(()) => match queue.send(Job { request, kind, method: method.clone(), path: path.clone() }) {
                     Ok(()) => Ok(()),
-                    Err(TrySendError::Disconnected(job)) => {
-                        load.waiting.fetch_sub(1, Ordering::SeqCst);
-                        respond_error(job.request, 500, "the generator has stopped; see the server's log")
+                    Err(unsent) => {
+                        load.withdraw();
+                        respond_error(unsent.0.request, 500, "the generator has stopped; see the server's log")
                     }
-                    Err(TrySendError::Full(job)) => {
-                        load.waiting.fetch_sub(1, Ordering::SeqCst);
-                        load.count(Outcome::Busy);
-                        let msg = format!(
-                            "the queue is full: {} waiting (the server's --max-waiting); retry later",
-                            load.waiting.load(Ordering::SeqCst)
-                        );
-                        eprintln!("mdsd serve: {method} {path}: 503 {msg}");
-                        respond_busy(job.request, &msg)
-                    }
+                },
+                Err(waiting) => {
+                    load.count(Outcome::Busy);
+                    let msg = format!("the queue is full: {waiting} waiting (the server's --max-waiting); retry later");
+                    eprintln!("mdsd serve: {method} {path}: 503 {msg}");
+                    respond_busy(request, &msg)
                 }
-            }
+            },
             (_, "/health" | "/v1/models" | "/metrics", _) | (_, _, Some(_)) => {
                 respond_error(request, 405, &format!("{method} is not allowed on {path}"))
             }

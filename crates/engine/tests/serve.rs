@@ -298,6 +298,8 @@ fn serve_stays_responsive_while_generating() {
     // 64 answers of up to 4,000 tokens: minutes of work unless the client goes away.
     let body = json!({"prompt": vec!["ABC"; 64], "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // A failure reads an error, not forever (a 503 here once left the connection open).
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
     write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
@@ -311,6 +313,7 @@ fn serve_stays_responsive_while_generating() {
     assert_eq!((status, health), (200, json!({"status": "ok", "running": 1, "waiting": 0})));
     assert_eq!(http(port, "GET", "/v1/models", "").0, 200);
     let mut busy = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    busy.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
     let small = json!({"prompt": "AB", "max_tokens": 1}).to_string();
     write!(
         busy,

@@ -4,17 +4,22 @@
 
 use engine::decode::Stats;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// The server's load and totals, shared by the listening and generating threads.
 #[derive(Default)]
 pub(super) struct Load {
-    /// Completion requests being answered (0 or 1).
-    pub running: AtomicUsize,
-    /// Completion requests queued behind it.
-    pub waiting: AtomicUsize,
+    queue: Mutex<Queue>,
     totals: Mutex<Totals>,
+}
+
+/// Completion requests admitted and not yet answered.
+#[derive(Default, Clone, Copy)]
+struct Queue {
+    /// Being answered (0 or 1).
+    running: usize,
+    /// Admitted, not yet taken by the generator.
+    waiting: usize,
 }
 
 /// What happened to a completion request.
@@ -49,6 +54,47 @@ struct Totals {
 }
 
 impl Load {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a completion request when fewer than `max_waiting` wait behind the one being
+    /// answered (counted from admission to the end of its answer, so a request arriving while
+    /// the generator is between two answers is judged by what is queued, not by timing); else
+    /// `Err` with the number waiting.
+    pub fn admit(&self, max_waiting: usize) -> Result<(), usize> {
+        let mut q = self.queue();
+        if q.running + q.waiting > max_waiting {
+            return Err(q.waiting);
+        }
+        q.waiting += 1;
+        Ok(())
+    }
+
+    /// The generator took an admitted request.
+    pub fn start(&self) {
+        let mut q = self.queue();
+        q.waiting = q.waiting.saturating_sub(1);
+        q.running = 1;
+    }
+
+    /// The generator finished a request.
+    pub fn finish(&self) {
+        self.queue().running = 0;
+    }
+
+    /// Undoes [`Self::admit`] for a request that never reached the queue.
+    pub fn withdraw(&self) {
+        let mut q = self.queue();
+        q.waiting = q.waiting.saturating_sub(1);
+    }
+
+    /// Requests being answered and waiting.
+    pub fn counts(&self) -> (usize, usize) {
+        let q = *self.queue();
+        (q.running, q.waiting)
+    }
+
     fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
         self.totals.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -80,6 +126,7 @@ impl Load {
 
     /// The `/metrics` text: Prometheus' exposition format, version 0.0.4.
     pub fn prometheus(&self) -> String {
+        let (running, waiting) = self.counts();
         let t = self.totals();
         let mut out = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
@@ -89,18 +136,8 @@ impl Load {
             }
         };
         let one = |v: String| [(String::new(), v)];
-        metric(
-            "requests_running",
-            "gauge",
-            "Completion requests being answered.",
-            &one(self.running.load(Ordering::SeqCst).to_string()),
-        );
-        metric(
-            "requests_waiting",
-            "gauge",
-            "Completion requests queued.",
-            &one(self.waiting.load(Ordering::SeqCst).to_string()),
-        );
+        metric("requests_running", "gauge", "Completion requests being answered.", &one(running.to_string()));
+        metric("requests_waiting", "gauge", "Completion requests queued.", &one(waiting.to_string()));
         let outcomes = ["generated", "refused", "unauthorized", "busy"];
         let requests: Vec<_> =
             outcomes.iter().zip(t.requests).map(|(o, n)| (format!("{{outcome=\"{o}\"}}"), n.to_string())).collect();
