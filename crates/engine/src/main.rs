@@ -164,8 +164,9 @@ struct GenerateArgs {
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Tree topology: a preset (chain-D, chain-D-forks-K, drafts-N-depth-D, mc_sim_7b_63), an
-    /// EAGLE path list (`[[0],[1],[0,0]]`), a file (TOML, or a bare path list), or `auto` (before each step, the tree with the most expected tokens per
-    /// second from measured forward costs and the acceptance so far, by draft rank). Default:
+    /// EAGLE path list (`[[0],[1],[0,0]]`), a file (TOML, or a bare path list), or `auto`
+    /// (before each step, the tree with the most expected tokens per second from measured
+    /// forward costs and the acceptance so far, by draft rank). Default:
     /// `auto`, which adapts to the device and the pair (on a 2-core CPU, within the standard
     /// errors of the best fixed tree at temperature 0 and 0.06-0.08x below it at 0.7,
     /// benches/RESULTS.md); with `--draft-sampling spechub`, which needs 2 drafts per node,

@@ -220,11 +220,10 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A completion request passed from the listening thread to the generator's.
+/// A completion request (a POST) passed from the listening thread to the generator's.
 struct Job {
     request: Request,
     kind: Kind,
-    method: Method,
     path: String,
 }
 
@@ -275,7 +274,7 @@ impl Front {
                 &json!({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "mdsd"}]}),
             ),
             (Method::Post, _, Some(kind)) => match load.admit(self.max_waiting) {
-                Ok(()) => match queue.send(Job { request, kind, method: method.clone(), path: path.clone() }) {
+                Ok(()) => match queue.send(Job { request, kind, path: path.clone() }) {
                     Ok(()) => Ok(()),
                     Err(unsent) => {
                         load.withdraw();
@@ -317,13 +316,13 @@ struct State<'s, 'g> {
 impl State<'_, '_> {
     /// Reads, checks and answers one completion request.
     fn answer(&mut self, job: Job) {
-        let Job { mut request, kind, method, path } = job;
+        let Job { mut request, kind, path } = job;
         let mut body = String::new();
         let outcome = match request.as_reader().read_to_string(&mut body) {
             Err(e) => respond_error(request, 400, &format!("reading the request body: {e}")),
             Ok(_) => match self.complete(kind, &body) {
                 Err(Refusal(status, msg)) => {
-                    eprintln!("mdsd serve: {method} {path}: {status} {msg}");
+                    eprintln!("mdsd serve: POST {path}: {status} {msg}");
                     self.load.count(Outcome::Refused);
                     respond_error(request, status, &msg)
                 }
@@ -334,7 +333,7 @@ impl State<'_, '_> {
             },
         };
         if let Err(e) = outcome {
-            eprintln!("mdsd serve: {method} {path}: answering failed: {e}");
+            eprintln!("mdsd serve: POST {path}: answering failed: {e}");
         }
     }
 
@@ -478,21 +477,28 @@ fn prompts(prompt: &Value, tok: &engine::tokenizer::TextTokenizer) -> Result<Vec
     }
 }
 
-fn respond_json(request: Request, status: u16, body: &Value) -> std::io::Result<()> {
+/// A JSON response with `status`.
+fn json_response(status: u16, body: &Value) -> Response<std::io::Cursor<Vec<u8>>> {
     let header = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("a valid header");
-    request.respond(Response::from_string(body.to_string()).with_status_code(status).with_header(header))
+    Response::from_string(body.to_string()).with_status_code(status).with_header(header)
+}
+
+fn respond_json(request: Request, status: u16, body: &Value) -> std::io::Result<()> {
+    request.respond(json_response(status, body))
+}
+
+/// OpenAI's error object with `status`.
+fn error_response(status: u16, msg: &str) -> Response<std::io::Cursor<Vec<u8>>> {
+    let kind = if status < 500 { "invalid_request_error" } else { "server_error" };
+    json_response(status, &json!({"error": {"message": msg, "type": kind, "code": status}}))
+}
+
+fn respond_error(request: Request, status: u16, msg: &str) -> std::io::Result<()> {
+    request.respond(error_response(status, msg))
 }
 
 /// 503 with OpenAI's error object and `Retry-After: 1`.
 fn respond_busy(request: Request, msg: &str) -> std::io::Result<()> {
-    let body = json!({"error": {"message": msg, "type": "server_error", "code": 503}});
-    let json = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("a valid header");
     let retry = Header::from_bytes(&b"Retry-After"[..], &b"1"[..]).expect("a valid header");
-    request.respond(Response::from_string(body.to_string()).with_status_code(503).with_header(json).with_header(retry))
-}
-
-/// OpenAI's error object.
-fn respond_error(request: Request, status: u16, msg: &str) -> std::io::Result<()> {
-    let kind = if status < 500 { "invalid_request_error" } else { "server_error" };
-    respond_json(request, status, &json!({"error": {"message": msg, "type": kind, "code": status}}))
+    request.respond(error_response(503, msg).with_header(retry))
 }

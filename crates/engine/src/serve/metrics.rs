@@ -35,9 +35,24 @@ pub(super) enum Outcome {
     Busy,
 }
 
+impl Outcome {
+    /// Every outcome, in the order of their counts in [`Totals::requests`].
+    const ALL: [Outcome; 4] = [Outcome::Generated, Outcome::Refused, Outcome::Unauthorized, Outcome::Busy];
+
+    /// The `outcome` label of `mdsd_requests_total`.
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Generated => "generated",
+            Outcome::Refused => "refused",
+            Outcome::Unauthorized => "unauthorized",
+            Outcome::Busy => "busy",
+        }
+    }
+}
+
 #[derive(Default)]
 struct Totals {
-    /// Requests by outcome, in [`Outcome`]'s order.
+    /// Requests by outcome, indexed by `Outcome as usize`.
     requests: [u64; 4],
     choices: u64,
     prompt_tokens: u64,
@@ -138,9 +153,10 @@ impl Load {
         let one = |v: String| [(String::new(), v)];
         metric("requests_running", "gauge", "Completion requests being answered.", &one(running.to_string()));
         metric("requests_waiting", "gauge", "Completion requests queued.", &one(waiting.to_string()));
-        let outcomes = ["generated", "refused", "unauthorized", "busy"];
-        let requests: Vec<_> =
-            outcomes.iter().zip(t.requests).map(|(o, n)| (format!("{{outcome=\"{o}\"}}"), n.to_string())).collect();
+        let requests: Vec<_> = Outcome::ALL
+            .iter()
+            .map(|&o| (format!("{{outcome=\"{}\"}}", o.label()), t.requests[o as usize].to_string()))
+            .collect();
         metric("requests_total", "counter", "Completion requests by outcome.", &requests);
         for (name, help, value) in [
             ("choices_total", "Choices generated to the end.", t.choices),

@@ -51,8 +51,8 @@ static LAST_GGUF_BPE: Mutex<Option<(GgufBpe, Arc<tokenizers::Tokenizer>)>> = Mut
 
 /// The byte-level BPE tokenizer of GGUF metadata: vocabulary `tokens` (the first id of a
 /// repeated string keeps it), `merges` ("left right" by rank), control (type 3) and
-/// user-defined (type 4) tokens as added tokens, and the pre-tokenizer and decoder given as
-/// their `tokenizer.json` objects. Built directly, not through a `tokenizer.json` text: that
+/// user-defined (type 4) tokens as added tokens, GPT-2's byte-level decoder, and the
+/// pre-tokenizer given as its `tokenizer.json` object. Built directly, not through a `tokenizer.json` text: that
 /// round trip of 151,936 tokens and 151,387 merges took most of a model's load
 /// (`benches/RESULTS.md`); `tests::direct_build_equals_the_tokenizer_json` checks that both
 /// give the same tokenizer.
@@ -61,7 +61,6 @@ fn build_bpe(
     merges: &[String],
     types: &[i64],
     pre_tokenizer: Value,
-    decoder: Value,
 ) -> std::result::Result<tokenizers::Tokenizer, String> {
     use tokenizers::models::bpe::{Vocab, BPE};
     let mut vocab = Vocab::with_capacity(tokens.len());
@@ -85,7 +84,7 @@ fn build_bpe(
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| e.to_string())?;
     let pre: tokenizers::PreTokenizerWrapper = serde_json::from_value(pre_tokenizer).map_err(|e| e.to_string())?;
-    let decoder: tokenizers::DecoderWrapper = serde_json::from_value(decoder).map_err(|e| e.to_string())?;
+    let decoder: tokenizers::DecoderWrapper = serde_json::from_value(byte_level(true)).map_err(|e| e.to_string())?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_pre_tokenizer(Some(pre)).with_decoder(Some(decoder));
     inner.add_tokens(added).map_err(|e| e.to_string())?;
@@ -110,7 +109,7 @@ pub(super) fn shared(key: GgufBpe, path: &Path) -> Result<(Arc<tokenizers::Token
     match &*last {
         Some((k, inner)) if *k == key => Ok((inner.clone(), key.tokens)),
         _ => {
-            let built = build_bpe(&key.tokens, &key.merges, &key.types, pre_tokenizer, byte_level(true))
+            let built = build_bpe(&key.tokens, &key.merges, &key.types, pre_tokenizer)
                 .map_err(|e| err(path, format!("cannot build the tokenizer from the GGUF metadata: {e}")))?;
             let inner = Arc::new(built);
             let tokens = key.tokens.clone();
@@ -152,7 +151,7 @@ mod tests {
     /// added tokens, encodings (with and without special tokens) and decodings of `texts`.
     fn assert_same_tokenizer(tokens: &[String], merges: &[String], types: &[i64], pre: &str, texts: &[String]) {
         let spec = pre_tokenizer_spec(pre).unwrap();
-        let direct = build_bpe(tokens, merges, types, spec.clone(), byte_level(true)).unwrap();
+        let direct = build_bpe(tokens, merges, types, spec.clone()).unwrap();
         let reference = bpe_via_json(tokens, merges, types, spec);
         assert_eq!(direct.get_vocab(true), reference.get_vocab(true), "{pre}: vocabularies");
         let added = |t: &tokenizers::Tokenizer| {
@@ -223,7 +222,7 @@ mod tests {
             assert_same_tokenizer(&tokens, &merges, &types, pre, &texts);
         }
         // A merge that is not two tokens is an error, not a panic.
-        let bad = build_bpe(&tokens, &["a b c".to_string()], &types, byte_level(true), byte_level(true));
+        let bad = build_bpe(&tokens, &["a b c".to_string()], &types, byte_level(true));
         assert!(bad.unwrap_err().contains("merge 1"));
     }
 
