@@ -1,77 +1,220 @@
 #!/usr/bin/env bash
-# CUDA checks and timings on a GPU machine with no Rust and no hub access (see
-# benches/RESULTS.md, "CUDA"). Build here with
+# CUDA checks and timings on a lent GPU machine, which has no Rust, cannot reach the hub, and
+# takes at most 64 MiB per call (see benches/RESULTS.md, "CUDA"). Build here with
 #   source ../shared/tools/cuda-toolchain.sh
-#   CARGO_TARGET_DIR=target-cuda RUSTFLAGS="-C target-cpu=x86-64-v3" \
-#     cargo build --release --features cuda -p engine -p bench
-#   CARGO_TARGET_DIR=target-cuda RUSTFLAGS="-C target-cpu=x86-64-v3" \
-#     cargo test --release --features cuda -p engine --no-run
-# copy (and strip) `mdsd`, `bench` and the test binaries decode-*, model_forward-*, eagle-*
-# into one folder BIN (named decode, model_forward, eagle), then on the GPU machine:
-#   bash benches/cuda/gpu_checks.sh BIN OUT [steps]      steps: tests models gen cost (default all)
-# Needs python3 with torch and safetensors there (random-weight checkpoints, see random_qwen2.py).
+#   export CUDA_COMPUTE_CAP=90 CARGO_TARGET_DIR=target-cuda RUSTFLAGS="-C target-cpu=x86-64-v3"
+#   cargo build --release --features cuda -p engine -p bench
+#   cargo test --release --features cuda -p engine --no-run
+# then pack into .gpu/ (git-ignored; `carry` it):
+#   bash benches/cuda/pack.sh       # stripped binaries (bins.tar.xz) and the default pair's
+#                                   # GGUF headers (t15.skel.gguf, d05.skel.gguf)
+# and on the GPU machine:
+#   bash benches/cuda/gpu_checks.sh .gpu OUT [steps]     steps: tests models gen cost features ab
+# (`ab`: old against new binaries, with OLD=DIR given to pack.sh). TESTS, TEST_TIMEOUT, DEADLINE,
+# DEV, B, M, MODELS and NEW tune a run (see below).
+#
+# Models there: random weights in real layouts. `t15`/`d05` (Hugging Face, bf16) come from
+# random_qwen2.py; `t15q`/`d05q` are the default pair's GGUF files (Qwen2.5-Coder 1.5B and 0.5B,
+# Q4_K_M: same metadata, tokenizer, chat template, tensor shapes and quantization types) with
+# random weights, from `bench random-gguf --like` on the headers. Timings mean something;
+# acceptance rates do not. At most 8 files come back: gpu.txt tests.txt gen.jsonl gen.md
+# cost.txt features.txt errors.txt (and the caller's log).
 set -u
-B=$1
+G=$1
 O=$2
-STEPS=${3:-"tests models gen cost"}
+STEPS=${3:-"tests models gen cost features"}
 SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH=$(ls -d "$SP"/nvidia/*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}
-mkdir -p "$O"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$O/gpu.txt"
+# DEV, B (binaries), M (models), MODELS and NEW (tokens per run) may be set for a dry run on
+# the CPU: DEV=cpu B=target/release MODELS=t15q NEW=16 bash benches/cuda/gpu_checks.sh .gpu OUT 'gen features'
+DEV=${DEV:-cuda}
+B=${B:-/tmp/mdsd-bin}
+M=${M:-/tmp/mdsd-models}
+MODELS=${MODELS:-"t15 t15q"}
+NEW=${NEW:-128}
+mkdir -p "$O" $B $M
+[ -x $B/mdsd ] || tar -xJf "$G/bins.tar.xz" -C $B
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$O/gpu.txt"
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+E="$O/errors.txt"
+T0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - T0)) s] $*"; }
+# Steps stop starting runs past these many seconds, so that one call fits the device tool's limit.
+DEADLINE=${DEADLINE:-540}
+before() { [ $(($(date +%s) - T0)) -lt $(($1 * DEADLINE / 540)) ]; }
 
+# Test binaries run at once (tiny models: launch-bound, so they overlap well), in the
+# background while the models are written; `wait_tests` collects them.
+TEST_PIDS=()
 if has tests; then
-  # The engine's exactness tests (T=0 equality for every tree and pair, chi-square of the
-  # first two tokens, tree-node logits, EAGLE) on CUDA, in f32 and in bf16.
-  for dt in f32 bf16; do
-    for t in model_forward decode eagle; do
-      echo "== MDSD_TEST_DEVICE=cuda MDSD_TEST_DTYPE=$dt $t"
-      MDSD_TEST_DEVICE=cuda MDSD_TEST_DTYPE=$dt "$B/$t" 2>&1 | grep -E "^test |test result|panicked|assert" | head -40
-    done
-  done 2>&1 | tee "$O/tests.txt"
+  stamp "tests start"
+  run_test() { # dtype binary [extra args]
+    local dt=$1 t=$2
+    shift 2
+    { MDSD_TEST_DEVICE=cuda MDSD_TEST_DTYPE=$dt RUST_TEST_THREADS=4 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$t" "$@" > "/tmp/test-$dt-$t.txt" 2>&1
+      echo "exit $?" >> "/tmp/test-$dt-$t.txt"; } &
+    TEST_PIDS+=($!)
+  }
+  # dtype:binary[:skipped,names] each.
+  TESTS=${TESTS:-"f32:model_forward f32:decode f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law bf16:decode:follow_the_target_law,are_exact"}
+  for spec in $TESTS; do
+    IFS=: read -r dt t skips <<<"$spec"
+    skip_args=()
+    for k in ${skips//,/ }; do skip_args+=(--skip "$k"); done
+    run_test $dt $t "${skip_args[@]}"
+  done
 fi
+wait_tests() {
+  [ ${#TEST_PIDS[@]} -gt 0 ] || return 0
+  wait "${TEST_PIDS[@]}"
+  for f in /tmp/test-*.txt; do
+    echo "== $(basename "$f" .txt)"
+    grep -E "^test |test result|panicked|assert|worst|diff|tolerance|^exit " "$f" | grep -v "has been running" | head -80
+  done > "$O/tests.txt"
+  stamp "tests done"
+}
 
-M=/tmp/mdsd-models
 if has models; then
-  mkdir -p $M
-  [ -d $M/t15 ] || python3 benches/cuda/random_qwen2.py $M/t15 --shape 1.5b --out-std 0.0005
-  [ -d $M/d05 ] || python3 benches/cuda/random_qwen2.py $M/d05 --shape 0.5b --seed 1
+  stamp "models start"
+  { [ -d $M/t15 ] || python3 benches/cuda/random_qwen2.py $M/t15 --shape 1.5b --out-std 0.0005
+    [ -d $M/d05 ] || python3 benches/cuda/random_qwen2.py $M/d05 --shape 0.5b --seed 1; } >> "$E" 2>&1 &
+  PY=$!
+  [ -f $M/t15q.gguf ] || $B/bench random-gguf --like "$G/t15.skel.gguf" --out $M/t15q.gguf --out-std 0.0005 --tie-output >> "$E" 2>&1
+  [ -f $M/d05q.gguf ] || $B/bench random-gguf --like "$G/d05.skel.gguf" --out $M/d05q.gguf --seed 1 >> "$E" 2>&1
+  wait $PY
+  ls -la $M $M/t15 >> "$E"
+  stamp "models done"
 fi
+# Timings need the GPU to themselves.
+wait_tests
 
-PROMPT=$(python3 -c 'print(" ".join(f"t{(i*7919)%150000+1}" for i in range(64)))')
-# One JSON line per run (`null` when it failed; stderr goes to $O/errors.txt).
-gen() {
-  local r
-  r=$("$B/mdsd" generate --target $M/t15 --device cuda --prompt "$PROMPT" --json "$@" 2>>"$O/errors.txt" | tail -1)
-  echo "${r:-null}"
+WORDS=$(python3 -c 'print(" ".join(f"t{(i*7919)%150000+1}" for i in range(64)))')
+TEXT="Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
+# One JSON line per run (`null` when it failed; stderr goes to errors.txt).
+gen() { # label model prompt [mdsd flags]
+  local label=$1 model=$2 prompt=$3 r
+  shift 3
+  before 420 || { echo "skipped (deadline): $label $*" >> "$E"; return; }
+  r=$(timeout 60 "${MDSD:-$B/mdsd}" generate --target "$model" --device $DEV --prompt "$prompt" --json --ngram off --ignore-eos "$@" 2>>"$E" | tail -1)
+  echo "{\"label\":\"$label\",\"args\":\"$*\",\"result\":${r:-null}}" >> "$O/gen.jsonl"
 }
 if has gen; then
+  stamp "gen start"
   : > "$O/gen.jsonl"
-  gen --no-spec --max-new-tokens 8 > /dev/null # warm-up: CUDA context and kernel loading
-  # f32 at T=0: the target's numerics do not depend on the batch, so every speculative run
-  # must print the no-spec text exactly. bf16: the speed configuration.
-  for dt_temp in "f32 0" "bf16 0" "bf16 0.7"; do
-    read -r dt temp <<<"$dt_temp"
-    {
-      echo "{\"dtype\":\"$dt\",\"temperature\":$temp,\"method\":\"no-spec\",\"result\":$(gen --dtype $dt --no-spec --temperature $temp --max-new-tokens 128)}" >> "$O/gen.jsonl"
-      for tree in chain-2 chain-4 drafts-2-depth-4 mc_sim_7b_63; do
-        for m in greedy wr topk; do
-          # At T=0 a multi-draft tree needs q at a temperature to have distinct drafts.
-          dtemp=()
-          [[ $temp == 0 && $tree != chain-* ]] && dtemp=(--draft-temperature 1)
-          r=$(gen --dtype $dt --temperature $temp --max-new-tokens 128 --draft $M/t15 --draft-layers 4 --tree $tree --draft-sampling $m "${dtemp[@]}")
-          echo "{\"dtype\":\"$dt\",\"temperature\":$temp,\"method\":\"$m\",\"tree\":\"$tree\",\"draft\":\"t15 first 4 layers\",\"result\":$r}" >> "$O/gen.jsonl"
-        done
+  gen warm-up $M/t15 "$WORDS" --no-spec --max-new-tokens 8 # CUDA context and kernel loading
+  for model in $MODELS; do
+    if [ $model = t15 ]; then P=$WORDS; F=$M/t15; D=$M/d05; else P=$TEXT; F=$M/t15q.gguf; D=$M/d05q.gguf; fi
+    N=(--max-new-tokens $NEW)
+    # Speed: the target's first 4 blocks as the draft (q close to p with these weights).
+    S=(--draft "$F" --draft-layers 4)
+    for temp in 0 0.7; do
+      gen "$model speed T=$temp" "$F" "$P" "${N[@]}" --temperature $temp --no-spec
+      gen "$model speed T=$temp" "$F" "$P" "${N[@]}" --temperature $temp "${S[@]}" --tree chain-4 --draft-sampling wr
+      gen "$model speed T=$temp" "$F" "$P" "${N[@]}" --temperature $temp "${S[@]}" --tree mc_sim_7b_63 --draft-sampling wr
+    done
+    gen "$model speed T=0" "$F" "$P" "${N[@]}" --temperature 0 "${S[@]}" --tree drafts-2-depth-4 --draft-sampling greedy --draft-temperature 1
+    gen "$model speed T=0" "$F" "$P" "${N[@]}" --temperature 0 --draft "$D" --tree chain-4
+    # Exactness at T = 0: a repetition penalty keeps the text from looping on one token, so
+    # equal texts say something. f32 (HF) and dequantized f32 (GGUF) are batch-invariant.
+    if [ $model = t15 ]; then X=(--dtype f32); else X=(--target-weights f32 --draft-weights f32); fi
+    XP=(--temperature 0 --repetition-penalty 1.5 "${X[@]}")
+    gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" --no-spec
+    for tree in chain-4 mc_sim_7b_63; do
+      for m in greedy wr topk; do
+        gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" --draft "$F" --draft-layers 4 --tree $tree --draft-sampling $m --draft-temperature 1
       done
-      r=$(gen --dtype $dt --temperature $temp --max-new-tokens 128 --draft $M/d05 --tree chain-2)
-      echo "{\"dtype\":\"$dt\",\"temperature\":$temp,\"method\":\"greedy\",\"tree\":\"chain-2\",\"draft\":\"d05\",\"result\":$r}" >> "$O/gen.jsonl"
-    }
+    done
+    gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" --draft "$D" --tree drafts-2-depth-4 --draft-sampling wor --draft-temperature 1
+    # The same at the speed configuration (bf16 / stored quantized weights): batch-dependent
+    # rounding may legitimately change the text; recorded, not required.
+    XP=(--temperature 0 --repetition-penalty 1.5)
+    gen "$model exact-fast" "$F" "$P" "${N[@]}" "${XP[@]}" --no-spec
+    gen "$model exact-fast" "$F" "$P" "${N[@]}" "${XP[@]}" "${S[@]}" --tree mc_sim_7b_63 --draft-sampling topk --draft-temperature 1
+    # Reproducible sampling (positional races): the text depends on the seed only, not the tree.
+    R=(--temperature 0.8 --seed 7 --reproducible --repetition-penalty 1.2)
+    gen "$model reproducible" "$F" "$P" "${N[@]}" "${R[@]}" "${X[@]}" --no-spec
+    gen "$model reproducible" "$F" "$P" "${N[@]}" "${R[@]}" "${X[@]}" "${S[@]}" --tree chain-4
+    gen "$model reproducible" "$F" "$P" "${N[@]}" "${R[@]}" "${X[@]}" --draft "$D" --tree mc_sim_7b_63
   done
-  python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" | tee "$O/gen.md"
+  python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" > "$O/gen.md" 2>>"$E"
+  stamp "gen done"
 fi
 
-if has cost; then
-  for dt in bf16; do
-    "$B/bench" forward-cost --target $M/t15 --draft $M/d05 --device cuda --ks 1,2,4,8,16,32,64,128 --reps 5 2>&1 | tee "$O/forward-cost.txt"
+# Old against new binaries ($G/old/{mdsd,bench}, extracted from old.tar.xz), alternated, on
+# the HF model t15 (bf16): the forward cost split, and end-to-end rows.
+if has ab && [ -f "$G/old.tar.xz" ]; then
+  stamp "ab start"
+  mkdir -p /tmp/mdsd-old && tar -xJf "$G/old.tar.xz" -C /tmp/mdsd-old
+  : > "$O/gen.jsonl"
+  gen warm-up $M/t15 "$WORDS" --no-spec --max-new-tokens 8
+  for round in 1 2; do
+    for which in old new; do
+      if [ $which = old ]; then MDSD=/tmp/mdsd-old/mdsd; BENCH=/tmp/mdsd-old/bench; else MDSD=$B/mdsd; BENCH=$B/bench; fi
+      S=(--draft $M/t15 --draft-layers 4 --max-new-tokens 128 --temperature 0)
+      gen "$which T=0" $M/t15 "$WORDS" "${S[@]}" --no-spec
+      gen "$which T=0" $M/t15 "$WORDS" "${S[@]}" --tree chain-4 --draft-sampling wr
+      gen "$which T=0" $M/t15 "$WORDS" "${S[@]}" --tree mc_sim_7b_63 --draft-sampling topk --draft-temperature 1
+      gen "$which T=0" $M/t15 "$WORDS" "${S[@]}" --tree drafts-2-depth-4 --draft-sampling greedy --draft-temperature 1
+      if [ $round = 1 ]; then
+        echo "== $which" >> "$O/cost.txt"
+        timeout 40 $BENCH forward-cost --target $M/t15 --draft $M/d05 --device $DEV --ks 1,8,16,32,64 --reps 5 --breakdown >> "$O/cost.txt" 2>>"$E"
+      fi
+    done
   done
+  unset MDSD
+  if [ -f $M/t15q.gguf ]; then
+    for tree in no-spec chain-4 mc_sim_7b_63; do
+      t=(--tree $tree --draft-sampling topk --draft-temperature 1); [ $tree = no-spec ] && t=(--no-spec)
+      gen "new t15q tied T=0" $M/t15q.gguf "$TEXT" --draft $M/t15q.gguf --draft-layers 4 --max-new-tokens 128 --temperature 0 "${t[@]}"
+    done
+  fi
+  python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" > "$O/gen.md" 2>>"$E"
+  stamp "ab done"
+fi
+
+if has cost && before 470; then
+  stamp "cost start"
+  {
+    timeout 40 "$B/bench" forward-cost --target $M/t15 --draft $M/d05 --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown
+    timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf --draft-weights stored --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown
+  } > "$O/cost.txt" 2>>"$E"
+  stamp "cost done"
+fi
+
+if has features && before 500; then
+  stamp "features start"
+  {
+    Q=$M/t15q.gguf
+    echo "== generate --chat --logprobs 2 (T=0, chain-4)"
+    timeout 60 $B/mdsd generate --target $Q --draft $M/d05q.gguf --tree chain-4 --device $DEV --chat --prompt "$TEXT" \
+      --max-new-tokens 8 --temperature 0 --logprobs 2 --json | python3 -c 'import json,sys; d=json.loads(sys.stdin.read().splitlines()[-1]); print({k: d[k] for k in d if k in ("new_tokens","tau","prompt_tokens")}); print(json.dumps(d.get("logprobs"))[:600])'
+    echo "== chat: two turns (prefix reuse)"
+    printf 'Hello there\nAnd a second question\n' | timeout 60 $B/mdsd chat --target $Q --draft $M/d05q.gguf --tree chain-4 --device $DEV --max-new-tokens 16 --temperature 0 2>&1 | tail -12
+    echo "== serve: completions, chat completions (stream), metrics"
+    timeout 90 $B/mdsd serve --target $Q --draft $M/d05q.gguf --tree chain-4 --device $DEV --port 18080 > /tmp/serve.log 2>&1 &
+    SV=$!
+    python3 - <<'EOF'
+import json, time, urllib.request
+base = "http://127.0.0.1:18080"
+for _ in range(120):
+    try:
+        urllib.request.urlopen(base + "/health", timeout=2).read(); break
+    except Exception:
+        time.sleep(0.5)
+def post(path, body):
+    req = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=60).read().decode()
+print(post("/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0})[:500])
+s = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "stream": True, "temperature": 0.7, "seed": 3})
+print(len([l for l in s.splitlines() if l.startswith("data:")]), "stream events; last:", s.strip().splitlines()[-1][:80])
+print("\n".join(l for l in urllib.request.urlopen(base + "/metrics").read().decode().splitlines() if not l.startswith("#"))[:800])
+EOF
+    kill $SV; wait $SV 2>/dev/null
+    tail -5 /tmp/serve.log
+    echo "== draft window at T=0 (window 32): text equals no-spec"
+    a=$(timeout 60 $B/mdsd generate --target $Q --device $DEV --prompt "$TEXT" --ignore-eos --max-new-tokens 96 --temperature 0 --repetition-penalty 1.5 --target-weights f32 --no-spec --json | tail -1)
+    b=$(timeout 60 $B/mdsd generate --target $Q --draft $M/d05q.gguf --draft-window 32 --tree chain-4 --device $DEV --prompt "$TEXT" --ignore-eos --max-new-tokens 96 --temperature 0 --repetition-penalty 1.5 --target-weights f32 --json | tail -1)
+    python3 -c 'import json,sys; a,b=(json.loads(x)["text"] for x in sys.argv[1:]); print("equal" if a==b else "DIFFERENT", len(a), len(b))' "$a" "$b"
+  } > "$O/features.txt" 2>>"$E"
+  stamp "features done"
 fi

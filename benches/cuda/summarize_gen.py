@@ -1,24 +1,43 @@
-"""Markdown table of gpu_checks.sh's gen.jsonl: per dtype and temperature, tau, tokens/s,
-speed against no-spec of the same dtype and temperature, and (at temperature 0) whether the
-text equals the no-spec text."""
+"""Markdown table of gpu_checks.sh's gen.jsonl. Rows are grouped by label (model, purpose,
+temperature); each row is compared with the `--no-spec` row of its label: tokens/s ratio, and
+whether the text is equal (at temperature 0, and under --reproducible at any temperature)."""
 import json
 import sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-base = {(r["dtype"], r["temperature"]): r["result"] for r in rows if r["method"] == "no-spec"}
-print("| dtype | T | method | tree | draft | tau | rows/forward | tokens/s | vs no-spec | text = no-spec |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+base = {r["label"]: r["result"] for r in rows if "--no-spec" in r["args"].split()}
+
+
+def flag(args, name):
+    a = args.split()
+    return a[a.index(name) + 1] if name in a else ""
+
+
+print("| label | tree | draft | draft sampling | tau | rows/forward | tokens/s | vs no-spec | text = no-spec |")
+print("|---|---|---|---|---|---|---|---|---|")
+failed = 0
 for r in rows:
-    res, b = r["result"], base.get((r["dtype"], r["temperature"]))
-    if res is None:
-        print(f"| {r['dtype']} | {r['temperature']} | {r['method']} | {r.get('tree', '')} | {r.get('draft', '')} | failed | | | | |")
+    if r["label"] == "warm-up":
         continue
-    ratio = res["tokens_per_s"] / b["tokens_per_s"] if b else float("nan")
+    res, b, args = r["result"], base.get(r["label"]), r["args"]
+    spec = "--no-spec" not in args.split()
+    tree = flag(args, "--tree") if spec else "no-spec"
+    draft = flag(args, "--draft").rsplit("/", 1)[-1]
+    if flag(args, "--draft-layers"):
+        draft += f" (first {flag(args, '--draft-layers')} blocks)"
+    if res is None:
+        failed += 1
+        print(f"| {r['label']} | {tree} | {draft} | | **failed** | | | | |")
+        continue
+    ratio = res["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else float("nan")
     same = ""
-    if r["temperature"] == 0 and r["method"] != "no-spec" and b:
+    exact = "exact" in r["label"] or "reproducible" in r["label"] or res["temperature"] == 0
+    if spec and b and exact:
         same = "yes" if res["text"] == b["text"] else "**no**"
     rows_per = res["target_rows"] / max(res["target_forwards"], 1)
     print(
-        f"| {r['dtype']} | {r['temperature']} | {r['method']} | {r.get('tree', '')} | {r.get('draft', '')} "
-        f"| {res['tau']:.2f} | {rows_per:.1f} | {res['tokens_per_s']:.1f} | {ratio:.2f}x | {same} |"
+        f"| {r['label']} | {tree} | {draft} | {flag(args, '--draft-sampling') if spec else ''} | {res['tau']:.2f} "
+        f"| {rows_per:.1f} | {res['tokens_per_s']:.1f} | {ratio:.2f}x | {same} |"
     )
+if failed:
+    print(f"\n{failed} run(s) failed: see errors.txt")

@@ -9,11 +9,15 @@
 //!
 //! - `forward-cost`: seconds per forward of k new tokens, ours beside llama.cpp's.
 //!
+//! - `random-gguf`: a real checkpoint's layout with random weights, for timing where the
+//!   real file cannot go.
+//!
 mod acceptance;
 mod alpha_cmd;
 mod forward_cost;
 mod mt_bench;
 mod pair;
+mod random_gguf;
 mod run_info;
 mod stats;
 
@@ -36,6 +40,9 @@ enum Command {
     Acceptance(acceptance::AcceptanceArgs),
     /// Seconds per forward of k new tokens for the target and the draft (and llama.cpp's).
     ForwardCost(forward_cost::ForwardCostArgs),
+    /// A GGUF with a real checkpoint's layout and random weights (for machines that cannot
+    /// hold the real file), or that checkpoint's header alone (`--skeleton`).
+    RandomGguf(random_gguf::RandomGgufArgs),
 }
 
 fn main() {
@@ -47,6 +54,7 @@ fn main() {
         Command::MtBench(args) => mt_bench::run(&args).map(|()| 0),
         Command::Acceptance(args) => acceptance::run(&args).map(|()| 0),
         Command::ForwardCost(args) => forward_cost::run(&args).map(|()| 0),
+        Command::RandomGguf(args) => random_gguf::run(&args).map(|()| 0),
     };
     match result {
         Ok(0) => {}

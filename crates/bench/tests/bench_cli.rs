@@ -428,3 +428,68 @@ fn acceptance_rejects_bad_input_clearly() {
     let e = run(&["--dataset", "alpaca", "--drafts", "0"]);
     assert!(e.contains("0 drafts"), "{e}");
 }
+
+/// `bench random-gguf`: `--skeleton` writes the file's header alone; `--like` that skeleton
+/// writes a file with the original's metadata (tokenizer, chat template), tensor names, shapes
+/// and types, which loads and gives finite logits; `--tie-output` gives the output layer the
+/// embedding's values (untied, they are unrelated); a missing file is named.
+#[test]
+fn random_gguf_copies_a_layout_with_random_weights() {
+    use candle_core::quantized::gguf_file::Content;
+    let dir = temp_dir("random-gguf");
+    let tiny = Tiny { hidden: 256, intermediate: 512, chat_template: Some(TEMPLATE), ..Tiny::llama(71) };
+    let original = tiny.write_gguf(&dir.join("original.gguf"), GgmlDType::Q4K, &[]);
+    let content = |p: &Path| Content::read(&mut std::fs::File::open(p).unwrap()).unwrap();
+    let skeleton = dir.join("skeleton.gguf");
+    let o = bench(&["random-gguf", "--like", s(&original), "--skeleton", s(&skeleton)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (orig_bytes, skel_bytes) = (std::fs::read(&original).unwrap(), std::fs::read(&skeleton).unwrap());
+    assert_eq!(skel_bytes.len() as u64, content(&original).tensor_data_offset);
+    assert!(orig_bytes.starts_with(&skel_bytes));
+
+    let out = |name: &str, extra: &[&str]| -> PathBuf {
+        let path = dir.join(name);
+        let mut args = vec!["random-gguf", "--like", s(&skeleton), "--out", s(&path)];
+        args.extend_from_slice(extra);
+        let o = bench(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        path
+    };
+    let tied = out("tied.gguf", &["--tie-output", "--seed", "3"]);
+    let untied = out("untied.gguf", &["--seed", "3"]);
+    let (a, b) = (content(&original), content(&tied));
+    let layout = |c: &Content| {
+        let mut v: Vec<String> =
+            c.tensor_infos.iter().map(|(n, i)| format!("{n} {:?} {:?}", i.shape.dims(), i.ggml_dtype)).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(layout(&a), layout(&b));
+    let meta = |c: &Content| {
+        let mut v: Vec<String> = c.metadata.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(meta(&a), meta(&b));
+    let logits = logits_after(&tied, "ab");
+    assert_eq!(logits.len(), tiny.vocab);
+    assert!(logits.iter().all(|x| x.is_finite()));
+    assert!(logits_after(&original, "ab") != logits, "random weights gave the original's logits");
+
+    let weight = |p: &Path, name: &str| -> Vec<f32> {
+        let mut f = std::fs::File::open(p).unwrap();
+        let c = Content::read(&mut f).unwrap();
+        let t = c.tensor(&mut f, name, &Device::Cpu).unwrap().dequantize(&Device::Cpu).unwrap();
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    };
+    let max_diff = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let embedding = weight(&tied, "token_embd.weight");
+    let scale = embedding.iter().fold(0f32, |m, x| m.max(x.abs()));
+    // Q4_K of the same values: within a quantization step (a sixteenth of the block's range).
+    assert!(max_diff(&weight(&tied, "output.weight"), &embedding) < 0.1 * scale);
+    assert!(max_diff(&weight(&untied, "output.weight"), &weight(&untied, "token_embd.weight")) > 0.5 * scale);
+
+    let o = bench(&["random-gguf", "--like", "/nonexistent/m.gguf", "--out", s(&dir.join("x.gguf"))]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("/nonexistent/m.gguf"), "{}", stderr(&o));
+}

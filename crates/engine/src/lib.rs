@@ -10,6 +10,7 @@ pub mod decode;
 pub mod draft_window;
 mod drafting;
 mod eagle_draft;
+pub mod host_copy;
 pub mod kv_cache;
 pub mod load;
 pub mod logprobs;

@@ -97,15 +97,19 @@ fn gguf_and_safetensors_loaders_agree() {
 }
 
 /// The same files on the test device (`MDSD_TEST_DEVICE`, e.g. CUDA) and on the CPU give
-/// the same logits: safetensors to 1e-4 at f32 (2% of the largest logit at bf16), GGUF F32 to 1e-4,
+/// the same logits: safetensors to 1e-4 at f32 (5% of the largest logit at bf16), GGUF F32 to 1e-4,
 /// GGUF Q8_0 and Q4_K (whose activations are quantized differently by each backend's kernels;
 /// on the CPU, Q4_K with few rows runs our own kernel) within 5% of the largest logit. On the
 /// CPU this compares the CPU with itself.
 #[test]
 fn test_device_agrees_with_the_cpu() {
     let dir = temp_dir("device");
-    // Q4_K needs every matrix's input size to be a multiple of 256.
-    let wide = |t: Tiny| Tiny { hidden: 256, intermediate: 256, ..t };
+    // Q4_K needs every matrix's input size to be a multiple of 256. Weights of scale 0.1
+    // (about 1/sqrt(256)) keep each product's output as large as its input, as 0.3 does at
+    // hidden 32; at 0.3 the wide model amplified rounding so much that bf16 against f32 on
+    // the CPU alone differed by 4% of the largest logit, and CUDA's Q8_0/Q4_K kernels against
+    // the CPU's by 9% and 13% (H200, 2026-11-26).
+    let wide = |t: Tiny| Tiny { hidden: 256, intermediate: 256, scale: 0.1, ..t };
     let mut failures = Vec::new();
     for tiny in [Tiny::llama(3), Tiny::qwen2(4), wide(Tiny::qwen2(8))] {
         let name = |kind: &str| dir.join(format!("{}-{}-{kind}", tiny.arch, tiny.hidden));
@@ -127,7 +131,9 @@ fn test_device_agrees_with_the_cpu() {
             let tol = match (kind, on_device.dtype()) {
                 ("Q8_0 GGUF" | "Q4_K GGUF", _) => 0.05 * scale,
                 (_, DType::F32) => 1e-4,
-                _ => 0.02 * scale,
+                // bf16 keeps 8 significant bits: measured on the CPU against f32, up to 2.9% of
+                // the largest logit on these models.
+                _ => 0.05 * scale,
             };
             let line = format!(
                 "{} hidden {} {kind} ({:?}): max |diff| {d:.3e}, tolerance {tol:.3e}",

@@ -37,6 +37,7 @@ use crate::auto_tree::AutoTree;
 use crate::draft_window::{DraftContext, DraftWindow};
 use crate::drafting::{nan_error, with_bias};
 use crate::eagle_draft::EagleDraft;
+use crate::host_copy::HostLogits;
 use crate::kv_cache::KvCache;
 use crate::logprobs::{token_logprobs, TokenLogprobs};
 use crate::model::eagle::EagleHead;
@@ -63,6 +64,8 @@ pub struct Generator<'a> {
     draft_cache: Option<KvCache>,
     vocab: usize,
     buf: StepBuffers,
+    /// The target's logits of a step on the host.
+    target_host: HostLogits,
     /// `--tree auto` state, kept across generations (costs are the models').
     auto: Option<AutoTree>,
     /// An EAGLE head as the draft source (instead of `draft`).
@@ -135,6 +138,8 @@ pub(crate) struct StepBuffers {
     pub(crate) penalty: PenaltyState,
     /// A node's drafted path, for its row's penalties.
     pub(crate) path_tokens: Vec<u32>,
+    /// The draft's logits of a tree level on the host ([`draw_children`]).
+    pub(crate) draft_host: crate::host_copy::HostLogits,
 }
 
 impl StepBuffers {
@@ -180,6 +185,7 @@ impl<'a> Generator<'a> {
             draft_cache,
             vocab,
             buf: StepBuffers::default(),
+            target_host: HostLogits::default(),
             auto: None,
             eagle: None,
             ngram: NgramDrafter::default(),
@@ -467,16 +473,16 @@ impl<'a> Generator<'a> {
                 None => {
                     let t0 = Instant::now();
                     let hidden = self.target.forward_chain(&[pending], &mut self.target_cache)?;
-                    let mut logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+                    let logits = self.target_host.copy(&self.target.logits(&hidden)?)?;
                     timings[1] += t0.elapsed();
                     let t1 = Instant::now();
                     // Nothing emitted yet this step: the row is penalised for the text alone.
-                    self.buf.warp_target_row(&mut logits, config.warp)?;
+                    self.buf.warp_target_row(logits, config.warp)?;
                     // The cache now ends at the sampled token's position.
                     let position = self.target_cache.len() as u64;
                     let token = sample_token(self.buf.noise, position, &self.buf.p, &mut rng)?;
                     self.buf.emitted.push(token);
-                    record_logprobs(self.logprobs_top, &logits, token, &mut self.logprobs)?;
+                    record_logprobs(self.logprobs_top, logits, token, &mut self.logprobs)?;
                     timings[2] += t1.elapsed();
                     stats.target_forwards += 1;
                     stats.target_rows += 1;

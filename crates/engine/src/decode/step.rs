@@ -122,7 +122,7 @@ impl Generator<'_> {
         let tbase = self.target_cache.len();
         let bias = tree_bias(tree, tbase, &live, &live, self.target.dtype(), self.target.device())?;
         let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
-        let mut logits = self.target.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?;
+        let logits = self.target_host.copy(&self.target.logits(&hidden)?)?;
         stats.target_forwards += 1;
         stats.target_rows += live.len();
         timings[1] += t1.elapsed();

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Packs what gpu_checks.sh needs into .gpu/ (git-ignored; name it in the device tool's `carry`):
+# the CUDA build's `mdsd`, `bench` and engine test binaries, stripped, in bins.tar.xz, and the
+# headers of the default pair's GGUF files (t15.skel.gguf, d05.skel.gguf), from which
+# `bench random-gguf` writes random-weight copies there. Run from the repository root after the
+# CUDA build (see gpu_checks.sh); TARGET defaults to target-cuda.
+set -eu
+T=${TARGET:-target-cuda}/release
+G=.gpu
+mkdir -p $G /tmp/mdsd-pack
+rm -f /tmp/mdsd-pack/*
+for b in mdsd bench; do strip -o /tmp/mdsd-pack/$b $T/$b; done
+for t in ${TEST_BINS:-model_forward decode eagle positional logprobs penalties prefix_reuse ngram logit_bias}; do
+  f=$(ls -t $T/deps/$t-* | grep -E "/$t-[0-9a-f]+$" | head -1)
+  strip -o /tmp/mdsd-pack/$t "$f"
+done
+# One long dictionary: the binaries share most of their bytes (the CUDA kernels).
+tar -cf - -C /tmp/mdsd-pack . | xz -T1 --lzma2=preset=6,dict=${XZ_DICT:-768MiB} > $G/bins.tar.xz
+# OLD=DIR: that folder's mdsd and bench (an earlier build, stripped) go in old.tar.xz, for
+# gpu_checks.sh's `ab` step.
+if [ -n "${OLD:-}" ]; then
+  tar -cf - -C "$OLD" mdsd bench | xz -T1 --lzma2=preset=6,dict=256MiB > $G/old.tar.xz
+else
+  rm -f $G/old.tar.xz
+fi
+CACHE=${MDSD_CACHE:-$HOME/.cache/mdsd}
+BENCH=${BENCH:-target/release/bench}
+[ -f $G/t15.skel.gguf ] || $BENCH random-gguf --like $CACHE/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --skeleton $G/t15.skel.gguf
+[ -f $G/d05.skel.gguf ] || $BENCH random-gguf --like $CACHE/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --skeleton $G/d05.skel.gguf
+ls -la /tmp/mdsd-pack $G
+du -sh $G
