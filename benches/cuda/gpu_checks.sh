@@ -51,7 +51,7 @@ if has tests; then
   run_test() { # dtype binary [extra args]
     local dt=$1 t=$2
     shift 2
-    { MDSD_TEST_DEVICE=cuda MDSD_TEST_DTYPE=$dt RUST_TEST_THREADS=4 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$t" "$@" > "/tmp/test-$dt-$t.txt" 2>&1
+    { MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$dt RUST_TEST_THREADS=4 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$t" "$@" > "/tmp/test-$dt-$t.txt" 2>&1
       echo "exit $?" >> "/tmp/test-$dt-$t.txt"; } &
     TEST_PIDS+=($!)
   }

@@ -67,21 +67,17 @@ pub fn run(args: &RandomGgufArgs) -> anyhow::Result<()> {
     infos.sort_by_key(|(_, info)| info.offset);
     let started = std::time::Instant::now();
     let seed_of = |i: usize| args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64);
-    let embedding = infos.iter().position(|(name, _)| name.as_str() == "token_embd.weight");
-    let output_shape_ok = |info: &TensorInfo| embedding.is_some_and(|e| infos[e].1.shape.dims() == info.shape.dims());
+    // With --tie-output, the output layer takes the embedding's seed, so its values.
+    let output_seed_from = if args.tie_output { embedding_for_output(&infos)? } else { None };
     let tensors: Vec<(String, QTensor)> = infos
         .iter()
         .enumerate()
         .map(|(i, (name, info))| {
             let std = std_for(name, args);
-            let tied = args.tie_output && name.as_str() == "output.weight";
-            if tied && !output_shape_ok(info) {
-                bail!(
-                    "--tie-output: `output.weight` and `token_embd.weight` differ in shape (or the latter is missing)"
-                );
-            }
-            // The embedding's seed and chunking give the output the embedding's values.
-            let seed = seed_of(if tied { embedding.expect("checked above") } else { i });
+            let seed = seed_of(match output_seed_from {
+                Some(e) if name.as_str() == "output.weight" => e,
+                _ => i,
+            });
             random_tensor(info, std, seed)
                 .with_context(|| format!("tensor `{name}` ({:?})", info.ggml_dtype))
                 .map(|t| (name.to_string(), t))
@@ -113,6 +109,17 @@ fn write_skeleton(src: &mut std::fs::File, header_len: u64, like: &Path, out: &P
     Ok(())
 }
 
+/// The index in `infos` of `token_embd.weight` when `output.weight` exists (`None` when it does
+/// not: the model's output is tied already); an error when the two differ in shape.
+fn embedding_for_output(infos: &[(&String, &TensorInfo)]) -> anyhow::Result<Option<usize>> {
+    let index_of = |wanted: &str| infos.iter().position(|(n, _)| n.as_str() == wanted);
+    let Some(output) = index_of("output.weight") else { return Ok(None) };
+    match index_of("token_embd.weight") {
+        Some(e) if infos[e].1.shape.dims() == infos[output].1.shape.dims() => Ok(Some(e)),
+        _ => bail!("--tie-output: `output.weight` and `token_embd.weight` differ in shape (or the latter is missing)"),
+    }
+}
+
 /// The standard deviation for a tensor by its llama.cpp name; `None` for norms (all ones).
 fn std_for(name: &str, args: &RandomGgufArgs) -> Option<f32> {
     if name.ends_with("norm.weight") {
@@ -132,31 +139,27 @@ const ROWS_PER_CHUNK: usize = 256;
 /// Uniform noise with standard deviation `std` (ones when `None`) in `info`'s shape, quantized
 /// to its type.
 fn random_tensor(info: &TensorInfo, std: Option<f32>, seed: u64) -> anyhow::Result<QTensor> {
-    let dims = info.shape.dims();
-    let cols = *dims.last().context("a tensor with no dimensions")?;
-    let rows = info.shape.elem_count() / cols.max(1);
     let half_width = std.map_or(0.0, |s| s * 3f32.sqrt());
-    let t = quantize_in_chunks(rows, cols, info.ggml_dtype, |chunk, values| match std {
+    quantize_in_chunks(info.shape.dims(), info.ggml_dtype, |chunk, values| match std {
         None => values.fill(1.0),
         Some(_) => {
             let mut rng = SmallRng::seed_from_u64(seed ^ ((chunk as u64) << 32));
             values.iter_mut().for_each(|v| *v = rng.random_range(-half_width..=half_width));
         }
-    })?;
-    // The tensor's own rank (norms and biases are vectors).
-    let bytes = t.data()?.into_owned();
-    Ok(QTensor::new(QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, info.ggml_dtype)?, dims)?)
+    })
 }
 
-/// A `rows x cols` tensor of type `dtype` whose chunk `c` (rows `c * ROWS_PER_CHUNK ..`) holds
-/// the values `fill(c, ..)` writes, quantized chunk by chunk in parallel. A block never spans
-/// two rows, so the chunks' bytes concatenate into those of the whole tensor quantized at once.
+/// A tensor of shape `dims` and type `dtype`, seen as rows of its last dimension, whose chunk
+/// `c` (rows `c * ROWS_PER_CHUNK ..`) holds the values `fill(c, ..)` writes, quantized chunk by
+/// chunk in parallel. A block never spans two rows, so the chunks' bytes concatenate into those
+/// of the whole tensor quantized at once.
 fn quantize_in_chunks(
-    rows: usize,
-    cols: usize,
+    dims: &[usize],
     dtype: GgmlDType,
     fill: impl Fn(usize, &mut [f32]) + Sync,
 ) -> anyhow::Result<QTensor> {
+    let cols = *dims.last().context("a tensor with no dimensions")?;
+    let rows = dims.iter().product::<usize>() / cols.max(1);
     if !cols.is_multiple_of(dtype.block_size()) {
         bail!("rows of {cols} values do not split into blocks of {}", dtype.block_size());
     }
@@ -171,7 +174,7 @@ fn quantize_in_chunks(
         })
         .collect::<candle_core::Result<_>>()?;
     let storage = QStorage::from_data(Cow::Owned(chunks.concat()), &Device::Cpu, dtype)?;
-    Ok(QTensor::new(storage, (rows, cols))?)
+    Ok(QTensor::new(storage, dims)?)
 }
 
 #[cfg(test)]
@@ -186,7 +189,7 @@ mod tests {
         let values: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-1f32..1.0)).collect();
         let whole_tensor = Tensor::from_vec(values.clone(), (rows, cols), &Device::Cpu).unwrap();
         for dtype in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::F16] {
-            let chunked = quantize_in_chunks(rows, cols, dtype, |c, out| {
+            let chunked = quantize_in_chunks(&[rows, cols], dtype, |c, out| {
                 let start = c * ROWS_PER_CHUNK * cols;
                 out.copy_from_slice(&values[start..start + out.len()]);
             })

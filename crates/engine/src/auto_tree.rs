@@ -297,9 +297,10 @@ impl AutoTree {
     }
 
     /// Measures the forward costs not measured yet: after a warm-up, one forward per row
-    /// count (the steps' own times then refine the curve, [`CostCurve::record`]). The target is timed with [`time_forward`] on its cache (left as
-    /// it was); `draft` times one draft forward of the given number of rows (a draft model
-    /// through [`time_forward`], an EAGLE head through its own timer).
+    /// count (the steps' own times then refine the curve, [`CostCurve::record`]). The target
+    /// is timed with [`time_forward`] on its cache (left as it was); `draft` times one draft
+    /// forward of the given number of rows (a draft model through [`time_forward`], an EAGLE
+    /// head through its own timer).
     pub fn calibrate(
         &mut self,
         target: &DecoderModel,

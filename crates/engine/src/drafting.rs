@@ -55,57 +55,51 @@ pub(crate) fn draw_children(
     b: &mut StepBuffers,
 ) -> Result<()> {
     let (rows, dv) = logits.dims2()?;
-    // Taken out of `b` for the loop (which borrows `b`'s other fields); put back after it.
-    let mut host_buffer = std::mem::take(&mut b.draft_host);
-    let mut draw = || -> Result<()> {
-        let host = host_buffer.copy(logits)?;
-        for (r, &i) in level_nodes.iter().enumerate().take(rows) {
-            let row = &mut host[r * dv..(r + 1) * dv];
-            // The draft's row is not read again: the bias and penalties stay.
-            add_bias(row, &b.logit_bias);
-            // The drafted tokens from the root (exclusive) to this node: the row's text past the
-            // committed one, for the penalties.
-            b.path_tokens.clear();
-            let mut at = i;
-            while let Some(parent) = tree.parent(at) {
-                b.path_tokens.extend(b.token[at]);
-                at = parent;
-            }
-            b.penalty.apply(row, &b.path_tokens);
-            let row = &*row;
-            b.drawn[i].clear();
-            if b.confidence_cutoff > 0.0 {
-                let parent = tree.parent(i).map_or(1.0, |p| b.confidence[p]);
-                b.confidence[i] = parent * top_probability(row);
-                if b.confidence[i] < b.confidence_cutoff {
-                    continue;
-                }
-            }
-            let q = &mut b.q_at[i];
-            warp.apply(row, q).map_err(|e| nan_error(e, "draft"))?;
-            q.resize(vocab, 0.0);
-            let kids = tree.children(i);
-            match b.noise {
-                // The children's tokens sit one position past the node.
-                // Only the draft's own ids can win (the padding is zero): race those.
-                Some(noise) => {
-                    noise.top_k((b.root_pos + tree.depth(i) + 1) as u64, &q[..dv.min(vocab)], kids.len(), &mut b.drafts)
-                }
-                None => construction.sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts),
-            }
-            .map_err(|e| Error::Msg(format!("drafting: {e}")))?;
-            for (k, (&child, &t)) in kids.iter().zip(&b.drafts).enumerate() {
-                if !b.drafts[..k].contains(&t) {
-                    b.token[child] = Some(t);
-                }
-            }
-            b.drawn[i].extend_from_slice(&b.drafts);
+    // Borrowed beside `b`'s other fields, which the loop uses.
+    let host = b.draft_host.copy(logits)?;
+    for (r, &i) in level_nodes.iter().enumerate().take(rows) {
+        let row = &mut host[r * dv..(r + 1) * dv];
+        // The draft's row is not read again: the bias and penalties stay.
+        add_bias(row, &b.logit_bias);
+        // The drafted tokens from the root (exclusive) to this node: the row's text past the
+        // committed one, for the penalties.
+        b.path_tokens.clear();
+        let mut at = i;
+        while let Some(parent) = tree.parent(at) {
+            b.path_tokens.extend(b.token[at]);
+            at = parent;
         }
-        Ok(())
-    };
-    let drawn = draw();
-    b.draft_host = host_buffer;
-    drawn
+        b.penalty.apply(row, &b.path_tokens);
+        let row = &*row;
+        b.drawn[i].clear();
+        if b.confidence_cutoff > 0.0 {
+            let parent = tree.parent(i).map_or(1.0, |p| b.confidence[p]);
+            b.confidence[i] = parent * top_probability(row);
+            if b.confidence[i] < b.confidence_cutoff {
+                continue;
+            }
+        }
+        let q = &mut b.q_at[i];
+        warp.apply(row, q).map_err(|e| nan_error(e, "draft"))?;
+        q.resize(vocab, 0.0);
+        let kids = tree.children(i);
+        match b.noise {
+            // The children's tokens sit one position past the node.
+            // Only the draft's own ids can win (the padding is zero): race those.
+            Some(noise) => {
+                noise.top_k((b.root_pos + tree.depth(i) + 1) as u64, &q[..dv.min(vocab)], kids.len(), &mut b.drafts)
+            }
+            None => construction.sample(q, kids.len(), rng, &mut b.draft_scratch, &mut b.drafts),
+        }
+        .map_err(|e| Error::Msg(format!("drafting: {e}")))?;
+        for (k, (&child, &t)) in kids.iter().zip(&b.drafts).enumerate() {
+            if !b.drafts[..k].contains(&t) {
+                b.token[child] = Some(t);
+            }
+        }
+        b.drawn[i].extend_from_slice(&b.drafts);
+    }
+    Ok(())
 }
 
 /// The largest probability of `softmax(logits)` (temperature 1): `1 / sum_j exp(l_j - max)`.

@@ -4,7 +4,7 @@
 //! f32 values, 16 MB, for EAGLE's sparse tree) to the host once. `Tensor::to_vec1` allocates a
 //! fresh `Vec` per step; past glibc's mmap threshold (up to 32 MB) every page of it is then
 //! faulted in anew, which on the lent GPU machines (Firecracker VMs) made the copy of 64 rows
-//! cost 47 ms against 8.5 ms for the whole forward (`bench forward-cost --breakdown`,
+//! cost 47 ms against 8.5 ms for the model's blocks (`bench forward-cost --breakdown`,
 //! benches/RESULTS.md, "CUDA"). [`HostLogits`] copies into memory it keeps: on CUDA a
 //! page-locked buffer (no staging copy in the driver), on the CPU a `Vec`.
 
@@ -26,7 +26,7 @@ impl HostLogits {
         if t.dtype() != DType::F32 {
             candle_core::bail!("HostLogits::copy: f32 expected, got {:?}", t.dtype());
         }
-        let t = if t.is_contiguous() { t.clone() } else { t.contiguous()? };
+        let t = t.contiguous()?;
         let n = t.elem_count();
         let (storage, layout) = t.storage_and_layout();
         let start = layout.start_offset();

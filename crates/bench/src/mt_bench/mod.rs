@@ -61,10 +61,10 @@ pub struct MtBenchArgs {
     methods: String,
     /// Comma-separated trees for the speculative methods: presets (`chain-N`,
     /// `drafts-K-depth-D`, `mc_sim_7b_63`, ...), EAGLE path lists (`[[0],[1],[0,0]]`), tree
-    /// files, or `auto`; `TREE@C` prunes the
-    /// tree by draft confidence C (`mdsd generate --draft-confidence`), e.g. `chain-4@0.5`;
-    /// `TREE~W` lets the draft model see only a window of W recent tokens (after the sinks,
-    /// `mdsd generate --draft-window`; `~0`: the whole context), e.g. `chain-2~512`.
+    /// files, or `auto`; `TREE@C` prunes the tree by draft confidence C (`mdsd generate
+    /// --draft-confidence`), e.g. `chain-4@0.5`; `TREE~W` lets the draft model see only a window
+    /// of W recent tokens (after the sinks, `mdsd generate --draft-window`; `~0`: the whole
+    /// context), e.g. `chain-2~512`.
     #[arg(long, default_value = "drafts-2-depth-4")]
     trees: String,
     /// Comma-separated sampling temperatures (0: argmax).

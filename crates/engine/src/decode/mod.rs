@@ -139,7 +139,7 @@ pub(crate) struct StepBuffers {
     /// A node's drafted path, for its row's penalties.
     pub(crate) path_tokens: Vec<u32>,
     /// The draft's logits of a tree level on the host ([`draw_children`]).
-    pub(crate) draft_host: crate::host_copy::HostLogits,
+    pub(crate) draft_host: HostLogits,
 }
 
 impl StepBuffers {

@@ -52,10 +52,10 @@ static LAST_GGUF_BPE: Mutex<Option<(GgufBpe, Arc<tokenizers::Tokenizer>)>> = Mut
 /// The byte-level BPE tokenizer of GGUF metadata: vocabulary `tokens` (the first id of a
 /// repeated string keeps it), `merges` ("left right" by rank), control (type 3) and
 /// user-defined (type 4) tokens as added tokens, GPT-2's byte-level decoder, and the
-/// pre-tokenizer given as its `tokenizer.json` object. Built directly, not through a `tokenizer.json` text: that
-/// round trip of 151,936 tokens and 151,387 merges took most of a model's load
-/// (`benches/RESULTS.md`); `tests::direct_build_equals_the_tokenizer_json` checks that both
-/// give the same tokenizer.
+/// pre-tokenizer given as its `tokenizer.json` object. Built directly, not through a
+/// `tokenizer.json` text: that round trip of 151,936 tokens and 151,387 merges took most of a
+/// model's load (`benches/RESULTS.md`); `tests::direct_build_equals_the_tokenizer_json` checks
+/// that both give the same tokenizer.
 fn build_bpe(
     tokens: &[String],
     merges: &[String],
