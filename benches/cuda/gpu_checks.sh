@@ -56,7 +56,7 @@ if has tests; then
     TEST_PIDS+=($!)
   }
   # dtype:binary[:skipped,names] each.
-  TESTS=${TESTS:-"f32:model_forward f32:decode f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law bf16:decode:follow_the_target_law,are_exact"}
+  TESTS=${TESTS:-"f32:model_forward f32:decode f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
   for spec in $TESTS; do
     IFS=: read -r dt t skips <<<"$spec"
     skip_args=()

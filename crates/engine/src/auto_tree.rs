@@ -33,6 +33,7 @@
 //! Whatever tree is picked, each step is exact: the choice depends only on past steps, never
 //! on the drafts or the target's logits of the step itself.
 
+use crate::host_copy::HostLogits;
 use crate::kv_cache::KvCache;
 use crate::model::{causal_bias, DecoderModel};
 use crate::tree::DraftTree;
@@ -298,18 +299,19 @@ impl AutoTree {
 
     /// Measures the forward costs not measured yet: after a warm-up, one forward per row
     /// count (the steps' own times then refine the curve, [`CostCurve::record`]). The target
-    /// is timed with [`time_forward`] on its cache (left as it was); `draft` times one draft
-    /// forward of the given number of rows (a draft model through [`time_forward`], an EAGLE
-    /// head through its own timer).
+    /// is timed with [`time_forward`] on its cache (left as it was), its logits copied into
+    /// `host`, the steps' own buffer; `draft` times one draft forward of the given number of
+    /// rows (a draft model through [`time_forward`], an EAGLE head through its own timer).
     pub fn calibrate(
         &mut self,
         target: &DecoderModel,
         target_cache: &mut KvCache,
+        host: &mut HostLogits,
         draft: Option<&mut dyn FnMut(usize) -> Result<f64>>,
         pending: u32,
     ) -> Result<()> {
         let (target_rows, draft_rows) = self.needed_rows();
-        measure(&mut self.target, &target_rows, &mut |rows| time_forward(target, target_cache, rows, pending))?;
+        measure(&mut self.target, &target_rows, &mut |rows| time_forward(target, target_cache, host, rows, pending))?;
         if let Some(time) = draft {
             measure(&mut self.draft, &draft_rows, time)?;
         }
@@ -362,9 +364,16 @@ pub fn anchors(rows: &[usize]) -> Vec<usize> {
 }
 
 /// Seconds of one forward of `rows` copies of `token` (id 0 when outside the model's
-/// vocabulary) after the cached positions, logits of every row to the host included. The
-/// cache is truncated back to its length: it is left as it was.
-pub fn time_forward(model: &DecoderModel, cache: &mut KvCache, rows: usize, token: u32) -> Result<f64> {
+/// vocabulary) after the cached positions, logits of every row to the host included, copied
+/// into `host` as a decoding step copies them. The cache is truncated back to its length: it
+/// is left as it was.
+pub fn time_forward(
+    model: &DecoderModel,
+    cache: &mut KvCache,
+    host: &mut HostLogits,
+    rows: usize,
+    token: u32,
+) -> Result<f64> {
     let base = cache.len();
     let token = if (token as usize) < model.config().vocab_size { token } else { 0 };
     let tokens = vec![token; rows];
@@ -372,7 +381,7 @@ pub fn time_forward(model: &DecoderModel, cache: &mut KvCache, rows: usize, toke
     let bias = causal_bias(base, rows, model.dtype(), model.device())?;
     let t0 = Instant::now();
     let hidden = model.forward(&tokens, &pos, &bias, cache)?;
-    std::hint::black_box(model.logits(&hidden)?.flatten_all()?.to_vec1::<f32>()?);
+    std::hint::black_box(host.copy(&model.logits(&hidden)?)?);
     let s = t0.elapsed().as_secs_f64();
     cache.truncate(base);
     Ok(s)

@@ -20,6 +20,7 @@
 use crate::auto_tree::AutoTree;
 use crate::decode::StepBuffers;
 use crate::drafting::{draw_children, expandable, tree_bias};
+use crate::host_copy::HostLogits;
 use crate::kv_cache::KvCache;
 use crate::model::eagle::EagleHead;
 use crate::model::{causal_bias, DecoderModel};
@@ -153,9 +154,16 @@ impl<'a> EagleDraft<'a> {
     }
 
     /// Seconds of one head forward of `rows` entries (zero features, `token` repeated) after
-    /// the cached entries, logits of every row to the host included; the cache is truncated
-    /// back, so it is left as it was (the `--tree auto` calibration).
-    pub fn time_forward(&mut self, target: &DecoderModel, rows: usize, token: u32) -> Result<f64> {
+    /// the cached entries, logits of every row to the host included (copied into `host`, as a
+    /// step copies a level's); the cache is truncated back, so it is left as it was (the
+    /// `--tree auto` calibration).
+    pub fn time_forward(
+        &mut self,
+        target: &DecoderModel,
+        host: &mut HostLogits,
+        rows: usize,
+        token: u32,
+    ) -> Result<f64> {
         let base = self.cache.len();
         let device = target.device();
         let features = Tensor::zeros((rows, self.head.config().hidden_size), target.dtype(), device)?;
@@ -164,7 +172,7 @@ impl<'a> EagleDraft<'a> {
         let bias = causal_bias(base, rows, target.dtype(), device)?;
         let t0 = Instant::now();
         let out = self.head.forward(target, &features, &tokens, &pos, &bias, &mut self.cache)?;
-        std::hint::black_box(target.logits(&out)?.flatten_all()?.to_vec1::<f32>()?);
+        std::hint::black_box(host.copy(&target.logits(&out)?)?);
         let s = t0.elapsed().as_secs_f64();
         self.cache.truncate(base);
         Ok(s)

@@ -442,14 +442,15 @@ impl<'a> Generator<'a> {
                 };
                 a.new_text();
                 let target = self.target;
+                let (target_host, draft_host) = (&mut self.target_host, &mut self.buf.draft_host);
                 if let Some(e) = self.eagle.as_mut() {
-                    let mut time = |rows| e.time_forward(target, rows, pending);
-                    a.calibrate(target, &mut self.target_cache, Some(&mut time), pending)?;
+                    let mut time = |rows| e.time_forward(target, draft_host, rows, pending);
+                    a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?;
                 } else if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
-                    let mut time = |rows| crate::auto_tree::time_forward(d, cache, rows, pending);
-                    a.calibrate(target, &mut self.target_cache, Some(&mut time), pending)?;
+                    let mut time = |rows| crate::auto_tree::time_forward(d, cache, draft_host, rows, pending);
+                    a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?;
                 } else {
-                    a.calibrate(target, &mut self.target_cache, None, pending)?;
+                    a.calibrate(target, &mut self.target_cache, target_host, None, pending)?;
                 }
                 Some(a)
             }
