@@ -15,9 +15,10 @@
 //! - everything else byte for byte, and the metadata (without `general.alignment`: the writer
 //!   aligns to 32 bytes).
 
+use super::gguf::GgufFile;
 #[cfg(doc)]
 use super::gguf::WeightFormat;
-use super::gguf::{fast_cpu, fast_cpu_converts, fast_cpu_converts_on_cpu, GgufFile};
+use super::weight_format::{fast_cpu, fast_cpu_converts, fast_cpu_converts_on_cpu};
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Error, Result};

@@ -30,6 +30,7 @@ pub mod q8k_activations;
 pub mod qgemv;
 #[cfg(test)]
 mod repack_test_support;
+pub mod weight_format;
 
 use crate::kv_cache::KvCache;
 use candle_core::{DType, Device, Module, Result, Tensor, D};
