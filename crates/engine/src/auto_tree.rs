@@ -187,7 +187,7 @@ impl AutoTree {
 
     /// The current estimates `α_{k,j}` (see the module docs): each width's own counts, shrunk
     /// towards what drafts of the same rank showed at every width (that estimate itself shrunk
-    /// towards [`PRIOR_ALPHA`]). A width not tried yet thus starts from the others' acceptance
+    /// towards `PRIOR_ALPHA`). A width not tried yet thus starts from the others' acceptance
     /// rather than a constant: with only forked trees tried at temperature 0.7 on the default
     /// pair, a chain's draft kept the prior 0.60 while forks' first drafts showed 0.84, and
     /// chains (accepted about as often, at fewer rows) were never tried.

@@ -146,7 +146,7 @@ pub struct GenerationConfig {
 pub struct Stats {
     pub prompt_tokens: usize,
     /// Prompt tokens whose keys and values the target kept from the previous generation
-    /// ([`crate::Generator::set_prefix_reuse`]): the prompt's pass ran only the others.
+    /// ([`crate::decode::Generator::set_prefix_reuse`]): the prompt's pass ran only the others.
     pub reused_tokens: usize,
     /// Prompt tokens the draft model ran before the first step (fewer than the prompt's with a
     /// draft window or prefix reuse; 0 without a draft model).

@@ -1,6 +1,6 @@
-//! The decoding loop: multi-draft speculative decoding on a [`DraftTree`] (the paper's
-//! appendix `multi_draft_speculative_decoding`), and plain autoregressive decoding with the
-//! same model code and sampling.
+//! The decoding loop: multi-draft speculative decoding on a [`DraftTree`](crate::DraftTree)
+//! (the paper's appendix `multi_draft_speculative_decoding`), and plain autoregressive decoding
+//! with the same model code and sampling.
 //!
 //! State between steps: the target cache holds every token before the *pending* token (the
 //! last emitted one, not yet run); the draft cache may lag further behind (accepted tokens it
@@ -105,7 +105,7 @@ pub struct Emitted<'a> {
 #[derive(Default)]
 pub(crate) struct StepBuffers {
     /// Token of each tree node; `None` for nodes not drafted this step, and for a node whose
-    /// token repeats an earlier sibling's (see [`draw_children`]).
+    /// token repeats an earlier sibling's (see [`draw_children`](crate::drafting::draw_children)).
     pub(crate) token: Vec<Option<u32>>,
     /// The draft tuple drawn at each node, in order, repeats included: what its verifier sees.
     pub(crate) drawn: Vec<Vec<u32>>,
@@ -138,7 +138,8 @@ pub(crate) struct StepBuffers {
     pub(crate) penalty: PenaltyState,
     /// A node's drafted path, for its row's penalties.
     pub(crate) path_tokens: Vec<u32>,
-    /// The draft's logits of a tree level on the host ([`draw_children`]).
+    /// The draft's logits of a tree level on the host
+    /// ([`draw_children`](crate::drafting::draw_children)).
     pub(crate) draft_host: HostLogits,
 }
 

@@ -3,7 +3,7 @@
 //! candle's CPU path (`x.matmul(&w.t())`, gemm) packs the transposed weight on every product;
 //! at the few rows of decoding and draft trees that costs more than the arithmetic
 //! (`benches/RESULTS.md`, "Dense f32 products"). Here each weight row is read once per block
-//! of up to [`ROW_BLOCK`] activation rows, while tiles of [`ROW_TILE`] rows take their dot
+//! of up to `ROW_BLOCK` activation rows, while tiles of `ROW_TILE` rows take their dot
 //! products with it; blocks of output columns are split over candle's thread pool.
 //!
 //! Every output element is [`dot`] of its activation row and weight row, written out in scalar
