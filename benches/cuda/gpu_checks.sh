@@ -9,9 +9,10 @@
 #   bash benches/cuda/pack.sh       # stripped binaries (bins.tar.xz) and the default pair's
 #                                   # GGUF headers (t15.skel.gguf, d05.skel.gguf)
 # and on the GPU machine:
-#   bash benches/cuda/gpu_checks.sh .gpu OUT [steps]     steps: tests models gen cost features ab
-# (`ab`: old against new binaries, with OLD=DIR given to pack.sh). TESTS, TEST_TIMEOUT, DEADLINE,
-# DEV, B, M, MODELS and NEW tune a run (see below).
+#   bash benches/cuda/gpu_checks.sh .gpu OUT [steps]     steps: tests models gen cost features ab eagle
+# (`ab`: old against new binaries, with OLD=DIR given to pack.sh; `eagle`: a random EAGLE head's
+# steps against the target's forwards). TESTS, TEST_TIMEOUT, DEADLINE, DEV, B, M, MODELS, NEW and
+# EAGLE_TARGET tune a run (see below).
 #
 # Models there: random weights in real layouts. `t15`/`d05` (Hugging Face, bf16) come from
 # random_qwen2.py; `t15q`/`d05q` are the default pair's GGUF files (Qwen2.5-Coder 1.5B and 0.5B,
@@ -22,7 +23,7 @@
 set -u
 G=$1
 O=$2
-STEPS=${3:-"tests models gen cost features"}
+STEPS=${3:-"tests models gen eagle cost features"}
 SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH=$(ls -d "$SP"/nvidia/*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}
 # DEV, B (binaries), M (models), MODELS and NEW (tokens per run) may be set for a dry run on
@@ -170,6 +171,26 @@ if has ab && [ -f "$G/old.tar.xz" ]; then
   fi
   python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" > "$O/gen.md" 2>>"$E"
   stamp "ab done"
+fi
+
+# EAGLE head steps against target forwards (the EAGLE issue's speed item): a head with random
+# weights and the target's sizes (`bench random-eagle`), its output layer whole and cut to the
+# first 32,768 ids (`--draft-vocab`, the default); T = 0, so the texts must equal no-spec's.
+# EAGLE_TARGET: its target, a model folder or GGUF file (default: the random HF t15).
+if has eagle && before 460; then
+  stamp "eagle start"
+  ET=${EAGLE_TARGET:-$M/t15}
+  [ -d $M/e15 ] || $B/bench random-eagle --target "$ET" --out $M/e15 >> "$E" 2>&1
+  [ -f "$O/gen.jsonl" ] || : > "$O/gen.jsonl"
+  EP=$WORDS; [ -d "$ET" ] || EP=$TEXT
+  gen "eagle T=0" "$ET" "$EP" --max-new-tokens $NEW --temperature 0 --no-spec
+  for dv in 0 32768; do
+    for tree in chain-1 chain-3 mc_sim_7b_63; do
+      gen "eagle T=0" "$ET" "$EP" --max-new-tokens $NEW --temperature 0 --eagle $M/e15 --draft-vocab $dv --tree $tree
+    done
+  done
+  python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" > "$O/gen.md" 2>>"$E"
+  stamp "eagle done"
 fi
 
 if has cost && before 470; then

@@ -13,8 +13,11 @@ def flag(args, name):
     return a[a.index(name) + 1] if name in a else ""
 
 
-print("| label | tree | draft | draft sampling | tau | rows/forward | tokens/s | vs no-spec | text = no-spec |")
-print("|---|---|---|---|---|---|---|---|---|")
+print(
+    "| label | tree | draft | draft sampling | tau | rows/forward | draft ms/forward | target ms/forward "
+    "| tokens/s | vs no-spec | text = no-spec |"
+)
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 failed = 0
 for r in rows:
     if r["label"] == "warm-up":
@@ -25,9 +28,13 @@ for r in rows:
     draft = flag(args, "--draft").rsplit("/", 1)[-1]
     if flag(args, "--draft-layers"):
         draft += f" (first {flag(args, '--draft-layers')} blocks)"
+    if flag(args, "--eagle"):
+        draft = "EAGLE " + flag(args, "--eagle").rsplit("/", 1)[-1]
+    if flag(args, "--draft-vocab"):
+        draft += f", ids < {flag(args, '--draft-vocab')}" if flag(args, "--draft-vocab") != "0" else ", all ids"
     if res is None:
         failed += 1
-        print(f"| {r['label']} | {tree} | {draft} | | **failed** | | | | |")
+        print(f"| {r['label']} | {tree} | {draft} | | **failed** | | | | | | |")
         continue
     ratio = res["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else float("nan")
     same = ""
@@ -35,9 +42,11 @@ for r in rows:
     if spec and b and exact:
         same = "yes" if res["text"] == b["text"] else "**no**"
     rows_per = res["target_rows"] / max(res["target_forwards"], 1)
+    per = lambda s, n: f"{1000 * res[s] / res[n]:.2f}" if res.get(n) else ""
     print(
         f"| {r['label']} | {tree} | {draft} | {flag(args, '--draft-sampling') if spec else ''} | {res['tau']:.2f} "
-        f"| {rows_per:.1f} | {res['tokens_per_s']:.1f} | {ratio:.2f}x | {same} |"
+        f"| {rows_per:.1f} | {per('draft_s', 'draft_forwards')} | {per('target_s', 'target_forwards')} "
+        f"| {res['tokens_per_s']:.1f} | {ratio:.2f}x | {same} |"
     )
 if failed:
     print(f"\n{failed} run(s) failed: see errors.txt")

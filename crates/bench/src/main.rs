@@ -17,6 +17,7 @@ mod alpha_cmd;
 mod forward_cost;
 mod mt_bench;
 mod pair;
+mod random_eagle;
 mod random_gguf;
 mod run_info;
 mod stats;
@@ -43,6 +44,9 @@ enum Command {
     /// A GGUF with a real checkpoint's layout and random weights (for machines that cannot
     /// hold the real file), or that checkpoint's header alone (`--skeleton`).
     RandomGguf(random_gguf::RandomGgufArgs),
+    /// An EAGLE-1 head with random weights for a target (its sizes, the checkpoint layout),
+    /// to time head steps where no real head exists.
+    RandomEagle(random_eagle::RandomEagleArgs),
 }
 
 fn main() {
@@ -55,6 +59,7 @@ fn main() {
         Command::Acceptance(args) => acceptance::run(&args).map(|()| 0),
         Command::ForwardCost(args) => forward_cost::run(&args).map(|()| 0),
         Command::RandomGguf(args) => random_gguf::run(&args).map(|()| 0),
+        Command::RandomEagle(args) => random_eagle::run(&args).map(|()| 0),
     };
     match result {
         Ok(0) => {}

@@ -526,3 +526,43 @@ fn forward_cost_times_both_models() {
     let e = stderr(&bench(&[&args[..3], &["--draft", "/nonexistent/d.gguf"]].concat()));
     assert!(e.contains("/nonexistent/d.gguf"), "{e}");
 }
+
+/// `bench random-eagle` writes a head that the engine's loader accepts for its target (a
+/// LLaMA GGUF and a Qwen2 Hugging Face folder): the target's sizes, q/k/v biases for Qwen2
+/// only, finite draft logits over the whole vocabulary and over a cut one. A missing target
+/// is named.
+#[test]
+fn random_eagle_writes_a_head_the_engine_loads() {
+    use engine::model::causal_bias;
+    use engine::model::eagle::EagleHead;
+    let dir = temp_dir("bench-random-eagle");
+    for (name, tiny, gguf) in [("llama", Tiny::llama(81), true), ("qwen2", Tiny::qwen2(82), false)] {
+        let target_path = if gguf {
+            tiny.write_gguf(&dir.join("t.gguf"), GgmlDType::F32, &[])
+        } else {
+            tiny.write_hf(&dir.join(name))
+        };
+        let out = dir.join(format!("{name}-head"));
+        let o =
+            bench(&["random-eagle", "--target", s(&target_path), "--out", s(&out), "--dtype", "f32", "--seed", "4"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let weights = candle_core::safetensors::load(out.join("model.safetensors"), &Device::Cpu).unwrap();
+        assert_eq!(weights["fc.weight"].dims(), [tiny.hidden, 2 * tiny.hidden], "{name}");
+        assert_eq!(weights.contains_key("layers.0.self_attn.q_proj.bias"), name == "qwen2");
+        let target = common::load_cpu(&target_path);
+        let mut head = EagleHead::load(&out, &target).unwrap();
+        let mut cache = head.new_cache(8).unwrap();
+        let features = Tensor::zeros((2, tiny.hidden), target.dtype(), &Device::Cpu).unwrap();
+        let bias = causal_bias(0, 2, target.dtype(), &Device::Cpu).unwrap();
+        let g = head.forward(&target, &features, &[3, 5], &[0, 1], &bias, &mut cache).unwrap();
+        for (rows, width) in [(0, tiny.vocab), (20, 20)] {
+            head.set_output_rows(&target, rows).unwrap();
+            let q = head.logits(&target, &g).unwrap();
+            assert_eq!(q.dims(), [2, width], "{name}");
+            let q: Vec<f32> = q.flatten_all().unwrap().to_vec1().unwrap();
+            assert!(q.iter().all(|v| v.is_finite()) && q.iter().any(|&v| v != q[0]), "{name}: {q:?}");
+        }
+    }
+    let o = bench(&["random-eagle", "--target", "/nonexistent/t.gguf", "--out", s(&dir.join("never"))]);
+    assert!(!o.status.success() && stderr(&o).contains("/nonexistent/t.gguf"), "{}", stderr(&o));
+}

@@ -116,7 +116,7 @@ impl<'a> EagleDraft<'a> {
         let mut prev = out.narrow(0, m - 1, 1)?;
         let mut forwards = 1;
         let mut level_nodes = vec![0usize];
-        draw_children(tree, construction, qwarp, &target.logits(&prev)?, &level_nodes, vocab, rng, b)?;
+        draw_children(tree, construction, qwarp, &self.head.logits(target, &prev)?, &level_nodes, vocab, rng, b)?;
         if let Some(a) = auto.as_deref_mut() {
             a.draft.record(m, t_root.elapsed().as_secs_f64());
         }
@@ -140,7 +140,7 @@ impl<'a> EagleDraft<'a> {
             let bias = tree_bias(tree, committed, &level_nodes, &fed, target.dtype(), target.device())?;
             let out = head.forward(target, &feats, &tokens, &pos, &bias, &mut self.cache)?;
             forwards += 1;
-            draw_children(tree, construction, qwarp, &target.logits(&out)?, &level_nodes, vocab, rng, b)?;
+            draw_children(tree, construction, qwarp, &self.head.logits(target, &out)?, &level_nodes, vocab, rng, b)?;
             if let Some(a) = auto.as_deref_mut() {
                 a.draft.record(level_nodes.len(), t_level.elapsed().as_secs_f64());
             }
@@ -172,7 +172,7 @@ impl<'a> EagleDraft<'a> {
         let bias = causal_bias(base, rows, target.dtype(), device)?;
         let t0 = Instant::now();
         let out = self.head.forward(target, &features, &tokens, &pos, &bias, &mut self.cache)?;
-        std::hint::black_box(host.copy(&target.logits(&out)?)?);
+        std::hint::black_box(host.copy(&self.head.logits(target, &out)?)?);
         let s = t0.elapsed().as_secs_f64();
         self.cache.truncate(base);
         Ok(s)

@@ -134,9 +134,10 @@ struct GenerateArgs {
     ngram: NgramMode,
     #[command(flatten)]
     ngram_flags: NgramFlags,
-    /// Draft logits only for the first N token ids (0: all). Byte-level BPE ids follow merge
-    /// order, roughly frequency, so a cut vocabulary keeps most drafts at a fraction of the
-    /// output-layer cost; other ids get q = 0 (still exact).
+    /// Draft logits only for the first N token ids (0: all), for a draft model and for an
+    /// EAGLE head (which then reads a copy of the target's output layer cut to N rows).
+    /// Byte-level BPE ids follow merge order, roughly frequency, so a cut vocabulary keeps most
+    /// drafts at a fraction of the output-layer cost; other ids get q = 0 (still exact).
     #[arg(long, default_value_t = 32768)]
     draft_vocab: usize,
     /// Run only the first N blocks of the draft (a cheaper draft from the same file).

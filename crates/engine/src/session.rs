@@ -91,7 +91,9 @@ impl Plan {
         let eagle = match &draft_path {
             Some(DraftFiles::Eagle(p)) => {
                 let t0 = Instant::now();
-                let head = EagleHead::load(p, &target.model).context("loading the EAGLE head")?;
+                let mut head = EagleHead::load(p, &target.model).context("loading the EAGLE head")?;
+                head.set_output_rows(&target.model, args.draft_vocab)
+                    .context("cutting the EAGLE head's output layer")?;
                 note(
                     args,
                     &format!("EAGLE head {} loaded in {:.1} s", head.path().display(), t0.elapsed().as_secs_f64()),

@@ -32,6 +32,9 @@ pub struct EagleHead {
     layer: Layer,
     /// The head's own token embedding, if its checkpoint has one.
     embed: Option<Tensor>,
+    /// The target's output layer cut to its first token ids ([`Self::set_output_rows`]);
+    /// `None`: the target's whole output layer.
+    lm_head: Option<Linear>,
     cos: Tensor,
     sin: Tensor,
     dtype: DType,
@@ -112,7 +115,8 @@ impl EagleHead {
             None
         };
         let (cos, sin) = super::rotary_tables(c, dtype, device)?;
-        Ok(Self { config, fc, layer, embed, cos, sin, dtype, device: device.clone(), path: path.to_path_buf() })
+        let device = device.clone();
+        Ok(Self { config, fc, layer, embed, lm_head: None, cos, sin, dtype, device, path: path.to_path_buf() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -122,6 +126,30 @@ impl EagleHead {
     /// The weight file the head came from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Computes q only for the first `rows` token ids of `target` (its output layer's first rows,
+    /// copied; the other ids get q = 0, which keeps speculative decoding exact), as a draft
+    /// model's `--draft-vocab` does: the output layer is most of a head step's cost at a large
+    /// vocabulary. 0, or `rows` at or above the vocabulary: the whole output layer.
+    pub fn set_output_rows(&mut self, target: &DecoderModel, rows: usize) -> Result<()> {
+        self.lm_head = match rows {
+            r if r == 0 || r >= target.config().vocab_size => None,
+            r => Some(target.output_layer_rows(r)?),
+        };
+        Ok(())
+    }
+
+    /// The draft logits (`[rows, ids]`, f32) of head outputs `out` (`[rows, hidden]`): through
+    /// the target's output layer, or its first rows ([`Self::set_output_rows`]).
+    pub fn logits(&self, target: &DecoderModel, out: &Tensor) -> Result<Tensor> {
+        match &self.lm_head {
+            Some(head) => {
+                let _span = tracing::trace_span!("eagle_lm_head").entered();
+                head.forward(&out.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
+            }
+            None => target.logits(out),
+        }
     }
 
     /// Whether the checkpoint carries its own token embedding.

@@ -118,6 +118,26 @@ enum Repacked {
 }
 
 impl Repacked {
+    /// The first `rows` rows (rounded up to whole tiles for the tiled layouts).
+    fn first_rows(&self, rows: usize) -> Self {
+        use std::sync::Arc;
+        match self {
+            Self::Q4KTiled(m) => Self::Q4KTiled(Arc::new(m.first_rows(rows))),
+            Self::Q4K(m) => Self::Q4K(Arc::new(m.first_rows(rows))),
+            Self::Q6K(m) => Self::Q6K(Arc::new(m.first_rows(rows))),
+            Self::Q6KTiled(m) => Self::Q6KTiled(Arc::new(m.first_rows(rows))),
+        }
+    }
+
+    fn rows(&self) -> usize {
+        match self {
+            Self::Q4KTiled(m) => m.rows,
+            Self::Q4K(m) => m.rows,
+            Self::Q6K(m) => m.rows,
+            Self::Q6KTiled(m) => m.rows,
+        }
+    }
+
     fn rows_weight(&self) -> qgemv::RowsWeight<'_> {
         match self {
             Self::Q4KTiled(m) => qgemv::RowsWeight::Q4KTiled(m),
@@ -280,6 +300,55 @@ fn silu_gate(g: &mut [f32], u: &[f32]) {
     });
 }
 
+impl Linear {
+    /// A copy of this product restricted to its first `rows` outputs (rows of the matrix),
+    /// which computes what the whole product computes in those columns: a cheaper output
+    /// layer for the first token ids. Repacked matrices in 16-row tiles keep whole tiles, so
+    /// the copy may have up to 15 more outputs; its own output count is
+    /// [`Self::output_rows`]. `rows` at or above the matrix's keeps all of it.
+    pub fn first_rows(&self, rows: usize) -> Result<Self> {
+        let (weight, repacked) = match (&self.weight, &self.repacked) {
+            (_, Some(r)) => (None, Some(r.first_rows(rows))),
+            (Some(QMatMul::Tensor(w)), None) => {
+                (Some(QMatMul::Tensor(w.narrow(0, 0, rows.min(w.dim(0)?))?.contiguous()?)), None)
+            }
+            (Some(QMatMul::TensorF16(w)), None) => {
+                (Some(QMatMul::TensorF16(w.narrow(0, 0, rows.min(w.dim(0)?))?.contiguous()?)), None)
+            }
+            (Some(QMatMul::QTensor(w)), None) => {
+                let (n, k) = w.shape().dims2()?;
+                let rows = rows.min(n);
+                let bytes = w.data()?;
+                let row_bytes = bytes.len() / n.max(1);
+                let storage = candle_core::quantized::QStorage::from_data(
+                    std::borrow::Cow::Owned(bytes[..rows * row_bytes].to_vec()),
+                    &w.device(),
+                    w.dtype(),
+                )?;
+                let q = std::sync::Arc::new(candle_core::quantized::QTensor::new(storage, (rows, k))?);
+                (Some(QMatMul::from_arc(q)?), None)
+            }
+            (None, None) => unreachable!("a Linear holds its matrix in one of the two forms"),
+        };
+        let mut out = Self { weight, repacked, bias: None, pad_input: self.pad_input, few_rows_max: self.few_rows_max };
+        out.bias = match &self.bias {
+            Some(b) => Some(b.narrow(0, 0, out.output_rows()?)?.contiguous()?),
+            None => None,
+        };
+        Ok(out)
+    }
+
+    /// The number of outputs (rows of the matrix).
+    pub fn output_rows(&self) -> Result<usize> {
+        match (&self.weight, &self.repacked) {
+            (_, Some(r)) => Ok(r.rows()),
+            (Some(QMatMul::Tensor(w) | QMatMul::TensorF16(w)), None) => w.dim(0),
+            (Some(QMatMul::QTensor(w)), None) => w.shape().dims2().map(|(n, _)| n),
+            (None, None) => unreachable!("a Linear holds its matrix in one of the two forms"),
+        }
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = if self.pad_input > 0 {
@@ -320,6 +389,18 @@ mod raw_repack_tests {
     use candle_core::quantized::QTensor;
     use candle_core::Device;
 
+    const ROWS: usize = 48;
+    const COLS: usize = 512;
+
+    /// A `[ROWS, COLS]` matrix's values, the matrix, and 5 input rows `[1, 5, COLS]`.
+    fn operands() -> (Vec<f32>, Tensor, Tensor) {
+        let dev = Device::Cpu;
+        let values: Vec<f32> = (0..ROWS * COLS).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.8).collect();
+        let w = Tensor::from_vec(values.clone(), (ROWS, COLS), &dev).unwrap();
+        let x: Vec<f32> = (0..5 * COLS).map(|i| ((i * 613 % 211) as f32 / 211.0 - 0.5) * 2.0).collect();
+        (values, w, Tensor::from_vec(x, (1, 5, COLS), &dev).unwrap())
+    }
+
     /// A matrix repacked straight from its bytes (how GGUF matrices load from the mapped file)
     /// computes what the same matrix built from a `QTensor` does, bit for bit: Q4_K and Q6_K,
     /// 1 and 5 input rows, all rows and a prefix of rows (a cut output head). A byte count that
@@ -328,11 +409,8 @@ mod raw_repack_tests {
     #[test]
     fn repacked_from_raw_equals_the_qtensor_path() {
         let dev = Device::Cpu;
-        let (rows, cols) = (48, 512);
-        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.8).collect();
-        let w = Tensor::from_vec(values.clone(), (rows, cols), &dev).unwrap();
-        let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 613 % 211) as f32 / 211.0 - 0.5) * 2.0).collect();
-        let x = Tensor::from_vec(x, (1, 5, cols), &dev).unwrap();
+        let (values, w, x) = operands();
+        let (rows, cols) = (ROWS, COLS);
         for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
             let q = QTensor::quantize(&w, dtype).unwrap();
             let bytes = q.data().unwrap().to_vec();
@@ -362,6 +440,50 @@ mod raw_repack_tests {
             if q4k_interleaved::cpu_supported() {
                 assert!(Linear::repacked_from_raw(dtype, &[rows, cols], &bytes[..bytes.len() - 1], None, 0).is_err());
             }
+        }
+    }
+
+    /// A product cut to its first rows (`Linear::first_rows`, an EAGLE head's cut output layer)
+    /// gives the first columns of the whole product, bit for bit, for 1 and 5 input rows: dense
+    /// f32 with a bias, Q8_0 in candle's form, and Q4_K and Q6_K (repacked for our kernels where
+    /// the CPU has them; tiled layouts keep whole tiles of 16 rows). A cut at or above the
+    /// matrix keeps all of it.
+    #[test]
+    fn first_rows_give_the_first_columns() {
+        let (_, w, x) = operands();
+        let rows = ROWS;
+        let bias = Tensor::arange(0f32, rows as f32, &Device::Cpu).unwrap();
+        let mut cases = vec![("dense", Linear::new(QMatMul::Tensor(w.clone()), Some(bias)).unwrap())];
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+            let q = QMatMul::from_qtensor(QTensor::quantize(&w, dtype).unwrap()).unwrap();
+            cases.push((dtype_name(dtype), Linear::new(q, None).unwrap()));
+        }
+        for (what, whole) in &cases {
+            assert_eq!(whole.output_rows().unwrap(), rows);
+            assert_eq!(whole.first_rows(rows + 7).unwrap().output_rows().unwrap(), rows, "{what}");
+            let cut = whole.first_rows(20).unwrap();
+            let kept = cut.output_rows().unwrap();
+            let tiled = matches!(cut.repacked, Some(Repacked::Q4KTiled(_) | Repacked::Q6KTiled(_)));
+            assert_eq!(kept, if tiled { 32 } else { 20 }, "{what}");
+            for n in [1, 5] {
+                let xs = x.narrow(1, 0, n).unwrap();
+                let a = cut.forward(&xs).unwrap();
+                assert_eq!(a.dims(), [1, n, kept], "{what}");
+                let b = whole.forward(&xs).unwrap().narrow(2, 0, kept).unwrap();
+                let (a, b) = (
+                    a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                );
+                assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}, {n} inputs");
+            }
+        }
+    }
+
+    fn dtype_name(d: GgmlDType) -> &'static str {
+        match d {
+            GgmlDType::Q8_0 => "q8_0",
+            GgmlDType::Q4K => "q4_k",
+            _ => "q6_k",
         }
     }
 }

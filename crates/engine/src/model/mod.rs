@@ -240,6 +240,13 @@ impl DecoderModel {
         let _span = tracing::trace_span!("lm_head").entered();
         self.lm_head.forward(&hidden.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
     }
+
+    /// A copy of the output layer for the first `rows` token ids only ([`Linear::first_rows`]:
+    /// the same logits for those ids, perhaps a few more ids in 16-row tiles), for a draft
+    /// that reads this model's output layer (an EAGLE head).
+    pub fn output_layer_rows(&self, rows: usize) -> Result<Linear> {
+        self.lm_head.first_rows(rows)
+    }
 }
 
 /// One transformer block on `x` (`[1, t, hidden]`): attention against the cache of layer

@@ -131,6 +131,16 @@ impl<B: Repacks> RepackedMatrix<B> {
         }
         Ok(Some(Self { blocks, rows: dims[0], cols: dims[1] }))
     }
+
+    /// A copy of the first `rows` rows (at most all of them).
+    pub fn first_rows(&self, rows: usize) -> Self
+    where
+        B: Clone,
+    {
+        let rows = rows.min(self.rows);
+        let kb = self.cols / QK_K;
+        Self { blocks: self.blocks[..rows * kb].to_vec(), rows, cols: self.cols }
+    }
 }
 
 /// x86-64 with AVX2, FMA and F16C.

@@ -113,6 +113,14 @@ impl<T: Tiled> TiledMatrix<T> {
         }
         Ok(Some(Self { tiles: T::tile(bytes, dims[0], dims[1])?, rows: dims[0], cols: dims[1] }))
     }
+
+    /// A copy of the first `rows` rows rounded up to whole tiles of 16 (at most all of them):
+    /// the product then has those extra columns too.
+    pub fn first_rows(&self, rows: usize) -> Self {
+        let rows = rows.next_multiple_of(TILE_ROWS).min(self.rows);
+        let kb = self.cols / QK_K;
+        Self { tiles: self.tiles[..rows / TILE_ROWS * kb].to_vec(), rows, cols: self.cols }
+    }
 }
 
 /// Checks that `bytes` is a `[rows, cols]` matrix of `block`-byte super-blocks in whole tiles,
