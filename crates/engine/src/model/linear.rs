@@ -319,7 +319,14 @@ impl Linear {
                 let (n, k) = w.shape().dims2()?;
                 let rows = rows.min(n);
                 let bytes = w.data()?;
-                let row_bytes = bytes.len() / n.max(1);
+                let row_bytes = k / w.dtype().block_size() * w.dtype().type_size();
+                if bytes.len() < n * row_bytes {
+                    candle_core::bail!(
+                        "{:?} matrix [{n}, {k}]: {} bytes is less than its size",
+                        w.dtype(),
+                        bytes.len()
+                    );
+                }
                 let storage = candle_core::quantized::QStorage::from_data(
                     std::borrow::Cow::Owned(bytes[..rows * row_bytes].to_vec()),
                     &w.device(),
