@@ -1,10 +1,13 @@
-//! The model pair of a benchmark: a manifest in `models/`, or explicit files.
+//! The model pair of a benchmark: a manifest in `models/`, or explicit files. The draft is a
+//! draft model or, for `bench mt-bench`, an EAGLE head (`--eagle`, or a manifest whose draft
+//! has `kind = "eagle-head"`, as `vicuna-7b-eagle`).
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Args;
 use engine::load::{load, LoadOptions, LoadedModel};
-use engine::provision::{resolve, FetchOptions, PairManifest};
+use engine::model::eagle::EagleHead;
+use engine::provision::{resolve, FetchOptions, ModelKind, PairManifest};
 use engine::tokenizer::check_vocabularies;
 use std::path::{Path, PathBuf};
 
@@ -19,14 +22,50 @@ pub struct PairArgs {
     /// Draft model file (default: the pair's).
     #[arg(long)]
     pub draft: Option<PathBuf>,
+    /// An EAGLE-1 head folder as the draft instead (`bench mt-bench` only).
+    #[arg(long, conflicts_with = "draft")]
+    pub eagle: Option<PathBuf>,
+}
+
+/// The draft of a pair, as files.
+pub enum DraftFile {
+    Model(PathBuf),
+    EagleHead(PathBuf),
+}
+
+/// The draft of a pair, loaded.
+pub enum LoadedDraft {
+    Model(LoadedModel),
+    EagleHead(EagleHead),
+}
+
+impl LoadedDraft {
+    /// The draft model's file or the head's weight file.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Model(m) => &m.path,
+            Self::EagleHead(h) => h.path(),
+        }
+    }
 }
 
 impl PairArgs {
     /// The target and draft files: the explicit paths, else the pair manifest's (cache, hub,
-    /// PyPI mirror).
+    /// PyPI mirror). A draft that is an EAGLE head is an error: the caller needs a model.
     pub fn files(&self) -> anyhow::Result<(PathBuf, PathBuf)> {
+        match self.draft_files()? {
+            (target, DraftFile::Model(draft)) => Ok((target, draft)),
+            (_, DraftFile::EagleHead(head)) => {
+                bail!("the draft {} is an EAGLE head; this command needs a draft model (--draft FILE)", head.display())
+            }
+        }
+    }
+
+    /// The target file and the draft, a model or an EAGLE head (see [`Self::files`]).
+    pub fn draft_files(&self) -> anyhow::Result<(PathBuf, DraftFile)> {
         let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
-        let needs_manifest = self.target.is_none() || self.draft.is_none();
+        let explicit_draft = self.draft.is_some() || self.eagle.is_some();
+        let needs_manifest = self.target.is_none() || !explicit_draft;
         let manifest = if needs_manifest { Some(PairManifest::find(&self.pair, &models)?) } else { None };
         let fetch = FetchOptions::default();
         let target = match (&self.target, &manifest) {
@@ -34,10 +73,18 @@ impl PairArgs {
             (None, Some(m)) => resolve(&m.target, None, &fetch)?,
             (None, None) => unreachable!("a manifest is read when a file is missing"),
         };
-        let draft = match (&self.draft, &manifest) {
-            (Some(p), _) => p.clone(),
-            (None, Some(m)) => resolve(&m.draft, None, &fetch)?,
-            (None, None) => unreachable!("a manifest is read when a file is missing"),
+        let draft = match (&self.draft, &self.eagle, &manifest) {
+            (Some(p), _, _) => DraftFile::Model(p.clone()),
+            (None, Some(h), _) => DraftFile::EagleHead(h.clone()),
+            (None, None, Some(m)) => {
+                let path = resolve(&m.draft, None, &fetch)?;
+                if m.draft.kind == ModelKind::EagleHead {
+                    DraftFile::EagleHead(path)
+                } else {
+                    DraftFile::Model(path)
+                }
+            }
+            (None, None, None) => unreachable!("a manifest is read when the draft is not given"),
         };
         Ok((target, draft))
     }
@@ -52,7 +99,7 @@ impl PairArgs {
                         .and_then(|p| p.file_name())
                         .map_or_else(|| self.pair.clone(), |n| n.to_string_lossy().into_owned())
                 };
-                format!("{} + {}", name(&self.target), name(&self.draft))
+                format!("{} + {}", name(&self.target), name(&self.draft.clone().or_else(|| self.eagle.clone())))
             }
         }
     }
@@ -60,11 +107,41 @@ impl PairArgs {
     /// Loads both models on `device` and checks that their vocabularies agree.
     pub fn load(&self, device: &Device, draft_opts: &LoadOptions) -> anyhow::Result<(LoadedModel, LoadedModel)> {
         let (target_path, draft_path) = self.files()?;
-        let target = load(&target_path, device, &LoadOptions::default())
-            .with_context(|| format!("loading the target {}", target_path.display()))?;
-        let draft = load(&draft_path, device, draft_opts)
-            .with_context(|| format!("loading the draft {}", draft_path.display()))?;
-        check_vocabularies(target.tokenizer.vocab(), draft.tokenizer.vocab(), &target_path, &draft_path)?;
+        let target = load_target(&target_path, device)?;
+        let draft = load_draft_model(&target, &draft_path, device, draft_opts)?;
         Ok((target, draft))
     }
+
+    /// Loads the target and the draft, a model or an EAGLE head (whose hidden size and
+    /// vocabulary are checked against the target's). A head computes q for the first
+    /// `draft_opts.output_rows` ids, as a draft model does (`--draft-vocab`).
+    pub fn load_any(&self, device: &Device, draft_opts: &LoadOptions) -> anyhow::Result<(LoadedModel, LoadedDraft)> {
+        let (target_path, draft) = self.draft_files()?;
+        let target = load_target(&target_path, device)?;
+        let draft = match draft {
+            DraftFile::Model(p) => LoadedDraft::Model(load_draft_model(&target, &p, device, draft_opts)?),
+            DraftFile::EagleHead(dir) => {
+                let mut head = EagleHead::load(&dir, &target.model)
+                    .with_context(|| format!("loading the EAGLE head {}", dir.display()))?;
+                head.set_output_rows(&target.model, draft_opts.output_rows.unwrap_or(0))?;
+                LoadedDraft::EagleHead(head)
+            }
+        };
+        Ok((target, draft))
+    }
+}
+
+fn load_target(path: &Path, device: &Device) -> anyhow::Result<LoadedModel> {
+    load(path, device, &LoadOptions::default()).with_context(|| format!("loading the target {}", path.display()))
+}
+
+fn load_draft_model(
+    target: &LoadedModel,
+    path: &Path,
+    device: &Device,
+    opts: &LoadOptions,
+) -> anyhow::Result<LoadedModel> {
+    let draft = load(path, device, opts).with_context(|| format!("loading the draft {}", path.display()))?;
+    check_vocabularies(target.tokenizer.vocab(), draft.tokenizer.vocab(), &target.path, path)?;
+    Ok(draft)
 }

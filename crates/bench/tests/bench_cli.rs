@@ -566,3 +566,39 @@ fn random_eagle_writes_a_head_the_engine_loads() {
     let o = bench(&["random-eagle", "--target", "/nonexistent/t.gguf", "--out", s(&dir.join("never"))]);
     assert!(!o.status.success() && stderr(&o).contains("/nonexistent/t.gguf"), "{}", stderr(&o));
 }
+
+/// `bench mt-bench --eagle HEAD`: an EAGLE head drafts (the paper's Vicuna + EAGLE table); at
+/// T = 0 every speculative answer equals the baseline's, the head drafted in every speculative
+/// cell, and the report names the head's file. A command that needs a draft model refuses a
+/// head clearly, and `--draft` with `--eagle` is refused.
+#[test]
+fn mt_bench_drafts_with_an_eagle_head() {
+    let [target, _, questions, out_dir] = mt_bench_files("bench-mt-eagle");
+    let tiny = Tiny { chat_template: Some(TEMPLATE), scale: 0.6, ..Tiny::llama(61) };
+    let head = common::TinyEagle { target: tiny, seed: 63, own_embedding: false, scale: 0.5 }
+        .write(&out_dir.with_file_name("head"), false);
+    let mut args = vec!["mt-bench", "--target", s(&target), "--eagle", s(&head), "--questions", s(&questions)];
+    args.extend_from_slice(&["--limit", "2", "--max-new-tokens", "6", "--out-dir", s(&out_dir), "--name", "eagle"]);
+    args.extend_from_slice(&["--methods", "baseline,rrs-wr,greedy", "--trees", "chain-2,drafts-2-depth-2"]);
+    args.extend_from_slice(&["--temperatures", "0", "--draft-temperature", "1", "--draft-vocab", "40"]);
+    let o = bench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc = read_json(&out_dir.join("eagle.json"));
+    assert!(doc["config"]["draft"].as_str().unwrap().ends_with("model.safetensors"), "{}", doc["config"]);
+    let records = doc["records"].as_array().unwrap();
+    assert_eq!(records.len(), 2 * 2 * (1 + 2 * 2));
+    for r in records {
+        let base = records
+            .iter()
+            .find(|b| b["method"] == "baseline" && b["question_id"] == r["question_id"] && b["turn"] == r["turn"])
+            .unwrap();
+        assert_eq!(r["answer"], base["answer"], "{} {} turn {}", r["method"], r["tree"], r["turn"]);
+        if r["method"] != "baseline" {
+            assert!(r["draft_s"].as_f64().unwrap() > 0.0, "the head did not draft: {r}");
+        }
+    }
+    let e = stderr(&bench(&["forward-cost", "--target", s(&target), "--eagle", s(&head)]));
+    assert!(e.contains("is an EAGLE head") && e.contains("needs a draft model"), "{e}");
+    let e = stderr(&bench(&["mt-bench", "--target", s(&target), "--eagle", s(&head), "--draft", s(&target)]));
+    assert!(e.contains("cannot be used with"), "{e}");
+}

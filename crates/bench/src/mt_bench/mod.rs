@@ -19,7 +19,7 @@ mod report;
 pub use methods::Method;
 pub use questions::{read_questions, select_categories, Question};
 
-use crate::pair::PairArgs;
+use crate::pair::{LoadedDraft, PairArgs};
 use crate::run_info::{git_revision, output_paths, utc_stamp, Interrupt, Progress};
 use anyhow::{bail, Context};
 use candle_core::Device;
@@ -394,7 +394,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         output_rows: (args.draft_vocab > 0).then_some(args.draft_vocab),
         ..Default::default()
     };
-    let (target, draft) = args.models.load(&device, &draft_opts)?;
+    let (target, draft) = args.models.load_any(&device, &draft_opts)?;
     let tok = &target.tokenizer;
     let chat = !args.no_chat;
     if chat && !tok.has_chat_template() {
@@ -412,7 +412,10 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     }
     let most_turns = questions.iter().map(|q| q.turns.len()).max().unwrap_or(1);
     let capacity = longest + most_turns * (args.max_new_tokens + 16) + 512;
-    let mut generator = Generator::new(&target.model, Some(&draft.model), capacity)?;
+    let mut generator = match &draft {
+        LoadedDraft::Model(d) => Generator::new(&target.model, Some(&d.model), capacity)?,
+        LoadedDraft::EagleHead(head) => Generator::with_eagle(&target.model, head, capacity)?,
+    };
     generator.set_penalties(penalties);
     generator.set_prefix_reuse(args.prefix_reuse);
 
@@ -548,7 +551,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         "date_utc": utc_stamp(),
         "pair": args.models.label(),
         "target": target.path,
-        "draft": draft.path,
+        "draft": draft.path(),
         "device": args.device,
         "questions_file": args.questions,
         "categories": args.categories,
