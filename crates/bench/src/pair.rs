@@ -1,6 +1,6 @@
 //! The model pair of a benchmark: a manifest in `models/`, or explicit files. The draft is a
-//! draft model or, for `bench mt-bench`, an EAGLE head (`--eagle`, or a manifest whose draft
-//! has `kind = "eagle-head"`, as `vicuna-7b-eagle`).
+//! draft model or, for `bench mt-bench` and `bench acceptance`, an EAGLE head (`--eagle`, or a
+//! manifest whose draft has `kind = "eagle-head"`, as `vicuna-7b-eagle`).
 
 use anyhow::{bail, Context};
 use candle_core::Device;
@@ -22,7 +22,7 @@ pub struct PairArgs {
     /// Draft model file (default: the pair's).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// An EAGLE-1 head folder as the draft instead (`bench mt-bench` only).
+    /// An EAGLE-1 head folder as the draft instead (`bench mt-bench` and `bench acceptance`).
     #[arg(long, conflicts_with = "draft")]
     pub eagle: Option<PathBuf>,
 }
@@ -104,18 +104,11 @@ impl PairArgs {
         }
     }
 
-    /// Loads both models on `device` and checks that their vocabularies agree.
-    pub fn load(&self, device: &Device, draft_opts: &LoadOptions) -> anyhow::Result<(LoadedModel, LoadedModel)> {
-        let (target_path, draft_path) = self.files()?;
-        let target = load_target(&target_path, device)?;
-        let draft = load_draft_model(&target, &draft_path, device, draft_opts)?;
-        Ok((target, draft))
-    }
-
-    /// Loads the target and the draft, a model or an EAGLE head (whose hidden size and
-    /// vocabulary are checked against the target's). A head computes q for the first
-    /// `draft_opts.output_rows` ids, as a draft model does (`--draft-vocab`).
-    pub fn load_any(&self, device: &Device, draft_opts: &LoadOptions) -> anyhow::Result<(LoadedModel, LoadedDraft)> {
+    /// Loads the target and the draft on `device`: a draft model (whose vocabulary must agree
+    /// with the target's) or an EAGLE head (whose hidden size and vocabulary are checked
+    /// against the target's). A head computes q for the first `draft_opts.output_rows` ids, as
+    /// a draft model does (`--draft-vocab`).
+    pub fn load(&self, device: &Device, draft_opts: &LoadOptions) -> anyhow::Result<(LoadedModel, LoadedDraft)> {
         let (target_path, draft) = self.draft_files()?;
         let target = load_target(&target_path, device)?;
         let draft = match draft {

@@ -602,3 +602,82 @@ fn mt_bench_drafts_with_an_eagle_head() {
     let e = stderr(&bench(&["mt-bench", "--target", s(&target), "--eagle", s(&head), "--draft", s(&target)]));
     assert!(e.contains("cannot be used with"), "{e}");
 }
+
+/// `bench acceptance --eagle HEAD` (the paper's Vicuna + EAGLE and Qwen2 + EAGLE rows): the
+/// study runs with a head as the draft, every alpha lies in [0, 1] and below its alpha*, and
+/// the stored draft rows are the head's root-level q: at the second prompt's first response
+/// position, the head run alone on the target's features of the prompt gives the same logits.
+#[test]
+fn acceptance_study_with_an_eagle_head() {
+    use engine::model::eagle::EagleHead;
+    let dir = temp_dir("bench-acc-eagle");
+    let (target, _) = pair(&dir);
+    let tiny = Tiny { chat_template: Some(TEMPLATE), scale: 0.6, ..Tiny::llama(61) };
+    let head =
+        common::TinyEagle { target: tiny, seed: 64, own_embedding: false, scale: 0.5 }.write(&dir.join("head"), true);
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("alpaca_sample.jsonl"), "{\"instruction\": \"ABC\"}\n{\"instruction\": \"FGHIJKL\"}\n")
+        .unwrap();
+    let (out_dir, dist) = (dir.join("results"), dir.join("dist"));
+    let o = bench(&[
+        "acceptance",
+        "--target",
+        s(&target),
+        "--eagle",
+        s(&head),
+        "--dataset",
+        "alpaca",
+        "--data-dir",
+        s(&data),
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "5",
+        "--keep",
+        "12",
+        "--batch",
+        "2",
+        "--distributions",
+        s(&dist),
+        "--out-dir",
+        s(&out_dir),
+        "--name",
+        "acc",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc = read_json(&out_dir.join("acc.json"));
+    let cells = doc["cells"].as_array().unwrap();
+    let metric = |c: &Value, k: &str| -> f64 {
+        c["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == k).unwrap()["alpha"]["mean"].as_f64().unwrap()
+    };
+    for c in cells {
+        for m in c["metrics"].as_array().unwrap() {
+            assert!((0.0..=1.0 + 1e-9).contains(&m["alpha"]["mean"].as_f64().unwrap()), "{m}");
+        }
+        assert!(metric(c, "rrs_wr") <= metric(c, "alpha_star_wr") + 1e-9, "{c}");
+    }
+    // The head's q after the second prompt, computed alone.
+    let t = engine::load::load(&target, &Device::Cpu, &engine::load::LoadOptions::default()).unwrap();
+    let h = EagleHead::load(&head, &t.model).unwrap();
+    let ids = t.tokenizer.encode(&t.tokenizer.apply_chat_template("FGHIJKL", None).unwrap()).unwrap();
+    let p = ids.len();
+    let mut cache = t.model.new_cache(p).unwrap();
+    let features = t.model.forward_chain(&ids, &mut cache).unwrap();
+    let mut hcache = h.new_cache(p).unwrap();
+    let pos: Vec<u32> = (0..p as u32 - 1).collect();
+    let bias = engine::model::causal_bias(0, p - 1, candle_core::DType::F32, &Device::Cpu).unwrap();
+    let out = h.forward(&t.model, &features.narrow(0, 0, p - 1).unwrap(), &ids[1..], &pos, &bias, &mut hcache).unwrap();
+    let q: Vec<f32> =
+        h.logits(&t.model, &out.narrow(0, p - 2, 1).unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let file = std::fs::read_dir(&dist).unwrap().next().unwrap().unwrap().path();
+    let stored = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+    let v = |k: &str| -> Vec<u32> { stored[k].to_vec1().unwrap() };
+    let (prompt, offsets, ids) = (v("prompt"), v("offsets"), v("ids"));
+    let logits: Vec<f32> = stored["draft_logits"].to_vec1().unwrap();
+    let first = prompt.iter().position(|&i| i == 1).unwrap();
+    for k in offsets[first] as usize..offsets[first + 1] as usize {
+        let d = (logits[k] - q[ids[k] as usize]).abs();
+        assert!(d < 1e-3, "head logit of token {}: stored {} against {}", ids[k], logits[k], q[ids[k] as usize]);
+    }
+}

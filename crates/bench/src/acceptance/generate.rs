@@ -4,15 +4,19 @@
 //! The target decodes `batch` prompts together in one KV cache, as a forest: each sequence
 //! attends only to its own entries (an additive bias of -inf elsewhere) at its own
 //! positions, so one forward serves `batch` sequences and the quantized matmuls run several
-//! rows at once. The draft then reads each prompt + response in one teacher-forced forward.
+//! rows at once. The draft then reads each prompt + response in one teacher-forced forward; an
+//! EAGLE head reads the target's features of a teacher-forced pass over the same text, so its q
+//! at each position is the root-level q of EAGLE's drafting after that text.
 
 use super::prompts::PromptText;
 use super::store::Positions;
+use crate::pair::LoadedDraft;
 use crate::run_info::{Interrupt, Progress};
 use anyhow::Context;
 use candle_core::{Device, Tensor};
 use engine::load::LoadedModel;
-use engine::model::DecoderModel;
+use engine::model::eagle::EagleHead;
+use engine::model::{causal_bias, DecoderModel};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use samplers::dist::Warp;
@@ -146,7 +150,7 @@ fn log_sum_exp(v: &[f32]) -> f64 {
 /// Stops early (keeping finished prompts) when `interrupt` is set.
 pub fn generate_positions(
     target: &LoadedModel,
-    draft: &LoadedModel,
+    draft: &LoadedDraft,
     prompts: &[Option<Vec<u32>>],
     opts: &GenerationOptions,
     meta: serde_json::Value,
@@ -154,17 +158,15 @@ pub fn generate_positions(
     interrupt: &Interrupt,
 ) -> anyhow::Result<Positions> {
     let tm = &target.model;
-    let dm = &draft.model;
     let device = tm.device().clone();
     let warp = Warp::temperature(opts.temperature);
     let vocab = tm.config().vocab_size;
-    let dvocab = dm.config().vocab_size;
     let is_stop = |t: u32| target.tokenizer.is_stop(t);
     let mut out = Positions::new(meta);
     let batch = opts.batch.max(1);
     let longest = prompts.iter().flatten().map(Vec::len).max().unwrap_or(0);
     let mut cache = tm.new_cache(batch * (longest + opts.max_new_tokens + 1))?;
-    let mut dcache = dm.new_cache(longest + opts.max_new_tokens + 1)?;
+    let mut draft_reader = DraftReader::new(draft, tm, longest + opts.max_new_tokens + 1)?;
     let mut probs = Vec::new();
     let (mut top_t, mut top_d, mut union) = (Vec::new(), Vec::new(), Vec::new());
     let live: Vec<(u32, &Vec<u32>)> =
@@ -218,13 +220,8 @@ pub fn generate_positions(
         for s in &seqs {
             let mut tokens = s.prompt.clone();
             tokens.extend_from_slice(&s.response[..s.response.len() - 1]);
-            let n = tokens.len();
-            dcache.truncate(0);
-            let pos: Vec<u32> = (0..n as u32).collect();
-            let bias = engine::model::causal_bias(0, n, dm.dtype(), &device)?;
-            let hidden = dm.forward(&tokens, &pos, &bias, &mut dcache)?;
-            let r = s.response.len();
-            let drows = logits_rows(dm, &hidden.narrow(0, s.prompt.len() - 1, r)?)?;
+            let drows = draft_reader.rows(&tokens, s.prompt.len(), s.response.len())?;
+            let dvocab = drows.first().map_or(0, Vec::len);
             for (trow, drow) in s.target_rows.iter().zip(&drows) {
                 top_indices(trow, opts.keep, &mut top_t);
                 top_indices(drow, opts.keep.min(dvocab), &mut top_d);
@@ -245,9 +242,64 @@ pub fn generate_positions(
                 let masses = (kept(trow, &tl), kept(drow, &dl));
                 out.push(s.index, &union, &tl, &dl, masses);
             }
-            debug_assert!(vocab >= dvocab);
+            debug_assert!(drows.iter().all(|d| d.len() <= vocab));
             progress.inc();
         }
     }
     Ok(out)
+}
+
+/// Reads q along a text with the draft: a draft model's rows, or an EAGLE head's (from the
+/// target's features of a teacher-forced pass), in caches kept across texts.
+enum DraftReader<'a> {
+    Model {
+        model: &'a DecoderModel,
+        cache: engine::kv_cache::KvCache,
+    },
+    Eagle {
+        head: &'a EagleHead,
+        target: &'a DecoderModel,
+        cache: engine::kv_cache::KvCache,
+        tcache: engine::kv_cache::KvCache,
+    },
+}
+
+impl<'a> DraftReader<'a> {
+    fn new(draft: &'a LoadedDraft, target: &'a DecoderModel, capacity: usize) -> anyhow::Result<Self> {
+        Ok(match draft {
+            LoadedDraft::Model(m) => Self::Model { model: &m.model, cache: m.model.new_cache(capacity)? },
+            LoadedDraft::EagleHead(head) => {
+                Self::Eagle { head, target, cache: head.new_cache(capacity)?, tcache: target.new_cache(capacity)? }
+            }
+        })
+    }
+
+    /// The draft's logits before each of the `r` response tokens of `tokens` (the prompt of
+    /// `prompt_len` tokens, then the response without its last token).
+    fn rows(&mut self, tokens: &[u32], prompt_len: usize, r: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+        let n = tokens.len();
+        match self {
+            Self::Model { model, cache } => {
+                cache.truncate(0);
+                let pos: Vec<u32> = (0..n as u32).collect();
+                let bias = causal_bias(0, n, model.dtype(), model.device())?;
+                let hidden = model.forward(tokens, &pos, &bias, cache)?;
+                logits_rows(model, &hidden.narrow(0, prompt_len - 1, r)?)
+            }
+            Self::Eagle { head, target, cache, tcache } => {
+                // Entry e pairs the target's feature at position e with token e + 1; its output
+                // gives q for token e + 2. Response token j sits at position prompt_len + j, so
+                // its q comes from entry prompt_len + j - 2.
+                anyhow::ensure!(prompt_len >= 2, "an EAGLE head needs prompts of at least 2 tokens");
+                tcache.truncate(0);
+                let features = target.forward_chain(tokens, tcache)?;
+                let m = n - 1;
+                cache.truncate(0);
+                let pos: Vec<u32> = (0..m as u32).collect();
+                let bias = causal_bias(0, m, target.dtype(), target.device())?;
+                let out = head.forward(target, &features.narrow(0, 0, m)?, &tokens[1..], &pos, &bias, cache)?;
+                Ok(head.logits(target, &out.narrow(0, prompt_len - 2, r)?)?.to_vec2::<f32>()?)
+            }
+        }
+    }
 }

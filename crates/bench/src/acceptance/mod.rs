@@ -162,12 +162,15 @@ pub fn run(args: &AcceptanceArgs) -> anyhow::Result<()> {
     for &d in &datasets {
         prompt_sets.push(prompts::read_prompts(d, &d.path(&args.data_dir), args.samples)?);
     }
-    let (target_path, draft_path) = args.models.files()?;
+    let (target_path, draft_file) = args.models.draft_files()?;
+    let draft_path = match &draft_file {
+        crate::pair::DraftFile::Model(p) | crate::pair::DraftFile::EagleHead(p) => p.clone(),
+    };
     let interrupt = Interrupt::install();
     let stem = args.name.clone().unwrap_or_else(|| format!("acceptance-{}", utc_stamp()));
     let path = output_paths(&args.out_dir, &stem)?;
     let cache = cache_dir(args);
-    let mut models: Option<(LoadedModel, LoadedModel)> = None;
+    let mut models: Option<(LoadedModel, crate::pair::LoadedDraft)> = None;
     let mut data: Vec<(Dataset, Positions, serde_json::Value)> = Vec::new();
     let mut interrupted = false;
     for (&dataset, prompts) in datasets.iter().zip(&prompt_sets) {

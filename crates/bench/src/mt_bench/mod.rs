@@ -394,7 +394,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         output_rows: (args.draft_vocab > 0).then_some(args.draft_vocab),
         ..Default::default()
     };
-    let (target, draft) = args.models.load_any(&device, &draft_opts)?;
+    let (target, draft) = args.models.load(&device, &draft_opts)?;
     let tok = &target.tokenizer;
     let chat = !args.no_chat;
     if chat && !tok.has_chat_template() {
