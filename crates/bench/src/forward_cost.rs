@@ -2,14 +2,18 @@
 //! that decides which draft tree can pay, for the target and the draft of a pair, printed as a
 //! markdown table. With `--llama-cpp PYTHON`, llama.cpp (through llama-cpp-python and
 //! `benches/llama_cpp_forward.py`) is measured on the same GGUF files in the same run, so the
-//! ratios compare like with like on a noisy machine.
+//! ratios compare like with like on a noisy machine. With `--eagle HEAD` the draft row is an
+//! EAGLE head's step (k entries through its layer and the target's output layer, or the cut
+//! copy of it with `--draft-vocab`): the head's cost against the target's forward.
 
+use crate::pair::DraftFile;
 use anyhow::{bail, Context};
-use candle_core::Device;
+use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use engine::load::{load, parse_device, LoadOptions};
-use engine::model::causal_bias;
+use engine::model::eagle::EagleHead;
 use engine::model::gguf::WeightFormat;
+use engine::model::{causal_bias, DecoderModel};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -23,9 +27,10 @@ pub struct ForwardCostArgs {
     /// How the draft's weights are held (as `mdsd generate` does by default).
     #[arg(long, value_enum, default_value = "fast-cpu")]
     draft_weights: WeightFormat,
-    /// The draft's logits only for the first N token ids, as `mdsd generate --draft-vocab`
-    /// (which defaults to 32768). 0 (the default here): the whole vocabulary, as llama.cpp
-    /// computes it and as the earlier tables in benches/RESULTS.md were measured.
+    /// The draft's logits (a draft model's or an EAGLE head's) only for the first N token ids,
+    /// as `mdsd generate --draft-vocab` (which defaults to 32768). 0 (the default here): the
+    /// whole vocabulary, as llama.cpp computes it and as the earlier tables in
+    /// benches/RESULTS.md were measured.
     #[arg(long, default_value_t = 0)]
     draft_vocab: usize,
     /// Comma-separated numbers of new tokens per forward.
@@ -69,28 +74,61 @@ pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
         bail!("--ks needs positive numbers and --reps at least 1");
     }
     let device = parse_device(&args.device)?;
-    let (target, draft) = args.models.files()?;
+    let (target, draft) = args.models.draft_files()?;
     println!("Seconds per forward of k new tokens after {} cached, best of {}:\n", args.prefix, args.reps);
     println!("| model | engine | {} |", ks.iter().map(|k| format!("k={k}")).collect::<Vec<_>>().join(" | "));
     println!("|---|---|{}", "---|".repeat(ks.len()));
     let draft_rows = (args.draft_vocab > 0).then_some(args.draft_vocab);
-    let roles = [("target", &target, args.target_weights, None), ("draft", &draft, args.draft_weights, draft_rows)];
-    for (role, path, weights, output_rows) in roles {
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let opts = LoadOptions { weights, output_rows, ..Default::default() };
-        let (secs, splits) = time_ours(path, &device, &opts, &ks, args)?;
-        let rows = output_rows.map_or_else(String::new, |n| format!(", logits of the first {n} ids"));
-        println!("| {name} ({role}) | mdsd, {}{rows} | {} |", weights_name(weights), cells(&secs));
-        if args.breakdown {
-            let part = |f: fn(&Split) -> f64| splits.iter().map(f).collect::<Vec<_>>();
-            println!("| | blocks | {} |", cells(&part(|s| s.blocks)));
-            println!("| | output layer | {} |", cells(&part(|s| s.output_layer)));
-            println!("| | logits to host | {} |", cells(&part(|s| s.to_host)));
+    let rows_note = |rows: Option<usize>| rows.map_or_else(String::new, |n| format!(", logits of the first {n} ids"));
+    let target_model =
+        load_model(&target, &device, &LoadOptions { weights: args.target_weights, ..Default::default() })?;
+    let timed = time_model(&target_model, &ks, args)?;
+    print_rows(&file_name(&target), "target", &format!("mdsd, {}", weights_name(args.target_weights)), &timed, args);
+    llama_cpp_row(&target, &ks, args)?;
+    match draft {
+        DraftFile::Model(path) => {
+            drop(target_model);
+            let opts = LoadOptions { weights: args.draft_weights, output_rows: draft_rows, ..Default::default() };
+            let timed = time_model(&load_model(&path, &device, &opts)?, &ks, args)?;
+            let engine = format!("mdsd, {}{}", weights_name(args.draft_weights), rows_note(draft_rows));
+            print_rows(&file_name(&path), "draft", &engine, &timed, args);
+            llama_cpp_row(&path, &ks, args)?;
         }
-        if let Some(python) = &args.llama_cpp {
-            let secs = time_llama_cpp(python, path, &ks, args)?;
-            println!("| | llama.cpp, {} threads | {} |", args.threads, cells(&secs));
+        DraftFile::EagleHead(dir) => {
+            let mut head = EagleHead::load(&dir, &target_model)
+                .with_context(|| format!("loading the EAGLE head {}", dir.display()))?;
+            head.set_output_rows(&target_model, args.draft_vocab)?;
+            let timed = time_head(&target_model, &head, &ks, args)?;
+            print_rows(&file_name(&dir), "EAGLE head", &format!("mdsd{}", rows_note(draft_rows)), &timed, args);
         }
+    }
+    Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+fn load_model(path: &Path, device: &Device, opts: &LoadOptions) -> anyhow::Result<DecoderModel> {
+    Ok(load(path, device, opts).with_context(|| format!("loading {}", path.display()))?.model)
+}
+
+/// The table's rows of one model: the whole forward per k, and with `--breakdown` its parts.
+fn print_rows(name: &str, role: &str, engine: &str, (secs, splits): &(Vec<f64>, Vec<Split>), args: &ForwardCostArgs) {
+    println!("| {name} ({role}) | {engine} | {} |", cells(secs));
+    if args.breakdown {
+        let part = |f: fn(&Split) -> f64| splits.iter().map(f).collect::<Vec<_>>();
+        let body = if role == "EAGLE head" { "head layer" } else { "blocks" };
+        println!("| | {body} | {} |", cells(&part(|s| s.blocks)));
+        println!("| | output layer | {} |", cells(&part(|s| s.output_layer)));
+        println!("| | logits to host | {} |", cells(&part(|s| s.to_host)));
+    }
+}
+
+fn llama_cpp_row(path: &Path, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<()> {
+    if let Some(python) = &args.llama_cpp {
+        let secs = time_llama_cpp(python, path, ks, args)?;
+        println!("| | llama.cpp, {} threads | {} |", args.threads, cells(&secs));
     }
     Ok(())
 }
@@ -109,15 +147,9 @@ fn cells(secs: &[f64]) -> String {
     secs.iter().map(|&s| cell(s)).collect::<Vec<_>>().join(" | ")
 }
 
-/// Best-of-`reps` seconds of one forward plus the logits of every new row, per k.
-fn time_ours(
-    path: &Path,
-    device: &Device,
-    opts: &LoadOptions,
-    ks: &[usize],
-    args: &ForwardCostArgs,
-) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
-    let m = load(path, device, opts).with_context(|| format!("loading {}", path.display()))?.model;
+/// Best-of-`reps` seconds of one forward of `m` plus the logits of every new row, per k, after
+/// `--prefix` cached tokens.
+fn time_model(m: &DecoderModel, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
     let kmax = *ks.iter().max().expect("non-empty");
     let mut cache = m.new_cache(args.prefix + kmax + 1)?;
     // Token ids of no meaning, kept inside the model's vocabulary (tiny test models have 48).
@@ -126,35 +158,108 @@ fn time_ours(
     if !prefix.is_empty() {
         m.forward_chain(&prefix, &mut cache)?;
     }
+    let inputs = timed_inputs(ks, args, vocab, m.dtype(), m.device())?;
+    time_forwards(
+        ks,
+        args,
+        m.device(),
+        |i| {
+            let (toks, pos, bias) = &inputs[i];
+            cache.truncate(args.prefix);
+            m.forward(toks, pos, bias, &mut cache)
+        },
+        |hidden| m.logits(hidden),
+    )
+}
+
+/// [`time_model`] for an EAGLE head drafting for `target`: `k` entries (zero features, the
+/// target's output layer or its cut copy) after `--prefix` cached entries.
+fn time_head(
+    target: &DecoderModel,
+    head: &EagleHead,
+    ks: &[usize],
+    args: &ForwardCostArgs,
+) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
+    let (device, dtype) = (target.device(), target.dtype());
+    let kmax = *ks.iter().max().expect("non-empty");
+    let mut cache = head.new_cache(args.prefix + kmax + 1)?;
+    let vocab = target.config().vocab_size as u32;
+    let hidden = head.config().hidden_size;
+    if args.prefix > 0 {
+        let n = args.prefix;
+        let tokens: Vec<u32> = (0..n as u32).map(|i| (100 + i) % vocab).collect();
+        let pos: Vec<u32> = (0..n as u32).collect();
+        let features = Tensor::zeros((n, hidden), dtype, device)?;
+        head.forward(target, &features, &tokens, &pos, &causal_bias(0, n, dtype, device)?, &mut cache)?;
+    }
+    let inputs = timed_inputs(ks, args, vocab, dtype, device)?;
+    let features: Vec<Tensor> =
+        ks.iter().map(|&k| Tensor::zeros((k, hidden), dtype, device)).collect::<Result<_, _>>()?;
+    time_forwards(
+        ks,
+        args,
+        device,
+        |i| {
+            let (toks, pos, bias) = &inputs[i];
+            cache.truncate(args.prefix);
+            head.forward(target, &features[i], toks, pos, bias, &mut cache)
+        },
+        |out| head.logits(target, out),
+    )
+}
+
+type Inputs = (Vec<u32>, Vec<u32>, Tensor);
+
+/// Per k: token ids (inside the vocabulary), positions after the prefix, and the causal bias.
+fn timed_inputs(
+    ks: &[usize],
+    args: &ForwardCostArgs,
+    vocab: u32,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<Vec<Inputs>> {
+    ks.iter()
+        .map(|&k| {
+            let toks: Vec<u32> = (0..k as u32).map(|i| (500 + i) % vocab).collect();
+            let pos: Vec<u32> = (args.prefix as u32..(args.prefix + k) as u32).collect();
+            Ok((toks, pos, causal_bias(args.prefix, k, dtype, device)?))
+        })
+        .collect()
+}
+
+/// Best-of-`reps` seconds per k (index `i` into `ks`) of `forward(i)` (which resets its cache
+/// to the prefix and runs the k rows) plus `logits` of its output copied to the host, as the
+/// engine's steps copy them (into a kept buffer); with `--breakdown`, the three parts apart.
+fn time_forwards(
+    ks: &[usize],
+    args: &ForwardCostArgs,
+    device: &Device,
+    mut forward: impl FnMut(usize) -> candle_core::Result<Tensor>,
+    logits: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
     let mut out = Vec::with_capacity(ks.len());
     let mut splits = Vec::with_capacity(ks.len());
-    // The logits reach the host as the engine's steps copy them: into a kept buffer.
     let mut host = engine::host_copy::HostLogits::default();
-    for &k in ks {
-        let toks: Vec<u32> = (0..k as u32).map(|i| (500 + i) % vocab).collect();
-        let pos: Vec<u32> = (args.prefix as u32..(args.prefix + k) as u32).collect();
-        let bias = causal_bias(args.prefix, k, m.dtype(), device)?;
+    for i in 0..ks.len() {
         let mut best = f64::INFINITY;
         for _ in 0..args.reps {
-            cache.truncate(args.prefix);
             let t0 = Instant::now();
-            let hidden = m.forward(&toks, &pos, &bias, &mut cache)?;
-            let logits = host.copy(&m.logits(&hidden)?)?;
+            let hidden = forward(i)?;
+            let copied = host.copy(&logits(&hidden)?)?;
             best = best.min(t0.elapsed().as_secs_f64());
-            std::hint::black_box(logits);
+            std::hint::black_box(copied);
         }
         out.push(best);
         let mut split = Split { blocks: f64::INFINITY, output_layer: f64::INFINITY, to_host: f64::INFINITY };
         for _ in 0..if args.breakdown { args.reps } else { 0 } {
-            cache.truncate(args.prefix);
             let t0 = Instant::now();
-            let hidden = m.forward(&toks, &pos, &bias, &mut cache)?;
+            let hidden = forward(i)?;
             device.synchronize()?;
             let t1 = Instant::now();
-            let logits = m.logits(&hidden)?;
+            let l = logits(&hidden)?;
             device.synchronize()?;
             let t2 = Instant::now();
-            std::hint::black_box(host.copy(&logits)?);
+            std::hint::black_box(host.copy(&l)?);
             let t3 = Instant::now();
             split.blocks = split.blocks.min((t1 - t0).as_secs_f64());
             split.output_layer = split.output_layer.min((t2 - t1).as_secs_f64());

@@ -1,8 +1,8 @@
 //! The model pair of a benchmark: a manifest in `models/`, or explicit files. The draft is a
-//! draft model or, for `bench mt-bench` and `bench acceptance`, an EAGLE head (`--eagle`, or a
-//! manifest whose draft has `kind = "eagle-head"`, as `vicuna-7b-eagle`).
+//! draft model or an EAGLE head (`--eagle`, or a manifest whose draft has `kind =
+//! "eagle-head"`, as `vicuna-7b-eagle`).
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use candle_core::Device;
 use clap::Args;
 use engine::load::{load, LoadOptions, LoadedModel};
@@ -22,7 +22,7 @@ pub struct PairArgs {
     /// Draft model file (default: the pair's).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// An EAGLE-1 head folder as the draft instead (`bench mt-bench` and `bench acceptance`).
+    /// An EAGLE-1 head folder as the draft instead of a draft model.
     #[arg(long, conflicts_with = "draft")]
     pub eagle: Option<PathBuf>,
 }
@@ -50,18 +50,8 @@ impl LoadedDraft {
 }
 
 impl PairArgs {
-    /// The target and draft files: the explicit paths, else the pair manifest's (cache, hub,
-    /// PyPI mirror). A draft that is an EAGLE head is an error: the caller needs a model.
-    pub fn files(&self) -> anyhow::Result<(PathBuf, PathBuf)> {
-        match self.draft_files()? {
-            (target, DraftFile::Model(draft)) => Ok((target, draft)),
-            (_, DraftFile::EagleHead(head)) => {
-                bail!("the draft {} is an EAGLE head; this command needs a draft model (--draft FILE)", head.display())
-            }
-        }
-    }
-
-    /// The target file and the draft, a model or an EAGLE head (see [`Self::files`]).
+    /// The target file and the draft, a model or an EAGLE head: the explicit paths, else the
+    /// pair manifest's (cache, hub, PyPI mirror).
     pub fn draft_files(&self) -> anyhow::Result<(PathBuf, DraftFile)> {
         let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
         let explicit_draft = self.draft.is_some() || self.eagle.is_some();

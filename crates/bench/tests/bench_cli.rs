@@ -569,8 +569,8 @@ fn random_eagle_writes_a_head_the_engine_loads() {
 
 /// `bench mt-bench --eagle HEAD`: an EAGLE head drafts (the paper's Vicuna + EAGLE table); at
 /// T = 0 every speculative answer equals the baseline's, the head drafted in every speculative
-/// cell, and the report names the head's file. A command that needs a draft model refuses a
-/// head clearly, and `--draft` with `--eagle` is refused.
+/// cell, and the report names the head's file. `bench forward-cost --eagle` times the head's
+/// step (whole and cut output layer); `--draft` with `--eagle` is refused.
 #[test]
 fn mt_bench_drafts_with_an_eagle_head() {
     let [target, _, questions, out_dir] = mt_bench_files("bench-mt-eagle");
@@ -597,8 +597,13 @@ fn mt_bench_drafts_with_an_eagle_head() {
             assert!(r["draft_s"].as_f64().unwrap() > 0.0, "the head did not draft: {r}");
         }
     }
-    let e = stderr(&bench(&["forward-cost", "--target", s(&target), "--eagle", s(&head)]));
-    assert!(e.contains("is an EAGLE head") && e.contains("needs a draft model"), "{e}");
+    for (vocab, label) in [("0", "(EAGLE head) | mdsd |"), ("20", "(EAGLE head) | mdsd, logits of the first 20 ids |")]
+    {
+        let args = ["forward-cost", "--target", s(&target), "--eagle", s(&head), "--ks", "1,2", "--reps", "1"];
+        let o = bench(&[&args[..], &["--draft-vocab", vocab, "--breakdown"]].concat());
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success() && out.contains(label) && out.contains("| | head layer |"), "{out}{}", stderr(&o));
+    }
     let e = stderr(&bench(&["mt-bench", "--target", s(&target), "--eagle", s(&head), "--draft", s(&target)]));
     assert!(e.contains("cannot be used with"), "{e}");
 }
