@@ -190,6 +190,11 @@ if has eagle && before 460; then
     done
   done
   python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" > "$O/gen.md" 2>>"$E"
+  for dv in 0 32768; do
+    echo "== EAGLE head, --draft-vocab $dv" >> "$O/cost.txt"
+    timeout 60 $B/bench forward-cost --target "$ET" --eagle $M/e15 --device $DEV --ks 1,2,4,8,16 --reps 5 \
+      --breakdown --draft-vocab $dv >> "$O/cost.txt" 2>>"$E"
+  done
   stamp "eagle done"
 fi
 
@@ -198,7 +203,7 @@ if has cost && before 470; then
   {
     timeout 40 "$B/bench" forward-cost --target $M/t15 --draft $M/d05 --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown
     timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf --draft-weights stored --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown
-  } > "$O/cost.txt" 2>>"$E"
+  } >> "$O/cost.txt" 2>>"$E"
   stamp "cost done"
 fi
 
