@@ -111,6 +111,35 @@ fn sequential_q_matches_enumeration_for_three_and_four_drafts() {
     }
 }
 
+/// A nearly one-hot `q` whose tail lies below f64's resolution of 1 (from an EAGLE head's
+/// warped logits in `bench acceptance`: 0.99987, 1.3e-4, then 3e-17 and smaller). `1 - q(H)`
+/// and `1 - T_{m-1}` cancel to 0 there, and the first quadrature panels' `e^{-q t}` round to
+/// exactly 1, which had put alpha* at 0.0787 (the top two tokens' p) where the LP gives 0.146:
+/// now every subset's `Q(H)` equals enumeration (1e-10) and alpha* equals brute force and
+/// the LP (1e-9) for 3 and 4 drafts.
+#[test]
+fn a_tail_below_f64_resolution_keeps_alpha_star_exact() {
+    let q = [0.999866, 1.33944e-4, 3.25434e-17, 4.89403e-19, 1.21017e-22, 1.15681e-53];
+    let p = [0.000328286, 0.0783933, 0.0676485, 4.78563e-05, 2.77761e-08, 0.853582];
+    let sp: f64 = p.iter().sum();
+    let p: Vec<f64> = p.iter().map(|x| x / sp).collect();
+    for n in 3..=4 {
+        let table = draft_table(DraftConstruction::WithoutReplacement, &q, n);
+        for mask in 1u32..(1 << q.len()) {
+            let brute: f64 = table.iter().filter(|(t, _)| t.iter().all(|&x| mask >> x & 1 == 1)).map(|x| x.1).sum();
+            let quad = q_without_replacement(&q, n, |i| mask >> i & 1 == 1, WorMethod::Auto);
+            assert!((quad - brute).abs() < 1e-10, "n={n}, H={mask:06b}: quadrature {quad} vs enumeration {brute}");
+        }
+        let star = alpha::alpha_star(DraftConstruction::WithoutReplacement, &p, &q, n).unwrap();
+        let brute = alpha_star_brute_force(&p, &table);
+        let lp = common::alpha_star_lp(&p, &common::normalised_table(DraftConstruction::WithoutReplacement, &q, n));
+        assert!(
+            (star - brute).abs() < 1e-9 && (star - lp).abs() < 1e-9,
+            "n={n}: {star} vs brute force {brute}, LP {lp}"
+        );
+    }
+}
+
 /// A vocabulary-sized distribution shaped like an LLM's: a few large tokens and a long tail.
 fn llm_like(v: usize, head: &[f64], seed: u64) -> Vec<f64> {
     let mut r = common::rng(seed);

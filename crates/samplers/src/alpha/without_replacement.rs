@@ -24,7 +24,7 @@
 
 use super::subset_scan::{with_sorted_candidates, Candidate};
 use crate::construction::DraftConstruction;
-use crate::dist::{fast_sum, top_k_support};
+use crate::dist::{fast_sum, rest_mass, top_k_support};
 use std::sync::OnceLock;
 
 /// How `Q(H)` is evaluated (`Quadrature` forces the general method even for `m = 2`, which
@@ -109,16 +109,20 @@ impl Grid {
             s[NODES + j] = -(-x1).exp_m1();
             e[NODES + j] = (-x1).exp();
         }
+        // Doubling: `s' = s (2 - s)` keeps the relative precision of a small `s`; `e' = e^2`
+        // that of a small `e`. While `e > 1/2` it is taken as `1 - s'` instead: for a rate
+        // below 2^-53 the first panels' `e` rounds to exactly 1, and squaring 1 would keep it
+        // there however long the panel (a token of q = 1e-17 would never arrive).
         for k in 2..self.panels {
-            let (done, next) = e.split_at_mut(k * NODES);
-            let prev = &done[(k - 1) * NODES..];
-            for j in 0..NODES {
-                next[j] = prev[j] * prev[j];
-            }
             let (done, next) = s.split_at_mut(k * NODES);
             let prev = &done[(k - 1) * NODES..];
             for j in 0..NODES {
                 next[j] = prev[j] * (2.0 - prev[j]);
+            }
+            let (done, next) = e.split_at_mut(k * NODES);
+            let prev = &done[(k - 1) * NODES..];
+            for j in 0..NODES {
+                next[j] = if prev[j] > 0.5 { 1.0 - s[k * NODES + j] } else { prev[j] * prev[j] };
             }
         }
     }
@@ -258,40 +262,50 @@ pub fn alpha_star_without_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 /// [`alpha_star_without_replacement`] with a choice of method for `Q(H)`.
 pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, method: WorMethod) -> f64 {
     let m = DraftConstruction::WithoutReplacement.num_drafts(q, n);
-    let sq: f64 = fast_sum(q);
+    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
-    let top_mass: f64 = top.iter().map(|&t| q[t as usize] / sq).sum();
-    let delta = (1.0 - top_mass).max(0.0);
+    // The mass outside the top m-1 tokens, summed rather than `1 - T_{m-1}`: for a nearly
+    // one-hot q the subtraction cancels to 0 or to round-off.
+    let delta = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum()) / sq;
     // pi_x <= m q_x / (1 - T_{m-1}): each draw picks x with probability <= q_x / (1 - T_{m-1}).
     let bound_scale = m as f64 / delta.max(1e-300);
-    with_sorted_candidates(
-        p,
-        q,
-        |px, qx| px < (bound_scale * qx).min(1.0),
-        |tokens| {
-            if m == 1 {
-                scan_closed_form(tokens, |qq, _| qq)
-            } else if m == 2 && method == WorMethod::Auto {
-                scan_closed_form(tokens, |qq, acc| {
-                    let r = (1.0 - qq).max(0.0);
-                    1.0 - r - r * acc
-                })
-            } else {
-                (1.0 + min_f_by_blocks(tokens, m, delta)).clamp(0.0, 1.0)
-            }
-        },
-    )
+    let keep = |px: f64, qx: f64| px < (bound_scale * qx).min(1.0);
+    // The mass of the tokens the scan never adds to H (pruned), summed for the same reason:
+    // `r = 1 - q(H)` is this plus the candidates after the prefix.
+    let pruned: f64 =
+        p.iter().zip(q).filter(|&(&pi, &qi)| qi > 0.0 && !keep(pi / sp, qi / sq)).map(|(_, &qi)| qi / sq).sum();
+    with_sorted_candidates(p, q, keep, |tokens| {
+        let outside = outside_masses(tokens, pruned);
+        if m == 1 {
+            scan_closed_form(tokens, &outside, |qq, _, _| qq)
+        } else if m == 2 && method == WorMethod::Auto {
+            scan_closed_form(tokens, &outside, |_, r, acc| 1.0 - r - r * acc)
+        } else {
+            (1.0 + min_f_by_blocks(tokens, &outside, m, delta)).clamp(0.0, 1.0)
+        }
+    })
 }
 
-/// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), sum_{H_j} q/(1-q))`.
-fn scan_closed_form(tokens: &[Candidate], big_q: impl Fn(f64, f64) -> f64) -> f64 {
+/// `outside[j]`: the mass outside the prefix of `j` candidates, `pruned` plus the candidates
+/// from `j` on, summed from the end (no cancellation when q(H) is close to 1).
+fn outside_masses(tokens: &[Candidate], pruned: f64) -> Vec<f64> {
+    let mut out = vec![pruned; tokens.len() + 1];
+    for j in (0..tokens.len()).rev() {
+        out[j] = out[j + 1] + tokens[j].q;
+    }
+    out
+}
+
+/// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), r_j, sum_{H_j} q/(1-q))`, `r_j` the
+/// mass outside `H_j` (`outside[j + 1]`, see [`outside_masses`]).
+fn scan_closed_form(tokens: &[Candidate], outside: &[f64], big_q: impl Fn(f64, f64, f64) -> f64) -> f64 {
     let (mut pp, mut qq, mut acc, mut best) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for c in tokens {
+    for (j, c) in tokens.iter().enumerate() {
         pp += c.p;
         qq += c.q;
         acc += c.q / (1.0 - c.q);
-        best = best.min(pp - big_q(qq.min(1.0), acc).clamp(0.0, 1.0));
+        best = best.min(pp - big_q(qq.min(1.0), outside[j + 1], acc).clamp(0.0, 1.0));
     }
     (1.0 + best).clamp(0.0, 1.0)
 }
@@ -303,7 +317,7 @@ fn scan_closed_form(tokens: &[Candidate], big_q: impl Fn(f64, f64) -> f64) -> f6
 /// Inside a block `Q` is convex in the cumulative mass `s = q(H)` (q-convexity), so it lies
 /// under the chord between the block's ends and `P_j - chord(s_j)` bounds `f` from below;
 /// only blocks whose bound beats the best exact value are replayed token by token.
-fn min_f_by_blocks(tokens: &[Candidate], m: usize, delta: f64) -> f64 {
+fn min_f_by_blocks(tokens: &[Candidate], outside: &[f64], m: usize, delta: f64) -> f64 {
     let mut dp = ArrivalDp::new(m, delta);
     if tokens.is_empty() {
         return 0.0;
@@ -344,7 +358,7 @@ fn min_f_by_blocks(tokens: &[Candidate], m: usize, delta: f64) -> f64 {
         if small_count > 0 {
             dp.add_small_block(small_mass, &sums, theta, &series);
         }
-        let big_q = dp.q_value((1.0 - qq).max(0.0));
+        let big_q = dp.q_value(outside[ends.len() * BLOCK - BLOCK + block.len()]);
         best = best.min(pp - big_q);
         ends.push((pp, qq, big_q));
     }
@@ -366,12 +380,14 @@ fn min_f_by_blocks(tokens: &[Candidate], m: usize, delta: f64) -> f64 {
     }
     for b in refine {
         dp.probs.copy_from_slice(&snapshots[b * m * g..(b + 1) * m * g]);
-        let (mut pp, mut qq, _) = ends[b];
-        for &Candidate { p: px, q: qx, .. } in &tokens[b * BLOCK..((b + 1) * BLOCK).min(tokens.len())] {
+        let (mut pp, _, _) = ends[b];
+        let start = b * BLOCK;
+        for (j, &Candidate { p: px, q: qx, .. }) in
+            tokens[start..((b + 1) * BLOCK).min(tokens.len())].iter().enumerate()
+        {
             dp.add(qx);
             pp += px;
-            qq += qx;
-            best = best.min(pp - dp.q_value((1.0 - qq).max(0.0)));
+            best = best.min(pp - dp.q_value(outside[start + j + 1]));
         }
     }
     best
@@ -384,7 +400,8 @@ pub fn q_without_replacement(q: &[f64], n: usize, in_h: impl Fn(usize) -> bool, 
     let sq: f64 = fast_sum(q);
     let members: Vec<f64> = q.iter().enumerate().filter(|&(i, &x)| x > 0.0 && in_h(i)).map(|(_, &x)| x / sq).collect();
     let s: f64 = members.iter().sum();
-    let r = (1.0 - s).max(0.0);
+    // The mass outside H, summed (not `1 - q(H)`, which cancels when q(H) is close to 1).
+    let r: f64 = q.iter().enumerate().filter(|&(i, &x)| x > 0.0 && !in_h(i)).map(|(_, &x)| x / sq).sum();
     if m == 1 {
         return s.min(1.0);
     }
@@ -393,7 +410,7 @@ pub fn q_without_replacement(q: &[f64], n: usize, in_h: impl Fn(usize) -> bool, 
     }
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
-    let delta = (1.0 - top.iter().map(|&t| q[t as usize] / sq).sum::<f64>()).max(0.0);
+    let delta = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum()) / sq;
     let mut dp = ArrivalDp::new(m, delta);
     for &x in &members {
         dp.add(x);
