@@ -33,6 +33,15 @@ pub enum DraftFile {
     EagleHead(PathBuf),
 }
 
+impl DraftFile {
+    /// The draft model's file or the head's folder.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Model(p) | Self::EagleHead(p) => p,
+        }
+    }
+}
+
 /// The draft of a pair, loaded.
 pub enum LoadedDraft {
     Model(LoadedModel),

@@ -13,8 +13,6 @@ use clap::Args;
 use engine::model::gguf::GgufFile;
 use engine::model::hf::HfConfig;
 use engine::model::{Architecture, ModelConfig};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -148,15 +146,8 @@ fn tensor_shapes(c: &ModelConfig, own_embedding: bool) -> Vec<(String, Vec<usize
 
 /// Uniform noise with standard deviation `std` in shape `dims` (ones when `None`), f32.
 fn random_tensor(dims: &[usize], std: Option<f32>, seed: u64) -> candle_core::Result<Tensor> {
-    let n: usize = dims.iter().product();
-    let values: Vec<f32> = match std {
-        None => vec![1.0; n],
-        Some(s) => {
-            let half_width = s * 3f32.sqrt();
-            let mut rng = SmallRng::seed_from_u64(seed);
-            (0..n).map(|_| if half_width > 0.0 { rng.random_range(-half_width..=half_width) } else { 0.0 }).collect()
-        }
-    };
+    let mut values = vec![0f32; dims.iter().product()];
+    crate::random_gguf::fill_uniform(&mut values, std, seed);
     Tensor::from_vec(values, dims, &Device::Cpu)
 }
 

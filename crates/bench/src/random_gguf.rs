@@ -139,14 +139,22 @@ const ROWS_PER_CHUNK: usize = 256;
 /// Uniform noise with standard deviation `std` (ones when `None`) in `info`'s shape, quantized
 /// to its type.
 fn random_tensor(info: &TensorInfo, std: Option<f32>, seed: u64) -> anyhow::Result<QTensor> {
-    let half_width = std.map_or(0.0, |s| s * 3f32.sqrt());
-    quantize_in_chunks(info.shape.dims(), info.ggml_dtype, |chunk, values| match std {
+    quantize_in_chunks(info.shape.dims(), info.ggml_dtype, |chunk, values| {
+        fill_uniform(values, std, seed ^ ((chunk as u64) << 32))
+    })
+}
+
+/// Fills `values` with uniform noise of standard deviation `std` drawn from `seed`, or with
+/// ones when `std` is `None` (norms).
+pub(crate) fn fill_uniform(values: &mut [f32], std: Option<f32>, seed: u64) {
+    match std {
         None => values.fill(1.0),
-        Some(_) => {
-            let mut rng = SmallRng::seed_from_u64(seed ^ ((chunk as u64) << 32));
+        Some(s) => {
+            let half_width = s * 3f32.sqrt();
+            let mut rng = SmallRng::seed_from_u64(seed);
             values.iter_mut().for_each(|v| *v = rng.random_range(-half_width..=half_width));
         }
-    })
+    }
 }
 
 /// A tensor of shape `dims` and type `dtype`, seen as rows of its last dimension, whose chunk

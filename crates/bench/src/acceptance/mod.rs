@@ -163,9 +163,7 @@ pub fn run(args: &AcceptanceArgs) -> anyhow::Result<()> {
         prompt_sets.push(prompts::read_prompts(d, &d.path(&args.data_dir), args.samples)?);
     }
     let (target_path, draft_file) = args.models.draft_files()?;
-    let draft_path = match &draft_file {
-        crate::pair::DraftFile::Model(p) | crate::pair::DraftFile::EagleHead(p) => p.clone(),
-    };
+    let draft_path = draft_file.path();
     let interrupt = Interrupt::install();
     let stem = args.name.clone().unwrap_or_else(|| format!("acceptance-{}", utc_stamp()));
     let path = output_paths(&args.out_dir, &stem)?;
@@ -174,7 +172,7 @@ pub fn run(args: &AcceptanceArgs) -> anyhow::Result<()> {
     let mut data: Vec<(Dataset, Positions, serde_json::Value)> = Vec::new();
     let mut interrupted = false;
     for (&dataset, prompts) in datasets.iter().zip(&prompt_sets) {
-        let key = generation_key(args, dataset, &target_path, &draft_path);
+        let key = generation_key(args, dataset, &target_path, draft_path);
         let file = cache.join(format!("{}-{}.safetensors", dataset.name(), short_hash(&key.to_string())));
         if !args.regenerate && file.exists() {
             match Positions::load(&file) {

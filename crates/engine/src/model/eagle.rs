@@ -146,7 +146,7 @@ impl EagleHead {
         match &self.lm_head {
             Some(head) => {
                 let _span = tracing::trace_span!("eagle_lm_head").entered();
-                head.forward(&out.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
+                super::output_logits(head, out)
             }
             None => target.logits(out),
         }

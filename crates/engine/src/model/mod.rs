@@ -238,7 +238,7 @@ impl DecoderModel {
     /// Logits (`[rows, vocab]`, f32) of hidden states `[rows, hidden]`.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let _span = tracing::trace_span!("lm_head").entered();
-        self.lm_head.forward(&hidden.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
+        output_logits(&self.lm_head, hidden)
     }
 
     /// A copy of the output layer for the first `rows` token ids only ([`Linear::first_rows`]:
@@ -247,6 +247,11 @@ impl DecoderModel {
     pub fn output_layer_rows(&self, rows: usize) -> Result<Linear> {
         self.lm_head.first_rows(rows)
     }
+}
+
+/// f32 logits (`[rows, outputs]`) of hidden states `[rows, hidden]` through an output layer.
+pub(crate) fn output_logits(lm_head: &Linear, hidden: &Tensor) -> Result<Tensor> {
+    lm_head.forward(&hidden.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
 }
 
 /// One transformer block on `x` (`[1, t, hidden]`): attention against the cache of layer

@@ -16,8 +16,9 @@ use crate::construction::{
 use crate::dist::fast_sum;
 use std::cell::RefCell;
 
-/// Normalised `(p, q)` of the candidate tokens sorted by `q/p` descending.
-/// `keep(p_x, q_x)` decides which tokens with `q > 0` stay.
+/// Normalised `(p, q)` of the candidate tokens sorted by `q/p` descending, and the normalised
+/// `q` mass of the tokens left out (summed, so that it stays exact when the candidates' mass is
+/// close to 1). `keep(p_x, q_x)` decides which tokens with `q > 0` stay.
 ///
 /// Ties in `q/p` may come in any order: by Theorem 4.4 a whole tie class can be added to an
 /// optimal prefix, so the minimum over prefixes does not depend on their order.
@@ -25,7 +26,7 @@ pub(crate) fn with_sorted_candidates<R>(
     p: &[f64],
     q: &[f64],
     keep: impl Fn(f64, f64) -> bool,
-    scan: impl FnOnce(&[Candidate]) -> R,
+    scan: impl FnOnce(&[Candidate], f64) -> R,
 ) -> R {
     thread_local! {
         static BUFFERS: RefCell<(Vec<Candidate>, Vec<Candidate>)> = const { RefCell::new((Vec::new(), Vec::new())) };
@@ -33,8 +34,8 @@ pub(crate) fn with_sorted_candidates<R>(
     BUFFERS.with(|cell| {
         let mut guard = cell.borrow_mut();
         let (items, buf) = &mut *guard;
-        fill_sorted(p, q, keep, items, buf);
-        scan(items)
+        let left_out = fill_sorted(p, q, keep, items, buf);
+        scan(items, left_out)
     })
 }
 
@@ -44,17 +45,23 @@ fn fill_sorted(
     keep: impl Fn(f64, f64) -> bool,
     items: &mut Vec<Candidate>,
     buf: &mut Vec<Candidate>,
-) {
+) -> f64 {
     let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let (ip, iq) = (1.0 / sp, 1.0 / sq);
     items.clear();
+    let mut left_out = 0.0;
     for (&pi, &qi) in p.iter().zip(q) {
         let (pn, qn) = (pi * ip, qi * iq);
-        if qi > 0.0 && keep(pn, qn) {
-            items.push(Candidate::new(pn, qn));
+        if qi > 0.0 {
+            if keep(pn, qn) {
+                items.push(Candidate::new(pn, qn));
+            } else {
+                left_out += qn;
+            }
         }
     }
     sort_exact(items, buf);
+    left_out
 }
 
 /// Sorts candidates by `q/p` descending: radix sort on the f32 key, then an exact f64

@@ -262,7 +262,7 @@ pub fn alpha_star_without_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 /// [`alpha_star_without_replacement`] with a choice of method for `Q(H)`.
 pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, method: WorMethod) -> f64 {
     let m = DraftConstruction::WithoutReplacement.num_drafts(q, n);
-    let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
+    let sq: f64 = fast_sum(q);
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
     // The mass outside the top m-1 tokens, summed rather than `1 - T_{m-1}`: for a nearly
@@ -270,21 +270,23 @@ pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, metho
     let delta = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum()) / sq;
     // pi_x <= m q_x / (1 - T_{m-1}): each draw picks x with probability <= q_x / (1 - T_{m-1}).
     let bound_scale = m as f64 / delta.max(1e-300);
-    let keep = |px: f64, qx: f64| px < (bound_scale * qx).min(1.0);
-    // The mass of the tokens the scan never adds to H (pruned), summed for the same reason:
-    // `r = 1 - q(H)` is this plus the candidates after the prefix.
-    let pruned: f64 =
-        p.iter().zip(q).filter(|&(&pi, &qi)| qi > 0.0 && !keep(pi / sp, qi / sq)).map(|(_, &qi)| qi / sq).sum();
-    with_sorted_candidates(p, q, keep, |tokens| {
-        let outside = outside_masses(tokens, pruned);
-        if m == 1 {
-            scan_closed_form(tokens, &outside, |qq, _, _| qq)
-        } else if m == 2 && method == WorMethod::Auto {
-            scan_closed_form(tokens, &outside, |_, r, acc| 1.0 - r - r * acc)
-        } else {
-            (1.0 + min_f_by_blocks(tokens, &outside, m, delta)).clamp(0.0, 1.0)
-        }
-    })
+    // `r = 1 - q(H)` is the mass of the pruned tokens (never added to H) plus the candidates
+    // after the prefix, both summed for the same reason.
+    with_sorted_candidates(
+        p,
+        q,
+        |px, qx| px < (bound_scale * qx).min(1.0),
+        |tokens, pruned| {
+            let outside = outside_masses(tokens, pruned);
+            if m == 1 {
+                scan_closed_form(tokens, &outside, |qq, _, _| qq)
+            } else if m == 2 && method == WorMethod::Auto {
+                scan_closed_form(tokens, &outside, |_, r, acc| 1.0 - r - r * acc)
+            } else {
+                (1.0 + min_f_by_blocks(tokens, &outside, m, delta)).clamp(0.0, 1.0)
+            }
+        },
+    )
 }
 
 /// `outside[j]`: the mass outside the prefix of `j` candidates, `pruned` plus the candidates
