@@ -610,8 +610,10 @@ fn mt_bench_drafts_with_an_eagle_head() {
 
 /// `bench acceptance --eagle HEAD` (the paper's Vicuna + EAGLE and Qwen2 + EAGLE rows): the
 /// study runs with a head as the draft, every alpha lies in [0, 1] and below its alpha*, and
-/// the stored draft rows are the head's root-level q: at the second prompt's first response
-/// position, the head run alone on the target's features of the prompt gives the same logits.
+/// the stored draft rows are the head's root-level q: at every response position of both
+/// prompts, the head run alone on the target's features of a teacher-forced pass over the text
+/// gives the same logits (the study takes the features from its own decoding: a feature taken
+/// one position off, or the prompt's alone, fails it).
 #[test]
 fn acceptance_study_with_an_eagle_head() {
     use engine::model::eagle::EagleHead;
@@ -625,30 +627,63 @@ fn acceptance_study_with_an_eagle_head() {
     std::fs::write(data.join("alpaca_sample.jsonl"), "{\"instruction\": \"ABC\"}\n{\"instruction\": \"FGHIJKL\"}\n")
         .unwrap();
     let (out_dir, dist) = (dir.join("results"), dir.join("dist"));
-    let o = bench(&acceptance_args(["--eagle", s(&head)], [s(&target), s(&data), s(&dist), s(&out_dir)], &[]));
+    // Greedy responses, so that the test knows them: each is the argmax of the stored target
+    // row before it.
+    let args = acceptance_args(
+        ["--eagle", s(&head)],
+        [s(&target), s(&data), s(&dist), s(&out_dir)],
+        &["--generation-temperature", "0"],
+    );
+    let o = bench(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_alphas_bounded(read_json(&out_dir.join("acc.json"))["cells"].as_array().unwrap());
-    // The head's q after the second prompt, computed alone.
-    let t = engine::load::load(&target, &Device::Cpu, &engine::load::LoadOptions::default()).unwrap();
-    let h = EagleHead::load(&head, &t.model).unwrap();
-    let ids = t.tokenizer.encode(&t.tokenizer.apply_chat_template("FGHIJKL", None).unwrap()).unwrap();
-    let p = ids.len();
-    let mut cache = t.model.new_cache(p).unwrap();
-    let features = t.model.forward_chain(&ids, &mut cache).unwrap();
-    let mut hcache = h.new_cache(p).unwrap();
-    let pos: Vec<u32> = (0..p as u32 - 1).collect();
-    let bias = engine::model::causal_bias(0, p - 1, candle_core::DType::F32, &Device::Cpu).unwrap();
-    let out = h.forward(&t.model, &features.narrow(0, 0, p - 1).unwrap(), &ids[1..], &pos, &bias, &mut hcache).unwrap();
-    let q: Vec<f32> =
-        h.logits(&t.model, &out.narrow(0, p - 2, 1).unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
     let file = std::fs::read_dir(&dist).unwrap().next().unwrap().unwrap().path();
     let stored = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
     let v = |k: &str| -> Vec<u32> { stored[k].to_vec1().unwrap() };
     let (prompt, offsets, ids) = (v("prompt"), v("offsets"), v("ids"));
-    let logits: Vec<f32> = stored["draft_logits"].to_vec1().unwrap();
-    let first = prompt.iter().position(|&i| i == 1).unwrap();
-    for k in offsets[first] as usize..offsets[first + 1] as usize {
-        let d = (logits[k] - q[ids[k] as usize]).abs();
-        assert!(d < 1e-3, "head logit of token {}: stored {} against {}", ids[k], logits[k], q[ids[k] as usize]);
+    let target_logits: Vec<f32> = stored["target_logits"].to_vec1().unwrap();
+    let draft_logits: Vec<f32> = stored["draft_logits"].to_vec1().unwrap();
+    // The head's q before every response token, from the target's features of a
+    // teacher-forced pass over prompt + response (the study keeps those of its decoding).
+    let t = engine::load::load(&target, &Device::Cpu, &engine::load::LoadOptions::default()).unwrap();
+    let h = EagleHead::load(&head, &t.model).unwrap();
+    let mut checked = 0;
+    for (index, text) in ["ABC", "FGHIJKL"].into_iter().enumerate() {
+        let positions: Vec<usize> = (0..prompt.len()).filter(|&k| prompt[k] == index as u32).collect();
+        assert!(!positions.is_empty(), "no positions of prompt {index}");
+        let mut tokens = t.tokenizer.encode(&t.tokenizer.apply_chat_template(text, None).unwrap()).unwrap();
+        let p = tokens.len();
+        for &k in &positions[..positions.len() - 1] {
+            let range = offsets[k] as usize..offsets[k + 1] as usize;
+            let best =
+                range.clone().max_by(|&a, &b| target_logits[a].total_cmp(&target_logits[b]).then(ids[b].cmp(&ids[a])));
+            tokens.push(ids[best.unwrap()]);
+        }
+        let n = tokens.len();
+        let mut cache = t.model.new_cache(n).unwrap();
+        let features = t.model.forward_chain(&tokens, &mut cache).unwrap();
+        let mut hcache = h.new_cache(n).unwrap();
+        let pos: Vec<u32> = (0..n as u32 - 1).collect();
+        let bias = engine::model::causal_bias(0, n - 1, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let out = h
+            .forward(&t.model, &features.narrow(0, 0, n - 1).unwrap(), &tokens[1..], &pos, &bias, &mut hcache)
+            .unwrap();
+        // Response token j's q: entry p + j - 2.
+        let q: Vec<Vec<f32>> =
+            h.logits(&t.model, &out.narrow(0, p - 2, positions.len()).unwrap()).unwrap().to_vec2().unwrap();
+        for (j, &k) in positions.iter().enumerate() {
+            for e in offsets[k] as usize..offsets[k + 1] as usize {
+                let d = (draft_logits[e] - q[j][ids[e] as usize]).abs();
+                assert!(
+                    d < 1e-3,
+                    "prompt {index}, response token {j}, head logit of token {}: stored {} against {}",
+                    ids[e],
+                    draft_logits[e],
+                    q[j][ids[e] as usize]
+                );
+                checked += 1;
+            }
+        }
     }
+    assert!(checked > 12, "{checked} head logits compared");
 }

@@ -5,8 +5,9 @@
 //! attends only to its own entries (an additive bias of -inf elsewhere) at its own
 //! positions, so one forward serves `batch` sequences and the quantized matmuls run several
 //! rows at once. The draft then reads each prompt + response in one teacher-forced forward; an
-//! EAGLE head reads the target's features of a teacher-forced pass over the same text, so its q
-//! at each position is the root-level q of EAGLE's drafting after that text.
+//! EAGLE head reads the target's features kept from that decoding (its final hidden states at
+//! every position of the prompt and the response), so its q at each position is the root-level
+//! q of EAGLE's drafting after that text, at no second target pass.
 
 use super::prompts::PromptText;
 use super::store::Positions;
@@ -77,6 +78,9 @@ struct Sequence {
     response: Vec<u32>,
     /// Target logits before each response token (full vocabulary).
     target_rows: Vec<Vec<f32>>,
+    /// The target's final hidden states of the prompt and of each response token fed back
+    /// (`[rows, hidden]` pieces in position order), kept only for an EAGLE head.
+    features: Vec<Tensor>,
     rng: StdRng,
     done: bool,
 }
@@ -167,6 +171,7 @@ pub fn generate_positions(
     let longest = prompts.iter().flatten().map(Vec::len).max().unwrap_or(0);
     let mut cache = tm.new_cache(batch * (longest + opts.max_new_tokens + 1))?;
     let mut draft_reader = DraftReader::new(draft, tm, longest + opts.max_new_tokens + 1)?;
+    let keep_features = draft_reader.reads_features();
     let mut probs = Vec::new();
     let (mut top_t, mut top_d, mut union) = (Vec::new(), Vec::new(), Vec::new());
     let live: Vec<(u32, &Vec<u32>)> =
@@ -184,6 +189,7 @@ pub fn generate_positions(
                 prompt: p.clone(),
                 response: Vec::new(),
                 target_rows: Vec::new(),
+                features: Vec::new(),
                 rng: StdRng::seed_from_u64(opts.seed.wrapping_add(index as u64)),
                 done: false,
             })
@@ -196,6 +202,9 @@ pub fn generate_positions(
             let bias = forest_bias(&owners, &rows, |r, c| c <= r, &device)?;
             let hidden = tm.forward(&s.prompt, &pos, &bias, &mut cache)?;
             owners.extend_from_slice(&rows);
+            if keep_features {
+                s.features.push(hidden.clone());
+            }
             let row = logits_rows(tm, &hidden.narrow(0, n - 1, 1)?)?.pop().expect("one row");
             advance(s, row, &warp, &mut probs, &is_stop, opts.max_new_tokens)?;
         }
@@ -212,6 +221,11 @@ pub fn generate_positions(
             let bias = forest_bias(&owners, &rows, |r, c| r == c, &device)?;
             let hidden = tm.forward(&tokens, &pos, &bias, &mut cache)?;
             owners.extend_from_slice(&rows);
+            if keep_features {
+                for (i, &k) in active.iter().enumerate() {
+                    seqs[k].features.push(hidden.narrow(0, i, 1)?);
+                }
+            }
             for (row, &k) in logits_rows(tm, &hidden)?.into_iter().zip(&active) {
                 advance(&mut seqs[k], row, &warp, &mut probs, &is_stop, opts.max_new_tokens)?;
             }
@@ -220,7 +234,7 @@ pub fn generate_positions(
         for s in &seqs {
             let mut tokens = s.prompt.clone();
             tokens.extend_from_slice(&s.response[..s.response.len() - 1]);
-            let drows = draft_reader.rows(&tokens, s.prompt.len(), s.response.len())?;
+            let drows = draft_reader.rows(&tokens, s.prompt.len(), s.response.len(), &s.features)?;
             let dvocab = drows.first().map_or(0, Vec::len);
             for (trow, drow) in s.target_rows.iter().zip(&drows) {
                 top_indices(trow, opts.keep, &mut top_t);
@@ -250,33 +264,36 @@ pub fn generate_positions(
 }
 
 /// Reads q along a text with the draft: a draft model's rows, or an EAGLE head's (from the
-/// target's features of a teacher-forced pass), in caches kept across texts.
+/// target's features kept from the decoding), in caches kept across texts.
 enum DraftReader<'a> {
-    Model {
-        model: &'a DecoderModel,
-        cache: engine::kv_cache::KvCache,
-    },
-    Eagle {
-        head: &'a EagleHead,
-        target: &'a DecoderModel,
-        cache: engine::kv_cache::KvCache,
-        tcache: engine::kv_cache::KvCache,
-    },
+    Model { model: &'a DecoderModel, cache: engine::kv_cache::KvCache },
+    Eagle { head: &'a EagleHead, target: &'a DecoderModel, cache: engine::kv_cache::KvCache },
 }
 
 impl<'a> DraftReader<'a> {
     fn new(draft: &'a LoadedDraft, target: &'a DecoderModel, capacity: usize) -> anyhow::Result<Self> {
         Ok(match draft {
             LoadedDraft::Model(m) => Self::Model { model: &m.model, cache: m.model.new_cache(capacity)? },
-            LoadedDraft::EagleHead(head) => {
-                Self::Eagle { head, target, cache: head.new_cache(capacity)?, tcache: target.new_cache(capacity)? }
-            }
+            LoadedDraft::EagleHead(head) => Self::Eagle { head, target, cache: head.new_cache(capacity)? },
         })
     }
 
+    /// Whether [`Self::rows`] needs the target's features of the text.
+    fn reads_features(&self) -> bool {
+        matches!(self, Self::Eagle { .. })
+    }
+
     /// The draft's logits before each of the `r` response tokens of `tokens` (the prompt of
-    /// `prompt_len` tokens, then the response without its last token).
-    fn rows(&mut self, tokens: &[u32], prompt_len: usize, r: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+    /// `prompt_len` tokens, then the response without its last token). `features`: the
+    /// target's final hidden states at the positions of `tokens`, in pieces in order (read
+    /// only by an EAGLE head).
+    fn rows(
+        &mut self,
+        tokens: &[u32],
+        prompt_len: usize,
+        r: usize,
+        features: &[Tensor],
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
         let n = tokens.len();
         match self {
             Self::Model { model, cache } => {
@@ -286,13 +303,17 @@ impl<'a> DraftReader<'a> {
                 let hidden = model.forward(tokens, &pos, &bias, cache)?;
                 logits_rows(model, &hidden.narrow(0, prompt_len - 1, r)?)
             }
-            Self::Eagle { head, target, cache, tcache } => {
+            Self::Eagle { head, target, cache } => {
                 // Entry e pairs the target's feature at position e with token e + 1; its output
                 // gives q for token e + 2. Response token j sits at position prompt_len + j, so
                 // its q comes from entry prompt_len + j - 2.
                 anyhow::ensure!(prompt_len >= 2, "an EAGLE head needs prompts of at least 2 tokens");
-                tcache.truncate(0);
-                let features = target.forward_chain(tokens, tcache)?;
+                let features = Tensor::cat(features, 0)?;
+                anyhow::ensure!(
+                    features.dim(0)? == n,
+                    "{} target features kept for a text of {n} tokens",
+                    features.dim(0)?
+                );
                 let m = n - 1;
                 cache.truncate(0);
                 let pos: Vec<u32> = (0..m as u32).collect();
