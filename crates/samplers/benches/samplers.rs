@@ -151,5 +151,29 @@ fn warp(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, alpha_star, verification, positional, warp);
+/// One draft tuple from each construction (the drafting of one tree node).
+fn drafting(c: &mut Criterion) {
+    for vocab in [151_936usize, 32_000] {
+        let (_, q) = model_like_pair(vocab, 4);
+        let mut g = c.benchmark_group(format!("draft/V={vocab}"));
+        g.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        for n in [2usize, 4] {
+            for (name, cons) in [
+                ("wr", C::WithReplacement),
+                ("wor", C::WithoutReplacement),
+                ("greedy", C::Greedy),
+                ("cps", C::ConditionalPoisson),
+            ] {
+                let mut r = StdRng::seed_from_u64(n as u64);
+                let (mut ds, mut out) = (DraftScratch::default(), Vec::new());
+                g.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| {
+                    b.iter(|| cons.sample(black_box(&q), n, &mut r, &mut ds, &mut out).unwrap())
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, alpha_star, verification, positional, warp, drafting);
 criterion_main!(benches);

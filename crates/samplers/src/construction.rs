@@ -205,8 +205,12 @@ impl DraftConstruction {
                 if !distinct || !is_cps_order(q, tuple) {
                     return 0.0;
                 }
-                let e = elementary_symmetric_scaled(q, 1.0 / total, tuple.len());
-                tuple.iter().map(|&t| qt(t)).product::<f64>() / e[tuple.len()]
+                // prod_j q_j / e_m(q) = prod_j (q_j / rho_j), the tuple and the ratios both in
+                // descending order: the product and e_m underflow when q spans hundreds of
+                // orders of magnitude, while each factor stays moderate (rho_j is at least
+                // the j-th largest q over C(|V|, j - 1)).
+                let rho = poisson_ratios(q, POISSON_LIFT / total, tuple.len());
+                tuple.iter().zip(&rho).map(|(&t, r)| qt(t) * POISSON_LIFT / r).product()
             }
         }
     }
@@ -321,6 +325,42 @@ pub fn elementary_symmetric_scaled(v: &[f64], scale: f64, m: usize) -> Vec<f64> 
     }
 }
 
+/// A power of two (2^60) that the conditional-Poisson computations multiply q by: the law is
+/// the same for any scale, and it lifts subnormal q (from 2^-1074) into f64's normal range,
+/// where the ratios keep all 53 bits (a subnormal of 2^-1069 has 5).
+pub const POISSON_LIFT: f64 = (1u64 << 60) as f64;
+
+/// `rho_k = e_k / e_{k-1}` of `scale * v`, `k = 1..=m` (so `e_m = prod_k rho_k`): the
+/// conditional-Poisson quantities without their range problem. `e_m` of a q spanning
+/// hundreds of orders of magnitude underflows f64 (it is a sum of products of `m` values),
+/// while each ratio stays near the `k`-th largest value. Updated one value at a time by
+/// [`add_to_poisson_ratios`]; 0 where fewer than `k` values are positive.
+pub fn poisson_ratios(v: &[f64], scale: f64, m: usize) -> Vec<f64> {
+    let mut rho = vec![0.0; m];
+    for &x in v {
+        if x > 0.0 {
+            add_to_poisson_ratios(&mut rho, x * scale);
+        }
+    }
+    rho
+}
+
+/// Adds the value `x > 0` to the set whose ratios `rho_k = e_k / e_{k-1}` (`rho[k - 1]`) are
+/// given: `rho_1 += x` and, from `e_k' = e_k + x e_{k-1}`,
+/// `rho_k' = rho_{k-1} (rho_k + x) / (rho_{k-1} + x)`. The fraction is at most 1 (Newton's
+/// inequalities: `rho_k <= rho_{k-1}`), so nothing overflows, and no step subtracts.
+#[inline]
+pub fn add_to_poisson_ratios(rho: &mut [f64], x: f64) {
+    for k in (1..rho.len()).rev() {
+        let prev = rho[k - 1];
+        // With `prev = 0` (fewer than k - 1 values) `rho_k` stays 0.
+        rho[k] = if prev > 0.0 { prev * ((rho[k] + x) / (prev + x)) } else { 0.0 };
+    }
+    if let Some(first) = rho.first_mut() {
+        *first += x;
+    }
+}
+
 /// `s <- s * b` as polynomials given by their first `s.len()` coefficients (the product
 /// truncated to the degree of `s`; `b` has at least as many coefficients).
 pub(crate) fn truncated_product(s: &mut [f64], b: &[f64]) {
@@ -385,7 +425,11 @@ fn is_cps_order(q: &[f64], tuple: &[TokenId]) -> bool {
 }
 
 /// Exact conditional-Poisson sampling: walk the support, including token `i` with
-/// probability `q_i e_{k-1}(rest) / e_k(i and rest)` where `k` drafts are still needed.
+/// probability `q_i e_{k-1}(rest) / e_k(i and rest) = q_i / (q_i + rho_k(rest))` where `k`
+/// drafts are still needed and `rho_k = e_k / e_{k-1}` ([`add_to_poisson_ratios`]). In ratios,
+/// because `e_k` itself underflowed for a q spanning hundreds of orders of magnitude (as at
+/// temperatures near 0): the inclusion probabilities were then 0/0, and the walk took the
+/// last tokens of the support, whatever their q.
 fn sample_conditional_poisson<R: Rng + ?Sized>(
     q: &[f64],
     m: usize,
@@ -397,26 +441,24 @@ fn sample_conditional_poisson<R: Rng + ?Sized>(
     support.clear();
     support.extend((0..q.len() as TokenId).filter(|&i| q[i as usize] > 0.0));
     let s = support.len();
-    let w = m + 1;
-    // table[i*w + k] = e_k(q over support[i..]).
+    let w = m.max(1);
+    // table[i*w + k - 1] = rho_k(q over support[i..]), 0 for the empty suffix.
     let table = &mut scratch.table;
     table.clear();
     table.resize((s + 1) * w, 0.0);
-    table[s * w] = 1.0;
     for i in (0..s).rev() {
-        let qi = q[support[i] as usize];
-        table[i * w] = 1.0;
-        for k in 1..=m {
-            table[i * w + k] = table[(i + 1) * w + k] + qi * table[(i + 1) * w + k - 1];
-        }
+        let (head, tail) = table.split_at_mut((i + 1) * w);
+        let row = &mut head[i * w..];
+        row.copy_from_slice(&tail[..w]);
+        add_to_poisson_ratios(row, q[support[i] as usize] * POISSON_LIFT);
     }
     let mut need = m;
     for i in 0..s {
         if need == 0 {
             break;
         }
-        let qi = q[support[i] as usize];
-        let include = qi * table[(i + 1) * w + need - 1] / table[i * w + need];
+        let qi = q[support[i] as usize] * POISSON_LIFT;
+        let include = qi / (qi + table[(i + 1) * w + need - 1]);
         if s - i == need || rng.random::<f64>() < include {
             out.push(support[i]);
             need -= 1;

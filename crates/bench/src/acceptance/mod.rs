@@ -60,7 +60,7 @@ pub struct AcceptanceArgs {
     /// Dataset of the sweeps (default: the first of --dataset).
     #[arg(long)]
     sweep_dataset: Option<Dataset>,
-    /// Temperature at which the target samples its responses.
+    /// Temperature at which the target samples its responses (0: argmax responses).
     #[arg(long, default_value_t = 0.7)]
     generation_temperature: f64,
     /// Largest logits kept per model at each position (their union is stored).
@@ -128,9 +128,6 @@ fn check_args(args: &AcceptanceArgs) -> anyhow::Result<()> {
         if !t.is_finite() || !(0.0..=100.0).contains(&t) {
             bail!("temperature {t} is out of range (0 to 100)");
         }
-    }
-    if args.generation_temperature == 0.0 {
-        // Allowed: argmax responses.
     }
     for &n in args.drafts.iter().chain([&args.num_drafts]) {
         if n == 0 || n > 64 {

@@ -24,6 +24,7 @@ use crate::construction::DraftConstruction;
 use crate::dist::{fast_sum, pair_sum, rest_mass, top_k_support, validate_target_and_draft};
 use crate::error::Result;
 use crate::verify::solve_rho;
+use crate::TokenId;
 
 /// `alpha*` of `construction` with `n` drafts from `q` against target `p` (validated).
 pub fn alpha_star(construction: DraftConstruction, p: &[f64], q: &[f64], n: usize) -> Result<f64> {
@@ -46,11 +47,21 @@ pub fn alpha_star_greedy(p: &[f64], q: &[f64], n: usize) -> f64 {
     let (sp, sq): (f64, f64) = (fast_sum(p), fast_sum(q));
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
-    let (ip, iq) = (1.0 / sp, 1.0 / rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum::<f64>()));
+    let rest = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum::<f64>());
+    let (ip, iq) = (1.0 / sp, 1.0 / rest);
     let top_p: f64 = top.iter().map(|&t| p[t as usize] * ip).sum();
     // sum_i min(p_i, q'_i) over the non-top tokens: over all tokens, minus the top ones.
-    let overlap = pair_sum(p, q, |a, b| (a * ip).min(b * iq))
-        - top.iter().map(|&t| (p[t as usize] * ip).min(q[t as usize] * iq)).sum::<f64>();
+    let overlap = if iq.is_finite() {
+        pair_sum(p, q, |a, b| (a * ip).min(b * iq))
+            - top.iter().map(|&t| (p[t as usize] * ip).min(q[t as usize] * iq)).sum::<f64>()
+    } else {
+        // The rest's mass is below 2^-1022 (a subnormal): its reciprocal overflows, so q' is
+        // q over the rest, divided (0 * inf had made NaNs, which `min` dropped).
+        (0..p.len().min(q.len()))
+            .filter(|&i| q[i] > 0.0 && !top.contains(&(i as TokenId)))
+            .map(|i| (p[i] * ip).min(q[i] / rest))
+            .sum()
+    };
     (top_p + overlap).min(1.0)
 }
 

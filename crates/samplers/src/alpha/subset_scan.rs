@@ -11,7 +11,7 @@
 
 use super::bucketed::{min_over_prefixes, PrefixQ};
 use crate::construction::{
-    add_to_elementary_symmetric, elementary_symmetric_scaled, truncated_product, DraftConstruction,
+    add_to_elementary_symmetric, poisson_ratios, truncated_product, DraftConstruction, POISSON_LIFT,
 };
 use crate::dist::fast_sum;
 use std::cell::RefCell;
@@ -166,36 +166,81 @@ pub fn alpha_star_with_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 
 /// `alpha*` of conditional-Poisson drafts: `Q(H) = e_m(q_H) / e_m(q)` with
 /// `m = min(n, |supp q|)` (the paper's generating-function formula, exact for this law).
+///
+/// The scan's `e_k` are of `c q` with `c = e_m(q)^{-1/m}` (from [`poisson_ratios`]), so that
+/// `e_m(c q) = 1`: `e_m(q)` underflows f64 for a q spanning hundreds of orders of magnitude
+/// (it had made every `Q(H)` 0/0), while the `e_m` of the scaled sets stay at most 1 and
+/// only those of sets far below `H`'s optimum can underflow (to 0, an absolute error below
+/// 2^-1022).
 pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
     let m = DraftConstruction::ConditionalPoisson.num_drafts(q, n);
     let sq: f64 = fast_sum(q);
-    let e = elementary_symmetric_scaled(q, 1.0 / sq, m);
-    // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q).
-    let scale = e[m - 1] / e[m];
+    // Ratios of the lifted q (see `POISSON_LIFT`); `c` makes `e_m(c * lifted q) = 1`.
+    let rho = poisson_ratios(q, POISSON_LIFT / sq, m);
+    let c = (-rho.iter().map(|r| r.ln()).sum::<f64>() / m as f64).exp();
+    let total: f64 = rho.iter().map(|r| c * r).product();
+    // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q) = q_x / rho_m (an
+    // infinite scale keeps every candidate, which is safe).
+    let scale = POISSON_LIFT / rho[m - 1];
     let keep = |px: f64, qx: f64| px < (scale * qx).min(1.0);
-    let total = e[m];
+    // `e_k(c q) = prod_{i <= k} c rho_i` bounds every state of the bucketed scan; where one
+    // is out of range (the top m tokens of q spanning some 500 orders of magnitude), the
+    // scan goes token by token in degree-normalised form instead.
+    let mut partial = 1.0f64;
+    let in_range = rho.iter().all(|r| {
+        partial *= c * r;
+        partial.is_finite() && partial < 1e250
+    });
+    if !in_range {
+        return normalised_poisson_scan(p, q, &rho, keep);
+    }
+    // The scan adds normalised q: lift it as well.
+    let c = c * POISSON_LIFT;
     // A compile-time state width for the usual draft counts: a token's update then loads and
     // stores the whole state at once, so the next token of the same bucket reads it back by
     // store forwarding (a shifted, partly overlapping load had made pass 1 wait on each store).
     let best = match m {
-        1 => min_over_prefixes(p, q, keep, &FixedPoisson::<2> { total }),
-        2 => min_over_prefixes(p, q, keep, &FixedPoisson::<3> { total }),
-        3 => min_over_prefixes(p, q, keep, &FixedPoisson::<4> { total }),
-        4 => min_over_prefixes(p, q, keep, &FixedPoisson::<5> { total }),
-        5 => min_over_prefixes(p, q, keep, &FixedPoisson::<6> { total }),
-        6 => min_over_prefixes(p, q, keep, &FixedPoisson::<7> { total }),
-        7 => min_over_prefixes(p, q, keep, &FixedPoisson::<8> { total }),
-        8 => min_over_prefixes(p, q, keep, &FixedPoisson::<9> { total }),
-        _ => min_over_prefixes(p, q, keep, &AnyPoisson { m, total }),
+        1 => min_over_prefixes(p, q, keep, &FixedPoisson::<2> { total, c }),
+        2 => min_over_prefixes(p, q, keep, &FixedPoisson::<3> { total, c }),
+        3 => min_over_prefixes(p, q, keep, &FixedPoisson::<4> { total, c }),
+        4 => min_over_prefixes(p, q, keep, &FixedPoisson::<5> { total, c }),
+        5 => min_over_prefixes(p, q, keep, &FixedPoisson::<6> { total, c }),
+        6 => min_over_prefixes(p, q, keep, &FixedPoisson::<7> { total, c }),
+        7 => min_over_prefixes(p, q, keep, &FixedPoisson::<8> { total, c }),
+        8 => min_over_prefixes(p, q, keep, &FixedPoisson::<9> { total, c }),
+        _ => min_over_prefixes(p, q, keep, &AnyPoisson { m, total, c }),
     };
     (1.0 + best).clamp(0.0, 1.0)
 }
 
+/// [`alpha_star_conditional_poisson`] for any range of q: the prefixes in order, one token at
+/// a time, with the state `s_k = e_k(q_H) / e_k(q)` (each in `[0, 1]`), updated by
+/// `s_k += q_x s_{k-1} / rho_k` (`rho`: the ratios of the lifted q, see `POISSON_LIFT`), so
+/// that no power of a scale factor is ever formed; `Q(H) = s_m`.
+fn normalised_poisson_scan(p: &[f64], q: &[f64], rho: &[f64], keep: impl Fn(f64, f64) -> bool) -> f64 {
+    let m = rho.len();
+    with_sorted_candidates(p, q, keep, |tokens, _| {
+        let mut s = vec![0.0f64; m + 1];
+        s[0] = 1.0;
+        let (mut pp, mut best) = (0.0f64, 0.0f64);
+        for c in tokens {
+            let x = c.q * POISSON_LIFT;
+            for k in (1..=m).rev() {
+                s[k] += x * s[k - 1] / rho[k - 1];
+            }
+            pp += c.p;
+            best = best.min(pp - s[m].min(1.0));
+        }
+        (1.0 + best).clamp(0.0, 1.0)
+    })
+}
+
 /// `Q(H) = e_m(q_H) / e_m(q)` of conditional Poisson drafts: the state is `e_0..=e_m` of the
-/// set's `q`, a truncated generating polynomial `prod (1 + q_i t)`.
+/// set's `c q`, a truncated generating polynomial `prod (1 + c q_i t)`; `total = e_m(c q)`.
 struct AnyPoisson {
     m: usize,
     total: f64,
+    c: f64,
 }
 
 impl PrefixQ for AnyPoisson {
@@ -207,7 +252,7 @@ impl PrefixQ for AnyPoisson {
         s[0] = 1.0;
     }
     fn add(&self, s: &mut [f64], q: f64) {
-        add_to_elementary_symmetric(&mut s[..=self.m], q);
+        add_to_elementary_symmetric(&mut s[..=self.m], self.c * q);
     }
     fn merge(&self, s: &mut [f64], acc: &[f64]) {
         truncated_product(s, acc);
@@ -220,6 +265,7 @@ impl PrefixQ for AnyPoisson {
 /// [`AnyPoisson`] with the state width `W = m + 1` known at compile time.
 struct FixedPoisson<const W: usize> {
     total: f64,
+    c: f64,
 }
 
 impl<const W: usize> PrefixQ for FixedPoisson<W> {
@@ -233,6 +279,7 @@ impl<const W: usize> PrefixQ for FixedPoisson<W> {
     #[inline(always)]
     fn add(&self, s: &mut [f64], q: f64) {
         let s: &mut [f64; W] = s.try_into().expect("state width");
+        let q = self.c * q;
         let old = *s;
         for k in 1..W {
             s[k] = old[k] + q * old[k - 1];

@@ -71,31 +71,55 @@ fn gauss_legendre() -> &'static ([f64; NODES], [f64; NODES]) {
     })
 }
 
-/// Quadrature grid: panel 0 is `[0,1]`, panel `k >= 1` is `[2^{k-1}, 2^k]`.
+/// Quadrature grid: panel 0 is `[0,1]`, panel `k >= 1` is `[2^{k-1}, 2^k]`, up to a horizon
+/// of `64 / delta`. For a `delta` below about 2^-1017 (a q whose mass outside its top `m - 1`
+/// tokens is subnormal) the horizon is past f64's range, so times and weights are held
+/// relative to their panel's `2^{k-1}`, which enters as an exponent ([`ldexp`]).
 struct Grid {
     panels: usize,
+    /// Gauss-Legendre weight of each node on its panel, before the panel's width.
     weights: Vec<f64>,
-    times: Vec<f64>,
+    /// `t / t_max` of each node (0 where it underflows: such nodes see no small token arrive).
+    relative_times: Vec<f64>,
 }
 
 impl Grid {
     fn new(delta: f64) -> Self {
-        let horizon = (64.0f64).max(64.0 / delta.max(1e-300));
-        let panels = 1 + (horizon.log2().ceil() as usize).clamp(1, 1100);
+        let horizon_log2 = (6.0 - delta.log2()).max(6.0); // log2(64 / delta), NaN-free for delta = 0
+        let panels = 1 + (horizon_log2.ceil() as usize).clamp(1, 1100);
         let (u, w) = gauss_legendre();
         let mut weights = Vec::with_capacity(panels * NODES);
-        let mut times = Vec::with_capacity(panels * NODES);
+        let mut relative_times = Vec::with_capacity(panels * NODES);
+        // t_max = 2^{panels-2} (1 + u_last).
+        let last = 1.0 + u[NODES - 1];
         for k in 0..panels {
-            let width = if k == 0 { 1.0 } else { 2f64.powi(k as i32 - 1) };
-            let start = if k == 0 { 0.0 } else { width };
-            weights.extend(w.iter().map(|&wj| width * wj));
-            times.extend(u.iter().map(|&uj| start + width * uj));
+            weights.extend_from_slice(w);
+            relative_times.extend(u.iter().map(|&uj| {
+                let (start, exponent) = if k == 0 { (0.0, 0) } else { (1.0, k as i32 - 1) };
+                ldexp((start + uj) / last, exponent - (panels as i32 - 2))
+            }));
         }
-        Self { panels, weights, times }
+        Self { panels, weights, relative_times }
     }
 
     fn len(&self) -> usize {
         self.panels * NODES
+    }
+
+    /// The panel's width `2^{k-1}` (1 for panel 0) as a power of two exponent.
+    fn width_exponent(k: usize) -> i32 {
+        if k == 0 {
+            0
+        } else {
+            k as i32 - 1
+        }
+    }
+
+    /// `0.0625 / t_max`: tokens of `q` at most this arrive with `q t <= 1/16` at every node
+    /// (0 when it underflows, and then every token is added on its own).
+    fn small_rate(&self) -> f64 {
+        let (u, _) = gauss_legendre();
+        ldexp(0.0625 / (1.0 + u[NODES - 1]), -(self.panels as i32 - 2))
     }
 
     /// `e[g] = exp(-rate t_g)` and `s[g] = 1 - e[g]` (computed without cancellation).
@@ -164,18 +188,19 @@ impl ArrivalDp {
     }
 
     /// Adds a block of small tokens at once from their scaled power sums
-    /// `sums[k] = sum_i (q_i/theta)^k`, `k = 1..=L` (every `q_i t <= theta t_max <= 1/4`).
+    /// `sums[k] = sum_i (q_i/theta)^k`, `k = 1..=L`, `theta` = [`Grid::small_rate`] (every
+    /// `q_i t <= theta t_max = 1/16`).
     ///
     /// With `x_i = e^{q_i t} - 1`, `prod_i (e^{-q_i t} + (1 - e^{-q_i t}) z)
     /// = e^{-q(B) t} exp(sum_j (-1)^{j+1} X_j z^j / j)` where `X_j = sum_i x_i^j
     /// = sum_k a_{j,k} t^k sum_i q_i^k` and `(e^y - 1)^j = sum_k a_{j,k} y^k`.
-    fn add_small_block(&mut self, mass: f64, sums: &[f64], theta: f64, series: &[Vec<f64>]) {
+    fn add_small_block(&mut self, mass: f64, sums: &[f64], series: &[Vec<f64>]) {
         let (m, g) = (self.m, self.grid.len());
         self.grid.fill(mass, &mut self.e, &mut self.s);
         let mut lambda = [0.0f64; MAX_M];
         let mut poly = [0.0f64; MAX_M];
         for i in 0..g {
-            let u = self.grid.times[i] * theta; // <= 1/16
+            let u = self.grid.relative_times[i] * 0.0625; // t theta <= 1/16
             for j in 1..m {
                 let a = &series[j];
                 let mut x = 0.0;
@@ -213,16 +238,30 @@ impl ArrivalDp {
         }
         let g = self.grid.len();
         self.grid.fill(r, &mut self.e, &mut self.s);
+        // `r * integral`, with each panel's width folded into `r` (finite wherever
+        // `e^{-r t}` is not 0).
         let mut integral = 0.0;
-        for i in 0..g {
-            let mut below = 0.0;
-            for k in 0..self.m {
-                below += self.probs[k * g + i];
+        for panel in 0..self.grid.panels {
+            let r_width = ldexp(r, Grid::width_exponent(panel));
+            for i in panel * NODES..(panel + 1) * NODES {
+                if self.e[i] == 0.0 {
+                    continue;
+                }
+                let mut below = 0.0;
+                for k in 0..self.m {
+                    below += self.probs[k * g + i];
+                }
+                integral += r_width * self.grid.weights[i] * self.e[i] * below;
             }
-            integral += self.grid.weights[i] * self.e[i] * below;
         }
-        (1.0 - r * integral).clamp(0.0, 1.0)
+        (1.0 - integral).clamp(0.0, 1.0)
     }
+}
+
+/// `x 2^e` for any `e` (two steps, so that neither power of two overflows).
+fn ldexp(x: f64, e: i32) -> f64 {
+    let half = e / 2;
+    x * 2f64.powi(half) * 2f64.powi(e - half)
 }
 
 /// Largest `m` handled by the block update (drafts per node); larger `n` is capped by the
@@ -269,7 +308,9 @@ pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, metho
     // one-hot q the subtraction cancels to 0 or to round-off.
     let delta = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum()) / sq;
     // pi_x <= m q_x / (1 - T_{m-1}): each draw picks x with probability <= q_x / (1 - T_{m-1}).
-    let bound_scale = m as f64 / delta.max(1e-300);
+    // (Not clamped: a subnormal `delta` gives a large or infinite scale, which only keeps more
+    // candidates; clamping `delta` up to 1e-300 had pruned tokens of the optimal set.)
+    let bound_scale = m as f64 / delta;
     // `r = 1 - q(H)` is the mass of the pruned tokens (never added to H) plus the candidates
     // after the prefix, both summed for the same reason.
     with_sorted_candidates(
@@ -279,9 +320,10 @@ pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, metho
         |tokens, pruned| {
             let outside = outside_masses(tokens, pruned);
             if m == 1 {
-                scan_closed_form(tokens, &outside, |qq, _, _| qq)
+                scan_closed_form(tokens, &outside, delta, |qq, _, _| qq)
             } else if m == 2 && method == WorMethod::Auto {
-                scan_closed_form(tokens, &outside, |_, r, acc| 1.0 - r - r * acc)
+                // For m = 2, `delta` is the mass outside the largest token.
+                scan_closed_form(tokens, &outside, delta, |_, r, acc| 1.0 - r - r * acc)
             } else {
                 (1.0 + min_f_by_blocks(tokens, &outside, m, delta)).clamp(0.0, 1.0)
             }
@@ -300,16 +342,35 @@ fn outside_masses(tokens: &[Candidate], pruned: f64) -> Vec<f64> {
 }
 
 /// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), r_j, sum_{H_j} q/(1-q))`, `r_j` the
-/// mass outside `H_j` (`outside[j + 1]`, see [`outside_masses`]).
-fn scan_closed_form(tokens: &[Candidate], outside: &[f64], big_q: impl Fn(f64, f64, f64) -> f64) -> f64 {
+/// mass outside `H_j` (`outside[j + 1]`, see [`outside_masses`]); `rest_of_top` is the mass
+/// outside the largest token (see [`odds`]).
+fn scan_closed_form(
+    tokens: &[Candidate],
+    outside: &[f64],
+    rest_of_top: f64,
+    big_q: impl Fn(f64, f64, f64) -> f64,
+) -> f64 {
     let (mut pp, mut qq, mut acc, mut best) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for (j, c) in tokens.iter().enumerate() {
         pp += c.p;
         qq += c.q;
-        acc += c.q / (1.0 - c.q);
+        acc += odds(c.q, rest_of_top);
         best = best.min(pp - big_q(qq.min(1.0), outside[j + 1], acc).clamp(0.0, 1.0));
     }
     (1.0 + best).clamp(0.0, 1.0)
+}
+
+/// `q / (1 - q)` for a normalised token mass `q`, with `1 - q` taken as `rest_of_top` (the
+/// summed mass of every other token) when `q > 1/2`, i.e. for the largest token: a nearly
+/// one-hot q rounds its top token to 1.0 in f64 (the rest below 2^-53), where `1 - q` is 0
+/// and the odds came out infinite, which made `Q(H)` of every set holding it 0.
+#[inline]
+fn odds(q: f64, rest_of_top: f64) -> f64 {
+    if q > 0.5 {
+        q / rest_of_top
+    } else {
+        q / (1.0 - q)
+    }
 }
 
 /// `min(0, min_j P(H_j) - Q(H_j))` over the prefixes of `tokens` (sorted), for `m >= 2`.
@@ -324,8 +385,7 @@ fn min_f_by_blocks(tokens: &[Candidate], outside: &[f64], m: usize, delta: f64) 
     if tokens.is_empty() {
         return 0.0;
     }
-    let t_max = *dp.grid.times.last().expect("grid has nodes");
-    let theta = 0.0625 / t_max;
+    let theta = dp.grid.small_rate();
     let series = power_series(m.min(MAX_M));
     let blocks = tokens.len().div_ceil(BLOCK);
     let g = dp.grid.len();
@@ -358,7 +418,7 @@ fn min_f_by_blocks(tokens: &[Candidate], outside: &[f64], m: usize, delta: f64) 
             }
         }
         if small_count > 0 {
-            dp.add_small_block(small_mass, &sums, theta, &series);
+            dp.add_small_block(small_mass, &sums, &series);
         }
         let big_q = dp.q_value(outside[ends.len() * BLOCK - BLOCK + block.len()]);
         best = best.min(pp - big_q);
@@ -407,12 +467,13 @@ pub fn q_without_replacement(q: &[f64], n: usize, in_h: impl Fn(usize) -> bool, 
     if m == 1 {
         return s.min(1.0);
     }
-    if m == 2 && method == WorMethod::Auto {
-        return (1.0 - r - r * members.iter().map(|&x| x / (1.0 - x)).sum::<f64>()).clamp(0.0, 1.0);
-    }
     let mut top = Vec::new();
     top_k_support(q, m - 1, &mut top);
     let delta = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum()) / sq;
+    if m == 2 && method == WorMethod::Auto {
+        // `delta`: the mass outside the largest token.
+        return (1.0 - r - r * members.iter().map(|&x| odds(x, delta)).sum::<f64>()).clamp(0.0, 1.0);
+    }
     let mut dp = ArrivalDp::new(m, delta);
     for &x in &members {
         dp.add(x);

@@ -69,7 +69,13 @@ fn plan(
     }
     let inv_q = 1.0 / zq;
     let VerifyScratch { residual, blocks, .. } = scratch;
-    let mut total = fill_residual(residual, blocks, p.len(), |i| (p[i] - q[i] * inv_q).max(0.0));
+    let mut total = if inv_q.is_finite() {
+        fill_residual(residual, blocks, p.len(), |i| (p[i] - q[i] * inv_q).max(0.0))
+    } else {
+        // `zq` is subnormal and its reciprocal overflows: divide instead (`0 * inf` is NaN,
+        // which `max` turned into a residual of 0 for every token outside q's support).
+        fill_residual(residual, blocks, p.len(), |i| (p[i] - q[i] / zq).max(0.0))
+    };
     for &t in top {
         total += overwrite_residual(residual, blocks, t as usize, p[t as usize]);
     }

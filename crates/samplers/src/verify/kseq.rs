@@ -338,7 +338,7 @@ pub(super) fn walk(
     }
     // Residual p - c min(q, p/rho): (1 - c/rho) p where p <= rho q, else p - c q.
     let c = k.c(n);
-    let split = Split { threshold: k.rho, low_scale: (1.0 - c / k.rho).max(0.0) };
+    let split = Split { threshold: k.rho, low_scale: (1.0 - c / k.rho).max(0.0), q_scale: 1.0 };
     let total = split_sums(p, q, split, &mut scratch.blocks);
     if total <= 0.0 {
         return Residual::Target;

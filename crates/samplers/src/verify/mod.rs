@@ -253,16 +253,24 @@ pub(crate) enum Residual {
 /// (`T = S`, `low_scale = 0`); K-SEQ's is `(1 - c/rho) p` below `rho` and `p - c q` above
 /// (`T = rho`, `low_scale = 1 - c/rho`). The min/max form is branch-free, so the passes
 /// vectorise.
+///
+/// `T` is held as `threshold * q_scale`, with `q_scale` a power of two multiplying `q` first:
+/// RRS without replacement adds `Z_k / z_k` to `T`, which overflows f64 when the mass `z_k`
+/// not yet drafted is subnormal (a q spanning 700 nats, as at temperatures near 0); as
+/// `inf`, `T q` was NaN on tokens outside q's support and 0 on subnormal ones, which changed
+/// the output law. Scaling by a power of two is exact, so `q_scale = 1` and any other scale
+/// give the same weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Split {
     pub threshold: f64,
     pub low_scale: f64,
+    pub q_scale: f64,
 }
 
 impl Split {
     #[inline(always)]
     pub(crate) fn weight(&self, p: f64, q: f64) -> f64 {
-        let tq = self.threshold * q;
+        let tq = self.threshold * (q * self.q_scale);
         self.low_scale * p.min(tq) + (p - tq).max(0.0)
     }
 }
@@ -298,7 +306,7 @@ pub(crate) fn fill_residual(
 /// Block sums of a split's weights into `blocks`; returns the total. A read-only pass with
 /// four independent accumulators (vectorisable); nothing of vocabulary size is written.
 pub(crate) fn split_sums(p: &[f64], q: &[f64], split: Split, blocks: &mut Vec<f64>) -> f64 {
-    if split.low_scale == 0.0 {
+    if split.low_scale == 0.0 && split.q_scale == 1.0 {
         // RRS's residual (p - T q)_+: the same weight without the low side's min and multiply,
         // which measured about twice as fast on the vocabulary pass.
         let t = split.threshold;

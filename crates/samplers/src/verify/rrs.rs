@@ -12,6 +12,10 @@
 //! `x` has `p(x) < S_{k+1} q(x)`, so its residual stays 0 and RRS-wo needs no mask. A rejection
 //! therefore costs one read-only pass for `Z_{k+1}` (with block sums for the final draw), and
 //! nothing of vocabulary size is written.
+//!
+//! `S_k` is kept as `s * q_scale` (see [`Split`]): when the undrafted mass `z_k` falls below
+//! [`SMALLEST_MASS`], `q_scale` is multiplied by a power of two that lifts it back, and `s`
+//! divided by the same, so that `Z_k / z_k` cannot overflow.
 
 use super::{accept_ratio, split_sums, Residual, Split, VerifyScratch};
 use crate::dist::rest_mass;
@@ -25,22 +29,36 @@ pub(super) fn walk(
     scratch: &mut VerifyScratch,
     visit: &mut dyn FnMut(usize, f64) -> bool,
 ) -> Residual {
-    let (mut s, mut z) = (0.0f64, 1.0f64); // p_k = (p - s q)_+ / z
+    // p_k = (p - s q_scale q)_+ / z; `zq` is the undrafted mass of q.
+    let (mut s, mut z, mut q_scale) = (0.0f64, 1.0f64, 1.0f64);
     let mut zq = 1.0;
     let mut removed_mass = 0.0;
     scratch.removed.clear();
-    let positive_part = |s: f64| Split { threshold: s, low_scale: 0.0 };
-    let residual = |s: f64, z: f64| if s > 0.0 { Residual::Split(positive_part(s), z) } else { Residual::Target };
+    let positive_part = |s: f64, q_scale: f64| Split { threshold: s, low_scale: 0.0, q_scale };
+    let residual = |s: f64, z: f64, q_scale: f64| {
+        if s > 0.0 {
+            Residual::Split(positive_part(s, q_scale), z)
+        } else {
+            Residual::Target
+        }
+    };
     for (k, &d) in drafts.iter().enumerate() {
         let d = d as usize;
-        let pk = (p[d] - s * q[d]).max(0.0) / z;
+        let pk = (p[d] - s * (q[d] * q_scale)).max(0.0) / z;
         let a = accept_ratio(pk, q[d] / zq);
         if visit(k, a) || a >= 1.0 {
             // Taken, or rejection has probability zero: the rest of the walk has no mass.
-            return residual(s, z);
+            return residual(s, z, q_scale);
         }
-        s += z / zq;
-        z = split_sums(p, q, positive_part(s), &mut scratch.blocks);
+        if zq * q_scale < SMALLEST_MASS {
+            // 2^-1074 <= zq, so at most 2^76 more; exact (powers of two).
+            let lift = SMALLEST_MASS / (zq * q_scale);
+            let lift = 2f64.powi(lift.log2().ceil() as i32);
+            q_scale *= lift;
+            s /= lift;
+        }
+        s += z / (zq * q_scale);
+        z = split_sums(p, q, positive_part(s, q_scale), &mut scratch.blocks);
         if z <= 0.0 {
             // p_k == q_k up to round-off: the residual is arbitrary (paper); use p.
             return Residual::Target;
@@ -54,5 +72,9 @@ pub(super) fn walk(
             }
         }
     }
-    residual(s, z)
+    residual(s, z, q_scale)
 }
+
+/// The smallest undrafted mass `z_k * q_scale` of [`walk`] before `q_scale` is raised:
+/// `Z_k / z_k <= 1 / z_k` then stays below 2^1000.
+const SMALLEST_MASS: f64 = f64::from_bits(23 << 52); // 2^-1000
