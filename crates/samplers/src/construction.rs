@@ -325,6 +325,10 @@ pub fn elementary_symmetric_scaled(v: &[f64], scale: f64, m: usize) -> Vec<f64> 
     }
 }
 
+/// The smallest `e_k` (2^-900) for which the plain conditional-Poisson table is used: far from
+/// underflow, so that its products and sums keep their relative precision.
+const SAFE_E: f64 = f64::from_bits(123 << 52);
+
 /// A power of two (2^60) that the conditional-Poisson computations multiply q by: the law is
 /// the same for any scale, and it lifts subnormal q (from 2^-1074) into f64's normal range,
 /// where the ratios keep all 53 bits (a subnormal of 2^-1069 has 5).
@@ -426,10 +430,11 @@ fn is_cps_order(q: &[f64], tuple: &[TokenId]) -> bool {
 
 /// Exact conditional-Poisson sampling: walk the support, including token `i` with
 /// probability `q_i e_{k-1}(rest) / e_k(i and rest) = q_i / (q_i + rho_k(rest))` where `k`
-/// drafts are still needed and `rho_k = e_k / e_{k-1}` ([`add_to_poisson_ratios`]). In ratios,
-/// because `e_k` itself underflowed for a q spanning hundreds of orders of magnitude (as at
-/// temperatures near 0): the inclusion probabilities were then 0/0, and the walk took the
-/// last tokens of the support, whatever their q.
+/// drafts are still needed and `rho_k = e_k / e_{k-1}` ([`add_to_poisson_ratios`]). From the
+/// plain `e_k` where they stay above [`SAFE_E`], else from the ratios: `e_k` underflowed for a
+/// q spanning hundreds of orders of magnitude (as at temperatures near 0), and the inclusion
+/// probabilities were then 0/0, so the walk took the last tokens of the support, whatever
+/// their q. (The ratios cost a division per token and draft.)
 fn sample_conditional_poisson<R: Rng + ?Sized>(
     q: &[f64],
     m: usize,
@@ -441,27 +446,59 @@ fn sample_conditional_poisson<R: Rng + ?Sized>(
     support.clear();
     support.extend((0..q.len() as TokenId).filter(|&i| q[i as usize] > 0.0));
     let s = support.len();
-    let w = m.max(1);
-    // table[i*w + k - 1] = rho_k(q over support[i..]), 0 for the empty suffix.
     let table = &mut scratch.table;
+    // First the plain table (multiply-adds, vectorised): w = m + 1 columns,
+    // table[i*w + k] = e_k(q over support[i..]). The walk reads e_k of a suffix only for
+    // k <= min(m, its length), and those are at least the row's e_kmax (q sums to 1, so
+    // e_k <= e_{k-1}), so the plain table is exact while every row's e_kmax is normal.
+    let w = m + 1;
     table.clear();
     table.resize((s + 1) * w, 0.0);
+    table[s * w] = 1.0;
+    let mut smallest = f64::INFINITY;
     for i in (0..s).rev() {
-        let (head, tail) = table.split_at_mut((i + 1) * w);
-        let row = &mut head[i * w..];
-        row.copy_from_slice(&tail[..w]);
-        add_to_poisson_ratios(row, q[support[i] as usize] * POISSON_LIFT);
-    }
-    let mut need = m;
-    for i in 0..s {
-        if need == 0 {
-            break;
+        let qi = q[support[i] as usize];
+        table[i * w] = 1.0;
+        for k in 1..=m {
+            table[i * w + k] = table[(i + 1) * w + k] + qi * table[(i + 1) * w + k - 1];
         }
-        let qi = q[support[i] as usize] * POISSON_LIFT;
-        let include = qi / (qi + table[(i + 1) * w + need - 1]);
-        if s - i == need || rng.random::<f64>() < include {
-            out.push(support[i]);
-            need -= 1;
+        smallest = smallest.min(table[i * w + m.min(s - i)]);
+    }
+    if smallest >= SAFE_E && smallest.is_finite() {
+        let mut need = m;
+        for i in 0..s {
+            if need == 0 {
+                break;
+            }
+            let qi = q[support[i] as usize];
+            let include = qi * table[(i + 1) * w + need - 1] / table[i * w + need];
+            if s - i == need || rng.random::<f64>() < include {
+                out.push(support[i]);
+                need -= 1;
+            }
+        }
+    } else {
+        // table[i*m + k - 1] = rho_k(lifted q over support[i..]), 0 for the empty suffix.
+        let w = m.max(1);
+        table.clear();
+        table.resize((s + 1) * w, 0.0);
+        for i in (0..s).rev() {
+            let (head, tail) = table.split_at_mut((i + 1) * w);
+            let row = &mut head[i * w..];
+            row.copy_from_slice(&tail[..w]);
+            add_to_poisson_ratios(row, q[support[i] as usize] * POISSON_LIFT);
+        }
+        let mut need = m;
+        for i in 0..s {
+            if need == 0 {
+                break;
+            }
+            let qi = q[support[i] as usize] * POISSON_LIFT;
+            let include = qi / (qi + table[(i + 1) * w + need - 1]);
+            if s - i == need || rng.random::<f64>() < include {
+                out.push(support[i]);
+                need -= 1;
+            }
         }
     }
     out.sort_unstable_by(|&a, &b| q[b as usize].total_cmp(&q[a as usize]).then(a.cmp(&b)));

@@ -11,7 +11,8 @@
 
 use super::bucketed::{min_over_prefixes, PrefixQ};
 use crate::construction::{
-    add_to_elementary_symmetric, poisson_ratios, truncated_product, DraftConstruction, POISSON_LIFT,
+    add_to_elementary_symmetric, elementary_symmetric_scaled, poisson_ratios, truncated_product, DraftConstruction,
+    POISSON_LIFT,
 };
 use crate::dist::fast_sum;
 use std::cell::RefCell;
@@ -167,51 +168,44 @@ pub fn alpha_star_with_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 /// `alpha*` of conditional-Poisson drafts: `Q(H) = e_m(q_H) / e_m(q)` with
 /// `m = min(n, |supp q|)` (the paper's generating-function formula, exact for this law).
 ///
-/// The scan's `e_k` are of `c q` with `c = e_m(q)^{-1/m}` (from [`poisson_ratios`]), so that
-/// `e_m(c q) = 1`: `e_m(q)` underflows f64 for a q spanning hundreds of orders of magnitude
-/// (it had made every `Q(H)` 0/0), while the `e_m` of the scaled sets stay at most 1 and
-/// only those of sets far below `H`'s optimum can underflow (to 0, an absolute error below
-/// 2^-1022).
+/// Where `e_m(q)` is below [`SAFE_E_M`] (it underflows f64 for a q whose top `m` tokens span
+/// hundreds of orders of magnitude, and had made every `Q(H)` 0/0) the prefixes are scanned
+/// by [`normalised_poisson_scan`] instead. Otherwise the `e_m` of a set can underflow only far
+/// below `e_m(q)`, an absolute error in `Q(H)` below 2^-170.
 pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
     let m = DraftConstruction::ConditionalPoisson.num_drafts(q, n);
     let sq: f64 = fast_sum(q);
-    // Ratios of the lifted q (see `POISSON_LIFT`); `c` makes `e_m(c * lifted q) = 1`.
-    let rho = poisson_ratios(q, POISSON_LIFT / sq, m);
-    let c = (-rho.iter().map(|r| r.ln()).sum::<f64>() / m as f64).exp();
-    let total: f64 = rho.iter().map(|r| c * r).product();
-    // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q) = q_x / rho_m (an
-    // infinite scale keeps every candidate, which is safe).
-    let scale = POISSON_LIFT / rho[m - 1];
-    let keep = |px: f64, qx: f64| px < (scale * qx).min(1.0);
-    // `e_k(c q) = prod_{i <= k} c rho_i` bounds every state of the bucketed scan; where one
-    // is out of range (the top m tokens of q spanning some 500 orders of magnitude), the
-    // scan goes token by token in degree-normalised form instead.
-    let mut partial = 1.0f64;
-    let in_range = rho.iter().all(|r| {
-        partial *= c * r;
-        partial.is_finite() && partial < 1e250
-    });
-    if !in_range {
-        return normalised_poisson_scan(p, q, &rho, keep);
+    let e = elementary_symmetric_scaled(q, 1.0 / sq, m);
+    if !(e[m] >= SAFE_E_M && e.iter().all(|x| x.is_finite())) {
+        // `e_m(q)` underflows (or nearly): the top m tokens span some 900 orders of magnitude.
+        let rho = poisson_ratios(q, POISSON_LIFT / sq, m);
+        // pi_x <= q_x / rho_m, as below (an infinite scale keeps every candidate, which is safe).
+        let scale = POISSON_LIFT / rho[m - 1];
+        return normalised_poisson_scan(p, q, &rho, |px, qx| px < (scale * qx).min(1.0));
     }
-    // The scan adds normalised q: lift it as well.
-    let c = c * POISSON_LIFT;
+    // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q).
+    let scale = e[m - 1] / e[m];
+    let keep = |px: f64, qx: f64| px < (scale * qx).min(1.0);
+    let total = e[m];
     // A compile-time state width for the usual draft counts: a token's update then loads and
     // stores the whole state at once, so the next token of the same bucket reads it back by
     // store forwarding (a shifted, partly overlapping load had made pass 1 wait on each store).
     let best = match m {
-        1 => min_over_prefixes(p, q, keep, &FixedPoisson::<2> { total, c }),
-        2 => min_over_prefixes(p, q, keep, &FixedPoisson::<3> { total, c }),
-        3 => min_over_prefixes(p, q, keep, &FixedPoisson::<4> { total, c }),
-        4 => min_over_prefixes(p, q, keep, &FixedPoisson::<5> { total, c }),
-        5 => min_over_prefixes(p, q, keep, &FixedPoisson::<6> { total, c }),
-        6 => min_over_prefixes(p, q, keep, &FixedPoisson::<7> { total, c }),
-        7 => min_over_prefixes(p, q, keep, &FixedPoisson::<8> { total, c }),
-        8 => min_over_prefixes(p, q, keep, &FixedPoisson::<9> { total, c }),
-        _ => min_over_prefixes(p, q, keep, &AnyPoisson { m, total, c }),
+        1 => min_over_prefixes(p, q, keep, &FixedPoisson::<2> { total }),
+        2 => min_over_prefixes(p, q, keep, &FixedPoisson::<3> { total }),
+        3 => min_over_prefixes(p, q, keep, &FixedPoisson::<4> { total }),
+        4 => min_over_prefixes(p, q, keep, &FixedPoisson::<5> { total }),
+        5 => min_over_prefixes(p, q, keep, &FixedPoisson::<6> { total }),
+        6 => min_over_prefixes(p, q, keep, &FixedPoisson::<7> { total }),
+        7 => min_over_prefixes(p, q, keep, &FixedPoisson::<8> { total }),
+        8 => min_over_prefixes(p, q, keep, &FixedPoisson::<9> { total }),
+        _ => min_over_prefixes(p, q, keep, &AnyPoisson { m, total }),
     };
     (1.0 + best).clamp(0.0, 1.0)
 }
+
+/// Below this `e_m(q)` (2^-900), [`alpha_star_conditional_poisson`] leaves the bucketed scan.
+const SAFE_E_M: f64 = f64::from_bits(123 << 52);
 
 /// [`alpha_star_conditional_poisson`] for any range of q: the prefixes in order, one token at
 /// a time, with the state `s_k = e_k(q_H) / e_k(q)` (each in `[0, 1]`), updated by
@@ -236,11 +230,10 @@ fn normalised_poisson_scan(p: &[f64], q: &[f64], rho: &[f64], keep: impl Fn(f64,
 }
 
 /// `Q(H) = e_m(q_H) / e_m(q)` of conditional Poisson drafts: the state is `e_0..=e_m` of the
-/// set's `c q`, a truncated generating polynomial `prod (1 + c q_i t)`; `total = e_m(c q)`.
+/// set's `q`, a truncated generating polynomial `prod (1 + q_i t)`.
 struct AnyPoisson {
     m: usize,
     total: f64,
-    c: f64,
 }
 
 impl PrefixQ for AnyPoisson {
@@ -252,7 +245,7 @@ impl PrefixQ for AnyPoisson {
         s[0] = 1.0;
     }
     fn add(&self, s: &mut [f64], q: f64) {
-        add_to_elementary_symmetric(&mut s[..=self.m], self.c * q);
+        add_to_elementary_symmetric(&mut s[..=self.m], q);
     }
     fn merge(&self, s: &mut [f64], acc: &[f64]) {
         truncated_product(s, acc);
@@ -265,7 +258,6 @@ impl PrefixQ for AnyPoisson {
 /// [`AnyPoisson`] with the state width `W = m + 1` known at compile time.
 struct FixedPoisson<const W: usize> {
     total: f64,
-    c: f64,
 }
 
 impl<const W: usize> PrefixQ for FixedPoisson<W> {
@@ -279,7 +271,6 @@ impl<const W: usize> PrefixQ for FixedPoisson<W> {
     #[inline(always)]
     fn add(&self, s: &mut [f64], q: f64) {
         let s: &mut [f64; W] = s.try_into().expect("state width");
-        let q = self.c * q;
         let old = *s;
         for k in 1..W {
             s[k] = old[k] + q * old[k - 1];
