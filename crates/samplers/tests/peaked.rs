@@ -4,8 +4,9 @@
 //! position of `bench acceptance`). On such p and q, for every construction and verifier:
 //! alpha* equals brute force over subsets and the transport LP, tuple probabilities sum to 1,
 //! and every valid pair's exact output law equals p. Then the samplers themselves, by
-//! Pearson's chi-square: each construction's drafts against its exact tuple law, and each
-//! pair's output (draft, then verify) against p.
+//! Pearson's chi-square: each construction's drafts against its exact tuple law, each pair's
+//! output (draft, then verify) against p, and the positional races against p and sequential
+//! sampling without replacement.
 //!
 //! What this found, each now fixed and named in the module that had it: for the largest
 //! token rounded to 1.0, alpha* without replacement at n = 2 took `1 - q = 0` (infinite odds);
@@ -15,7 +16,8 @@
 //! support: |out - p| = 1); RRS without replacement's residual threshold overflowed to
 //! infinity (|out - p| = 0.009); and conditional-Poisson drafts, tuple law and alpha* all
 //! computed `e_m(q)`, which underflowed to 0 (the sampler then took the last tokens of the
-//! support whatever their q).
+//! support whatever their q); the positional races' keys `ln(u)/w` were `-inf` for every
+//! subnormal weight, so top-k drafts tied among them.
 
 mod common;
 
