@@ -7,7 +7,9 @@
 //! drafts always number `n` and may repeat. All probabilities are taken relative to
 //! `sum(q)`, so a vector normalised only up to round-off is handled consistently.
 
-use crate::dist::{fast_sum, rest_mass, sample_weighted, support_size, top_k_support};
+use crate::dist::{
+    fast_sum, rest_mass, sample_weighted, support_size, top_k_support, FAR_FROM_UNDERFLOW, SUBNORMAL_LIFT,
+};
 use crate::error::{Result, SamplerError};
 use crate::TokenId;
 use rand::Rng;
@@ -209,8 +211,8 @@ impl DraftConstruction {
                 // descending order: the product and e_m underflow when q spans hundreds of
                 // orders of magnitude, while each factor stays moderate (rho_j is at least
                 // the j-th largest q over C(|V|, j - 1)).
-                let rho = poisson_ratios(q, POISSON_LIFT / total, tuple.len());
-                tuple.iter().zip(&rho).map(|(&t, r)| qt(t) * POISSON_LIFT / r).product()
+                let rho = poisson_ratios(q, SUBNORMAL_LIFT / total, tuple.len());
+                tuple.iter().zip(&rho).map(|(&t, r)| qt(t) * SUBNORMAL_LIFT / r).product()
             }
         }
     }
@@ -325,15 +327,6 @@ pub fn elementary_symmetric_scaled(v: &[f64], scale: f64, m: usize) -> Vec<f64> 
     }
 }
 
-/// The smallest `e_k` (2^-900) for which the plain conditional-Poisson table is used: far from
-/// underflow, so that its products and sums keep their relative precision.
-const SAFE_E: f64 = f64::from_bits(123 << 52);
-
-/// A power of two (2^60) that the conditional-Poisson computations multiply q by: the law is
-/// the same for any scale, and it lifts subnormal q (from 2^-1074) into f64's normal range,
-/// where the ratios keep all 53 bits (a subnormal of 2^-1069 has 5).
-pub const POISSON_LIFT: f64 = (1u64 << 60) as f64;
-
 /// `rho_k = e_k / e_{k-1}` of `scale * v`, `k = 1..=m` (so `e_m = prod_k rho_k`): the
 /// conditional-Poisson quantities without their range problem. `e_m` of a q spanning
 /// hundreds of orders of magnitude underflows f64 (it is a sum of products of `m` values),
@@ -431,7 +424,7 @@ fn is_cps_order(q: &[f64], tuple: &[TokenId]) -> bool {
 /// Exact conditional-Poisson sampling: walk the support, including token `i` with
 /// probability `q_i e_{k-1}(rest) / e_k(i and rest) = q_i / (q_i + rho_k(rest))` where `k`
 /// drafts are still needed and `rho_k = e_k / e_{k-1}` ([`add_to_poisson_ratios`]). From the
-/// plain `e_k` where they stay above [`SAFE_E`], else from the ratios: `e_k` underflowed for a
+/// plain `e_k` where they stay above [`FAR_FROM_UNDERFLOW`], else from the ratios: `e_k` underflowed for a
 /// q spanning hundreds of orders of magnitude (as at temperatures near 0), and the inclusion
 /// probabilities were then 0/0, so the walk took the last tokens of the support, whatever
 /// their q. (The ratios cost a division per token and draft.)
@@ -464,21 +457,12 @@ fn sample_conditional_poisson<R: Rng + ?Sized>(
         }
         smallest = smallest.min(table[i * w + m.min(s - i)]);
     }
-    if smallest >= SAFE_E && smallest.is_finite() {
-        let mut need = m;
-        for i in 0..s {
-            if need == 0 {
-                break;
-            }
-            let qi = q[support[i] as usize];
-            let include = qi * table[(i + 1) * w + need - 1] / table[i * w + need];
-            if s - i == need || rng.random::<f64>() < include {
-                out.push(support[i]);
-                need -= 1;
-            }
-        }
+    let plain = smallest >= FAR_FROM_UNDERFLOW && smallest.is_finite();
+    let w = if plain {
+        w
     } else {
-        // table[i*m + k - 1] = rho_k(lifted q over support[i..]), 0 for the empty suffix.
+        // table[i*w + k - 1] = rho_k(lifted q over support[i..]), w = m columns, 0 for the
+        // empty suffix.
         let w = m.max(1);
         table.clear();
         table.resize((s + 1) * w, 0.0);
@@ -486,19 +470,25 @@ fn sample_conditional_poisson<R: Rng + ?Sized>(
             let (head, tail) = table.split_at_mut((i + 1) * w);
             let row = &mut head[i * w..];
             row.copy_from_slice(&tail[..w]);
-            add_to_poisson_ratios(row, q[support[i] as usize] * POISSON_LIFT);
+            add_to_poisson_ratios(row, q[support[i] as usize] * SUBNORMAL_LIFT);
         }
-        let mut need = m;
-        for i in 0..s {
-            if need == 0 {
-                break;
-            }
-            let qi = q[support[i] as usize] * POISSON_LIFT;
-            let include = qi / (qi + table[(i + 1) * w + need - 1]);
-            if s - i == need || rng.random::<f64>() < include {
-                out.push(support[i]);
-                need -= 1;
-            }
+        w
+    };
+    let mut need = m;
+    for i in 0..s {
+        if need == 0 {
+            break;
+        }
+        let qi = q[support[i] as usize];
+        let include = if plain {
+            qi * table[(i + 1) * w + need - 1] / table[i * w + need]
+        } else {
+            let x = qi * SUBNORMAL_LIFT;
+            x / (x + table[(i + 1) * w + need - 1])
+        };
+        if s - i == need || rng.random::<f64>() < include {
+            out.push(support[i]);
+            need -= 1;
         }
     }
     out.sort_unstable_by(|&a, &b| q[b as usize].total_cmp(&q[a as usize]).then(a.cmp(&b)));

@@ -156,6 +156,16 @@ pub fn rest_mass(v: &[f64], excluded: &[TokenId], total: f64, excluded_mass: f64
     }
 }
 
+/// A power of two (2^60) that multiplies probabilities before a division or a product whose
+/// operands may be subnormal: any positive f64 (from 2^-1074) lands in the normal range, where
+/// it keeps all 53 bits (a subnormal of 2^-1069 has 5) and its quotients stay finite, while
+/// 1 becomes only 2^60. Exact, so order and ratios do not change for normal values.
+pub const SUBNORMAL_LIFT: f64 = (1u64 << 60) as f64;
+
+/// 2^-900: far enough above f64's smallest normal number (2^-1022) that products and sums of
+/// values at least this large keep their relative precision.
+pub const FAR_FROM_UNDERFLOW: f64 = f64::from_bits(123 << 52);
+
 /// Independent accumulators of the vocabulary-sized sums: 16 lanes, four 256-bit registers,
 /// so that the adds do not wait on each other's latency (measured twice as fast as four lanes
 /// on a 151,936-token pass, 26 against 50-59 microseconds).

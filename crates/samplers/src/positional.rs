@@ -25,6 +25,7 @@
 //! least `(1 - TV) / (1 + TV)` and at most the optimal `1 - TV`; [`coupled_acceptance`]
 //! computes it for `k` drafts.
 
+use crate::dist::SUBNORMAL_LIFT;
 use crate::error::{Result, SamplerError};
 use crate::TokenId;
 
@@ -34,11 +35,6 @@ pub const MAX_DRAFTS: usize = 64;
 /// Entries of `w` at least this heavy are raced first, so that the cut-off that skips the
 /// light ones is tight from the start.
 const HEAVY: f64 = 1e-2;
-
-/// The power of two (2^60) that a race multiplies weights by before dividing (see
-/// `Race::offer`): it lifts subnormal weights into f64's normal range and keeps every key
-/// finite.
-const KEY_LIFT: f64 = (1u64 << 60) as f64;
 
 /// Tokens per block of the light pass of a race.
 const LANES: usize = 16;
@@ -172,8 +168,8 @@ impl Race {
                 continue;
             }
             // The cut-off `1 + t w` of `offer`, with w lifted (exact: a power of two; where
-            // `t * KEY_LIFT` overflows, every light token is offered, a superset).
-            let t = self.keys[self.k - 1] * KEY_LIFT;
+            // `t * SUBNORMAL_LIFT` overflows, every light token is offered, a superset).
+            let t = self.keys[self.k - 1] * SUBNORMAL_LIFT;
             let mut mask = 0u32;
             for (j, &wi) in block.iter().enumerate() {
                 let u = noise.uniform(base + j);
@@ -192,14 +188,14 @@ impl Race {
         }
     }
 
-    /// Keys are `ln(u) / (w KEY_LIFT)`: the same order as `ln(u) / w`, but finite for a
+    /// Keys are `ln(u) / (w SUBNORMAL_LIFT)`: the same order as `ln(u) / w`, but finite for a
     /// subnormal `w`, where `ln(u) / w` was `-inf` for every such token and the race between
     /// them went to the first offered (q = (1, 1e-320, 2e-320) drew token 1 second every time
     /// instead of one time in three).
     #[inline(always)]
     fn offer(&mut self, noise: PositionStream, i: usize, wi: f64) {
         let u = noise.uniform(i);
-        let wi = wi * KEY_LIFT;
+        let wi = wi * SUBNORMAL_LIFT;
         if self.len == self.k {
             // The key ln(u)/w beats the k-th best `t` only if ln u > t w; since ln u <= u - 1,
             // a token with u <= 1 + t w cannot, and costs no logarithm.

@@ -12,9 +12,8 @@
 use super::bucketed::{min_over_prefixes, PrefixQ};
 use crate::construction::{
     add_to_elementary_symmetric, elementary_symmetric_scaled, poisson_ratios, truncated_product, DraftConstruction,
-    POISSON_LIFT,
 };
-use crate::dist::fast_sum;
+use crate::dist::{fast_sum, FAR_FROM_UNDERFLOW, SUBNORMAL_LIFT};
 use std::cell::RefCell;
 
 /// Normalised `(p, q)` of the candidate tokens sorted by `q/p` descending, and the normalised
@@ -168,7 +167,7 @@ pub fn alpha_star_with_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 /// `alpha*` of conditional-Poisson drafts: `Q(H) = e_m(q_H) / e_m(q)` with
 /// `m = min(n, |supp q|)` (the paper's generating-function formula, exact for this law).
 ///
-/// Where `e_m(q)` is below [`SAFE_E_M`] (it underflows f64 for a q whose top `m` tokens span
+/// Where `e_m(q)` is below [`FAR_FROM_UNDERFLOW`] (it underflows f64 for a q whose top `m` tokens span
 /// hundreds of orders of magnitude, and had made every `Q(H)` 0/0) the prefixes are scanned
 /// by [`normalised_poisson_scan`] instead. Otherwise the `e_m` of a set can underflow only far
 /// below `e_m(q)`, an absolute error in `Q(H)` below 2^-170.
@@ -176,11 +175,11 @@ pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
     let m = DraftConstruction::ConditionalPoisson.num_drafts(q, n);
     let sq: f64 = fast_sum(q);
     let e = elementary_symmetric_scaled(q, 1.0 / sq, m);
-    if !(e[m] >= SAFE_E_M && e.iter().all(|x| x.is_finite())) {
+    if !(e[m] >= FAR_FROM_UNDERFLOW && e.iter().all(|x| x.is_finite())) {
         // `e_m(q)` underflows (or nearly): the top m tokens span some 900 orders of magnitude.
-        let rho = poisson_ratios(q, POISSON_LIFT / sq, m);
+        let rho = poisson_ratios(q, SUBNORMAL_LIFT / sq, m);
         // pi_x <= q_x / rho_m, as below (an infinite scale keeps every candidate, which is safe).
-        let scale = POISSON_LIFT / rho[m - 1];
+        let scale = SUBNORMAL_LIFT / rho[m - 1];
         return normalised_poisson_scan(p, q, &rho, |px, qx| px < (scale * qx).min(1.0));
     }
     // pi_x = q_x e_{m-1}(q without x) / e_m(q) <= q_x e_{m-1}(q) / e_m(q).
@@ -204,12 +203,9 @@ pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
     (1.0 + best).clamp(0.0, 1.0)
 }
 
-/// Below this `e_m(q)` (2^-900), [`alpha_star_conditional_poisson`] leaves the bucketed scan.
-const SAFE_E_M: f64 = f64::from_bits(123 << 52);
-
 /// [`alpha_star_conditional_poisson`] for any range of q: the prefixes in order, one token at
 /// a time, with the state `s_k = e_k(q_H) / e_k(q)` (each in `[0, 1]`), updated by
-/// `s_k += q_x s_{k-1} / rho_k` (`rho`: the ratios of the lifted q, see `POISSON_LIFT`), so
+/// `s_k += q_x s_{k-1} / rho_k` (`rho`: the ratios of the lifted q, see `SUBNORMAL_LIFT`), so
 /// that no power of a scale factor is ever formed; `Q(H) = s_m`.
 fn normalised_poisson_scan(p: &[f64], q: &[f64], rho: &[f64], keep: impl Fn(f64, f64) -> bool) -> f64 {
     let m = rho.len();
@@ -218,7 +214,7 @@ fn normalised_poisson_scan(p: &[f64], q: &[f64], rho: &[f64], keep: impl Fn(f64,
         s[0] = 1.0;
         let (mut pp, mut best) = (0.0f64, 0.0f64);
         for c in tokens {
-            let x = c.q * POISSON_LIFT;
+            let x = c.q * SUBNORMAL_LIFT;
             for k in (1..=m).rev() {
                 s[k] += x * s[k - 1] / rho[k - 1];
             }

@@ -94,10 +94,10 @@ impl Grid {
         let last = 1.0 + u[NODES - 1];
         for k in 0..panels {
             weights.extend_from_slice(w);
-            relative_times.extend(u.iter().map(|&uj| {
-                let (start, exponent) = if k == 0 { (0.0, 0) } else { (1.0, k as i32 - 1) };
-                ldexp((start + uj) / last, exponent - (panels as i32 - 2))
-            }));
+            // Node t = 2^{k-1} (1 + u) on panel k >= 1, u on panel 0.
+            let start = if k == 0 { 0.0 } else { 1.0 };
+            let exponent = Self::width_exponent(k) - (panels as i32 - 2);
+            relative_times.extend(u.iter().map(|&uj| ldexp((start + uj) / last, exponent)));
         }
         Self { panels, weights, relative_times }
     }
