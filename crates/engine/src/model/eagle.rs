@@ -35,8 +35,7 @@ pub struct EagleHead {
     /// The target's output layer cut to its first token ids ([`Self::set_output_rows`]);
     /// `None`: the target's whole output layer.
     lm_head: Option<Linear>,
-    cos: Tensor,
-    sin: Tensor,
+    rotary: super::rotary::Rotary,
     dtype: DType,
     device: Device,
     path: PathBuf,
@@ -114,9 +113,9 @@ impl EagleHead {
         } else {
             None
         };
-        let (cos, sin) = super::rotary_tables(c, dtype, device)?;
+        let rotary = super::rotary::Rotary::new(c, dtype, device)?;
         let device = device.clone();
-        Ok(Self { config, fc, layer, embed, lm_head: None, cos, sin, dtype, device, path: path.to_path_buf() })
+        Ok(Self { config, fc, layer, embed, lm_head: None, rotary, dtype, device, path: path.to_path_buf() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -203,8 +202,7 @@ impl EagleHead {
         };
         let x = Tensor::cat(&[&e, &features.to_dtype(self.dtype)?], D::Minus1)?;
         let x = self.fc.forward(&x.unsqueeze(0)?)?;
-        let cos = self.cos.index_select(&pos, 0)?;
-        let sin = self.sin.index_select(&pos, 0)?;
+        let (cos, sin) = self.rotary.at(&pos)?;
         let y = block(&self.config, 0, &self.layer, &x, &cos, &sin, &bias.to_dtype(self.dtype)?, cache)?;
         cache.advance(t)?;
         y.squeeze(0)

@@ -54,23 +54,11 @@ impl GgufFile {
         // string, a `lseek` call on a file (600,000 of them for a 151,936-token vocabulary and
         // its merges), free on a `Cursor`.
         let content = match &map {
-            Some(m) => Content::read(&mut std::io::Cursor::new(&m[..])),
-            None => Content::read(&mut reader),
+            Some(m) => super::gguf_integrity::read_content(&mut std::io::Cursor::new(&m[..])),
+            None => super::gguf_integrity::read_content(&mut reader),
         }
         .map_err(|e| err(path, format!("not a valid GGUF file: {}", crate::plain_error(&e))))?;
-        for (name, info) in &content.tensor_infos {
-            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > file_len {
-                return Err(err(
-                    path,
-                    format!(
-                        "truncated GGUF file: tensor `{name}` ends at byte {end} but the file has {file_len} bytes \
-                         (an incomplete download? delete it and fetch again)"
-                    ),
-                ));
-            }
-        }
+        super::gguf_integrity::check_tensor_extents(&content, file_len).map_err(|e| err(path, e))?;
         Ok(Self { path: path.to_path_buf(), content, reader, map })
     }
 
@@ -193,6 +181,24 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
+    /// Checks that tensor `name` exists with shape `want` (`[rows, cols]` for a matrix, as
+    /// candle orders dimensions), naming the tensor and the file otherwise.
+    /// A matrix that a converted copy widened with zero columns ([`super::converted`]) is
+    /// compared at its recorded width.
+    pub fn expect_shape(&self, name: &str, want: &[usize]) -> Result<()> {
+        let Some((_, dims)) = self.tensor_info(name) else {
+            return Err(err(&self.path, format!("missing tensor `{name}`")));
+        };
+        let mut logical = dims.to_vec();
+        if let [_, cols] = &mut logical[..] {
+            *cols -= super::converted::padding(self, name, *cols)?;
+        }
+        if logical == want {
+            return Ok(());
+        }
+        Err(err(&self.path, format!("`{name}` has shape {logical:?}, but the metadata's sizes make it {want:?}")))
+    }
+
     /// Reads a tensor; a missing one is an error naming it and the file.
     pub fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         if !self.has_tensor(name) {
@@ -286,6 +292,15 @@ impl GgufFile {
             None if num_heads > 0 => hidden_size / num_heads,
             None => 0,
         };
+        // LLaMA and Qwen2 rotate the whole head; a file rotating part of it is another model.
+        if let Some(d) = self.uint(&a("rope.dimension_count"))? {
+            if d as usize != head_dim {
+                return Err(err(
+                    &self.path,
+                    format!("`{arch_name}.rope.dimension_count` is {d}, but the heads are {head_dim} wide: partial rotary embeddings are not supported"),
+                ));
+            }
+        }
         let vocab_size = match self.strings("tokenizer.ggml.tokens")? {
             Some(t) => t.len(),
             None => match self.content.tensor_infos.get("token_embd.weight") {
@@ -424,25 +439,44 @@ fn load_file(
     format: WeightFormat,
 ) -> Result<(DecoderModel, GgufFile)> {
     let mut file = file?;
-    let path = file.path().to_path_buf();
-    let path = path.as_path();
     let mut config = file.config()?;
     if let Some(n) = max_layers {
         config.num_layers = config.num_layers.min(n.max(1));
     }
+    let c = &config;
+    let (q_rows, kv_rows) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let (vocab, hidden) = (c.vocab_size, c.hidden_size);
+    // Every tensor's shape is checked against the metadata before anything is read, so that a
+    // file whose directory and metadata disagree is refused by name here, not by a matmul later.
+    file.expect_shape("token_embd.weight", &[vocab, hidden])?;
+    file.expect_shape("output_norm.weight", &[hidden])?;
+    if file.has_tensor("output.weight") {
+        file.expect_shape("output.weight", &[vocab, hidden])?;
+    }
+    for i in 0..c.num_layers {
+        let qkv_bias = c.architecture == Architecture::Qwen2;
+        for (name, shape) in [
+            ("attn_norm.weight", vec![hidden]),
+            ("attn_q.weight", vec![q_rows, hidden]),
+            ("attn_k.weight", vec![kv_rows, hidden]),
+            ("attn_v.weight", vec![kv_rows, hidden]),
+            ("attn_output.weight", vec![hidden, q_rows]),
+            ("ffn_norm.weight", vec![hidden]),
+            ("ffn_gate.weight", vec![c.intermediate_size, hidden]),
+            ("ffn_up.weight", vec![c.intermediate_size, hidden]),
+            ("ffn_down.weight", vec![hidden, c.intermediate_size]),
+        ] {
+            file.expect_shape(&format!("blk.{i}.{name}"), &shape)?;
+        }
+        for (name, rows) in [("attn_q.bias", q_rows), ("attn_k.bias", kv_rows), ("attn_v.bias", kv_rows)] {
+            let name = format!("blk.{i}.{name}");
+            if qkv_bias && file.has_tensor(&name) {
+                file.expect_shape(&name, &[rows])?;
+            }
+        }
+    }
     let dtype = DType::F32;
     let embed_q = Arc::new(file.tensor("token_embd.weight", device)?);
-    if embed_q.shape().dims() != [config.vocab_size, config.hidden_size] {
-        return Err(err(
-            path,
-            format!(
-                "`token_embd.weight` has shape {:?}, expected [{}, {}]",
-                embed_q.shape().dims(),
-                config.vocab_size,
-                config.hidden_size
-            ),
-        ));
-    }
     let dense = |file: &mut GgufFile, name: &str| -> Result<Tensor> { file.tensor(name, device)?.dequantize(device) };
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {

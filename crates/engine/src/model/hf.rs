@@ -185,11 +185,14 @@ pub fn check_safetensors(path: &Path) -> Result<()> {
     for (name, info) in entries.iter().filter(|(k, _)| *k != "__metadata__") {
         let end = info.get("data_offsets").and_then(|o| o.get(1)).and_then(|e| e.as_u64());
         match end {
-            Some(end) if 8 + n + end <= file_len => {}
+            Some(end) if (8 + n).saturating_add(end) <= file_len => {}
             Some(end) => {
                 return Err(err(
                     path,
-                    format!("truncated safetensors file: tensor `{name}` ends at byte {} of {file_len}", 8 + n + end),
+                    format!(
+                        "truncated safetensors file: tensor `{name}` ends at byte {} of {file_len}",
+                        8 + n as u128 + end as u128
+                    ),
                 ))
             }
             None => return Err(err(path, format!("corrupt safetensors file: tensor `{name}` has no data_offsets"))),
@@ -228,7 +231,9 @@ fn build(hf: &HfConfig, config: ModelConfig, vb: VarBuilder, dtype: DType, devic
     let h = c.hidden_size;
     let m = vb.pp("model");
     let embed = m.get((c.vocab_size, h), "embed_tokens.weight")?;
-    let mut layers = Vec::with_capacity(c.num_layers);
+    // Not `with_capacity(num_layers)`: the count comes from config.json, and a corrupt one would
+    // abort on the allocation before the first missing layer is reported.
+    let mut layers = Vec::new();
     for i in 0..c.num_layers {
         layers.push(layer(&m.pp(format!("layers.{i}")), c, hf.qkv_bias(), true)?);
     }

@@ -20,6 +20,7 @@ pub mod eagle;
 pub mod embedding;
 pub mod f32_rows;
 pub mod gguf;
+mod gguf_integrity;
 pub mod hf;
 mod linear;
 pub mod q4k_interleaved;
@@ -30,6 +31,7 @@ pub mod q8k_activations;
 pub mod qgemv;
 #[cfg(test)]
 mod repack_test_support;
+pub mod rotary;
 pub mod weight_format;
 
 use crate::kv_cache::KvCache;
@@ -72,6 +74,15 @@ impl ModelConfig {
         if self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 || self.vocab_size == 0 {
             return Err(bad(format!("zero layers, heads or vocabulary: {self:?}")));
         }
+        if self.hidden_size == 0 || self.intermediate_size == 0 || self.head_dim == 0 {
+            return Err(bad(format!("zero hidden, feed-forward or head size: {self:?}")));
+        }
+        if self.num_heads.checked_mul(self.head_dim).is_none() || self.context_length > u32::MAX as usize + 1 {
+            return Err(bad(format!(
+                "{} heads of {} or a context of {} positions is out of range",
+                self.num_heads, self.head_dim, self.context_length
+            )));
+        }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(bad(format!("{} heads is not a multiple of {} KV heads", self.num_heads, self.num_kv_heads)));
         }
@@ -109,8 +120,7 @@ pub struct DecoderModel {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Linear,
-    cos: Tensor,
-    sin: Tensor,
+    rotary: rotary::Rotary,
     dtype: DType,
     device: Device,
 }
@@ -127,8 +137,8 @@ impl DecoderModel {
         device: &Device,
     ) -> Result<Self> {
         crate::cpu_threads::pin_thread_count();
-        let (cos, sin) = rotary_tables(&config, dtype, device)?;
-        Ok(Self { config, embed, layers, norm, lm_head, cos, sin, dtype, device: device.clone() })
+        let rotary = rotary::Rotary::new(&config, dtype, device)?;
+        Ok(Self { config, embed, layers, norm, lm_head, rotary, dtype, device: device.clone() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -192,8 +202,7 @@ impl DecoderModel {
             candle_core::bail!("token id {bad} is outside the vocabulary of {} tokens", self.config.vocab_size);
         }
         let positions = Tensor::from_slice(positions, t, &self.device)?;
-        let cos = self.cos.index_select(&positions, 0)?;
-        let sin = self.sin.index_select(&positions, 0)?;
+        let (cos, sin) = self.rotary.at(&positions)?;
         let bias = bias.to_dtype(self.dtype)?;
         let mut x = self.embed.lookup(tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -319,18 +328,6 @@ fn finish_block(c: &ModelConfig, layer: &Layer, x: &Tensor, attn: &Tensor) -> Re
         layer.down.forward(&gated(&layer.gate, &layer.up, &h)?)?
     };
     x + mlp
-}
-
-/// cos and sin tables `[context_length, head_dim / 2]`: angle `pos * theta^(-2i / head_dim)`.
-fn rotary_tables(c: &ModelConfig, dtype: DType, device: &Device) -> Result<(Tensor, Tensor)> {
-    let half = c.head_dim / 2;
-    let inv_freq: Vec<f32> =
-        (0..half).map(|i| (1.0 / c.rope_theta.powf(2.0 * i as f64 / c.head_dim as f64)) as f32).collect();
-    let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
-    let pos =
-        Tensor::arange(0u32, c.context_length as u32, device)?.to_dtype(DType::F32)?.reshape((c.context_length, 1))?;
-    let angles = pos.broadcast_mul(&inv_freq)?;
-    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
 }
 
 /// Additive attention bias `[rows, prefix + cols]`: every row sees the `prefix` first

@@ -86,7 +86,20 @@ impl TextTokenizer {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| err(path, format!("not a valid tokenizer.json: {e}")))?;
         let map = inner.get_vocab(true);
-        let mut vocab = vec![String::new(); map.values().map(|&i| i as usize + 1).max().unwrap_or(0)];
+        // Ids index a table; ids far beyond the number of tokens (a corrupt file) would make
+        // that table gigabytes, so gaps of more than 2^20 ids are refused.
+        let table_len = map.values().map(|&i| i as usize + 1).max().unwrap_or(0);
+        if table_len > map.len() + (1 << 20) {
+            return Err(err(
+                path,
+                format!(
+                    "token ids reach {} for {} tokens: not a vocabulary of consecutive ids",
+                    table_len - 1,
+                    map.len()
+                ),
+            ));
+        }
+        let mut vocab = vec![String::new(); table_len];
         for (tok, id) in map {
             vocab[id as usize] = tok;
         }

@@ -1,0 +1,100 @@
+//! Integrity checks of a GGUF file's header, before any tensor is read: candle's parser run so
+//! that a panic inside it becomes an error, and the tensor directory checked against the file
+//! (each tensor inside it, aligned, a whole number of blocks, and the tensors tiling the data
+//! section). Found by fuzzing the SmolLM2 GGUF (`tests/corrupt_files.rs`).
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{Error, Result};
+
+/// candle's GGUF parser, with a panic inside it turned into an error: it divides by the
+/// file's `general.alignment`, so a file declaring 0 panics there. The panic hook is silenced
+/// for the call so that no panic message reaches stderr. The hook is process-wide: calls are
+/// serialized, so that two threads parsing at once cannot leave the silent hook in place.
+pub(super) fn read_content<R: std::io::Read + std::io::Seek>(reader: &mut R) -> Result<Content> {
+    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = HOOK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Content::read(reader)));
+    std::panic::set_hook(hook);
+    parsed.unwrap_or_else(|payload| {
+        let why = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown cause".into());
+        Err(Error::Msg(format!("the header cannot be parsed ({why}; is `general.alignment` 0?)")))
+    })
+}
+
+/// Checks that every tensor's data is a whole number of blocks, starts on the file's alignment
+/// (GGUF requires it, as llama.cpp checks), lies inside the file (a truncated download), and
+/// that the tensors tile the data section without overlap or gap, with overflow-checked
+/// arithmetic, so that a corrupt directory is refused here instead of read as other bytes.
+pub(super) fn check_tensor_extents(content: &Content, file_len: u64) -> std::result::Result<(), String> {
+    let alignment = match content.metadata.get("general.alignment") {
+        Some(Value::U8(v)) => *v as u64,
+        Some(Value::U16(v)) => *v as u64,
+        Some(Value::U32(v)) => *v as u64,
+        Some(Value::I8(v)) if *v > 0 => *v as u64,
+        Some(Value::I16(v)) if *v > 0 => *v as u64,
+        Some(Value::I32(v)) if *v > 0 => *v as u64,
+        _ => 32,
+    }
+    .max(1);
+    let mut extents = Vec::with_capacity(content.tensor_infos.len());
+    for (name, info) in &content.tensor_infos {
+        let dims = info.shape.dims();
+        let dtype = info.ggml_dtype;
+        let values = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        let bytes = values
+            .filter(|v| v % dtype.block_size() == 0)
+            .and_then(|v| (v / dtype.block_size()).checked_mul(dtype.type_size()));
+        let Some(bytes) = bytes else {
+            return Err(format!(
+                "tensor `{name}` has shape {dims:?}, which is not a whole number of {dtype:?} blocks of {} values",
+                dtype.block_size()
+            ));
+        };
+        if info.offset % alignment != 0 {
+            return Err(format!(
+                "tensor `{name}` starts at offset {} of the data section, not a multiple of the file's alignment {alignment}",
+                info.offset
+            ));
+        }
+        let start = content.tensor_data_offset.checked_add(info.offset);
+        let end = start.and_then(|s| s.checked_add(bytes as u64));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= file_len => extents.push((start, end, name)),
+            _ => {
+                return Err(format!(
+                    "truncated GGUF file: tensor `{name}` ends at byte {} but the file has {file_len} bytes \
+                     (an incomplete download? delete it and fetch again)",
+                    content.tensor_data_offset as u128 + info.offset as u128 + bytes as u128
+                ))
+            }
+        }
+    }
+    // Sorted by position, the tensors must tile the data section: each starts where the one
+    // before ends, rounded up to the alignment (llama.cpp refuses any other layout). A gap means
+    // a size in the directory is wrong, and the bytes read would be another tensor's.
+    extents.sort_unstable();
+    let mut expected = content.tensor_data_offset;
+    let mut before: Option<&String> = None;
+    for (start, end, name) in extents {
+        if start < expected {
+            let other = before.map_or(String::new(), |b| format!(" and `{b}`"));
+            return Err(format!("tensors `{name}`{other} overlap in the file (bytes {start} to {expected})"));
+        }
+        if start > expected {
+            let after = before.map_or("the start of the data section".into(), |b| format!("the end of `{b}`"));
+            return Err(format!(
+                "tensor `{name}` starts {} bytes after {after}: a tensor's shape or type in the directory is wrong",
+                start - expected
+            ));
+        }
+        expected = end.div_ceil(alignment) * alignment;
+        before = Some(name);
+    }
+    Ok(())
+}
