@@ -128,6 +128,11 @@ fn corrupt_gguf_headers_give_clear_errors() {
     let wrapped = variant("wrapped.gguf", &|b| b[q..q + 8].copy_from_slice(&(u64::MAX - 31).to_le_bytes()));
     refused(&wrapped, "wrapped.gguf", "truncated GGUF file: tensor `blk.0.attn_q.weight` ends at byte 18446744073");
 
+    // Bytes after the last tensor: a shrunken last tensor (its type or shape changed) leaves
+    // them, and it was read from the wrong bytes. Appended here directly.
+    let trailing = variant("trailing.gguf", &|b| b.extend_from_slice(&[0u8; 64]));
+    refused(&trailing, "trailing.gguf", "the file has 64 bytes after the end of its last tensor");
+
     // A context of 2^32 - 1 positions is a valid file: rotary tables sized by it needed 64 GiB
     // and the process was killed; the angles are now computed per forward.
     let long = variant("long-context.gguf", &|b| set_meta_u32(b, "llama.context_length", u32::MAX));

@@ -96,5 +96,13 @@ pub(super) fn check_tensor_extents(content: &Content, file_len: u64) -> std::res
         expected = end.div_ceil(alignment) * alignment;
         before = Some(name);
     }
+    // llama.cpp's and candle's writers end the file with the last tensor (and its padding):
+    // bytes beyond it mean a size in the directory shrank, which no later tensor shows.
+    if let Some(last) = before.filter(|_| file_len > expected) {
+        return Err(format!(
+            "the file has {} bytes after the end of its last tensor `{last}`: a tensor's shape or type in the directory is wrong",
+            file_len - expected
+        ));
+    }
     Ok(())
 }
