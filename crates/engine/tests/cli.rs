@@ -4,18 +4,9 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{temp_dir, Tiny};
+use common::{mdsd, temp_dir, Tiny};
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn mdsd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mdsd"))
-        .args(args)
-        .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", common::test_cache())
-        .output()
-        .expect("run mdsd")
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -6,7 +6,7 @@
 mod common;
 
 use candle_core::quantized::GgmlDType;
-use common::{temp_dir, Tiny};
+use common::{mdsd, temp_dir, Tiny};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -135,15 +135,6 @@ fn generate_json(args: &[&str]) -> Value {
 }
 
 /// `mdsd ARGS`, offline, with the tests' cache.
-fn mdsd(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_mdsd"))
-        .args(args)
-        .env("MDSD_OFFLINE", "1")
-        .env("MDSD_CACHE", common::test_cache())
-        .output()
-        .unwrap()
-}
-
 /// `mdsd generate --json --temperature 0` of 8 tokens with `extra` flags: its text.
 fn generate_text(extra: &[&str]) -> String {
     let v = generate_json(&[&["--temperature", "0", "--max-new-tokens", "8", "--ignore-eos"][..], extra].concat());

@@ -442,6 +442,16 @@ impl TinyEagle {
 /// answers, `;` after each.
 pub const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{% else %}<{% endif %}{{ m.content }};{% endfor %}{% if add_generation_prompt %}<{% endif %}";
 
+/// Runs the `mdsd` binary offline with `args`, its cache this process's own ([`test_cache`]).
+pub fn mdsd(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_mdsd"))
+        .args(args)
+        .env("MDSD_OFFLINE", "1")
+        .env("MDSD_CACHE", test_cache())
+        .output()
+        .expect("run mdsd")
+}
+
 /// A cache of this test process's own for `mdsd` runs (converted copies of the temporary test
 /// models).
 pub fn test_cache() -> PathBuf {
