@@ -1,8 +1,9 @@
-//! Model files corrupted in the ways a fuzzer of the SmolLM2 GGUF and of a tiny safetensors
-//! folder found to crash `mdsd` (a panic inside candle's GGUF parser, allocations sized by a
-//! corrupt count that aborted or were killed for memory, a tensor directory that disagreed
-//! with the metadata and failed later inside a matmul): each now gives exit status 1 and an
-//! error naming the file and the problem, or, where the file is usable, runs.
+//! Model files corrupted in the ways the fuzzers of `benches/fuzz` (the SmolLM2 GGUF, a tiny
+//! safetensors folder) and a hand-made `pytorch_model.bin` found to crash `mdsd`: a panic
+//! inside candle's GGUF parser, allocations sized by a corrupt count or shape that aborted or
+//! were killed for memory, a tensor directory that disagreed with the metadata and failed later
+//! inside a matmul. Each now gives exit status 1 and an error naming the file and the problem,
+//! or, where the file is usable, runs.
 
 mod common;
 
@@ -132,7 +133,7 @@ fn corrupt_gguf_headers_give_clear_errors() {
 }
 
 #[test]
-fn corrupt_safetensors_folders_give_clear_errors() {
+fn corrupt_hugging_face_folders_give_clear_errors() {
     let dir = temp_dir("corrupt-hf");
     let tiny = Tiny::llama(52);
     // A layer count of 2^40 in config.json: the layer vector was allocated up front.
@@ -148,6 +149,38 @@ fn corrupt_safetensors_folders_give_clear_errors() {
     tok["model"]["vocab"]["ZZ"] = serde_json::json!(1_000_000_000u64);
     std::fs::write(ids.join("tokenizer.json"), tok.to_string()).unwrap();
     refused(&ids, "tokenizer.json", "token ids reach 1000000000 for 49 tokens");
+    // A pytorch_model.bin whose pickle gives `fc.weight` [2^30, 2^30] over its real storage:
+    // candle allocated 4 EiB before reading it, and the process aborted.
+    let head_dir = dir.join("head");
+    common::TinyEagle { target: tiny, seed: 53, own_embedding: false, scale: 0.3 }.write(&head_dir, false);
+    let head_vb =
+        candle_core::safetensors::load(head_dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
+    std::fs::remove_file(head_dir.join("model.safetensors")).unwrap();
+    let head_tensors: Vec<(String, candle_core::Tensor)> = head_vb.into_iter().collect();
+    common::write_torch_bin_claiming(
+        &head_dir.join("pytorch_model.bin"),
+        &head_tensors,
+        &[("fc.weight", &[1 << 30, 1 << 30])],
+    );
+    let target = tiny.write_hf(&dir.join("eagle-target"));
+    let out = mdsd(&[
+        "generate",
+        "--target",
+        target.to_str().unwrap(),
+        "--eagle",
+        head_dir.to_str().unwrap(),
+        "--prompt",
+        "ABCD",
+        "--max-new-tokens",
+        "3",
+    ]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("pytorch_model.bin")
+            && e.contains("tensor `fc.weight` of shape [1073741824, 1073741824] needs more than"),
+        "{e}"
+    );
     // A tensor whose end offset overflows u64 is reported as outside the file.
     let wrapped = tiny.write_hf(&dir.join("wrapped"));
     let st = std::fs::read(wrapped.join("model.safetensors")).unwrap();

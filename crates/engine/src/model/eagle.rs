@@ -85,10 +85,7 @@ impl EagleHead {
             // SAFETY: memory-mapped read-only; the file must not change while loaded.
             unsafe { VarBuilder::from_mmaped_safetensors(&[&file], dtype, &device)? }
         } else {
-            let tensors: HashMap<String, Tensor> = candle_core::pickle::read_all(&file)
-                .map_err(|e| err(&file, format!("cannot read: {}", crate::plain_error(&e))))?
-                .into_iter()
-                .collect();
+            let tensors: HashMap<String, Tensor> = super::torch_bin::read_all(&file)?.into_iter().collect();
             VarBuilder::from_tensors(tensors, dtype, &device)
         };
         let head = Self::build(&hf, config, &vb, dtype, &device, &file)

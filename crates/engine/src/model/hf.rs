@@ -153,9 +153,7 @@ pub fn load(dir: &Path, dtype: DType, device: &Device, max_layers: Option<usize>
     } else {
         let mut all = HashMap::new();
         for f in &files {
-            for (name, t) in candle_core::pickle::read_all(f)
-                .map_err(|e| err(f, format!("cannot read: {}", crate::plain_error(&e))))?
-            {
+            for (name, t) in super::torch_bin::read_all(f)? {
                 all.insert(name, t);
             }
         }

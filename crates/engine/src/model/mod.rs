@@ -32,6 +32,7 @@ pub mod qgemv;
 #[cfg(test)]
 mod repack_test_support;
 pub mod rotary;
+mod torch_bin;
 pub mod weight_format;
 
 use crate::kv_cache::KvCache;

@@ -307,6 +307,12 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// protocol-2 pickle of a dict of `torch._utils._rebuild_tensor_v2` calls, plus one
 /// `archive/data/N` storage file per tensor), the layout of `pytorch_model.bin`.
 pub fn write_torch_bin(path: &Path, tensors: &[(String, Tensor)]) {
+    write_torch_bin_claiming(path, tensors, &[]);
+}
+
+/// [`write_torch_bin`], with the pickle giving the tensors named in `claims` the shapes there
+/// (their storages keep the real data): a corrupt checkpoint whose shapes outgrow its storage.
+pub fn write_torch_bin_claiming(path: &Path, tensors: &[(String, Tensor)], claims: &[(&str, &[usize])]) {
     use std::io::Write;
     let bin_unicode = |out: &mut Vec<u8>, s: &str| {
         out.push(b'X');
@@ -319,7 +325,7 @@ pub fn write_torch_bin(path: &Path, tensors: &[(String, Tensor)]) {
     };
     let mut pkl = vec![0x80, 2, b'}', b'('];
     for (i, (name, t)) in tensors.iter().enumerate() {
-        let dims = t.dims();
+        let dims = claims.iter().find(|(n, _)| n == name).map_or(t.dims(), |(_, d)| *d);
         bin_unicode(&mut pkl, name);
         pkl.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n(");
         pkl.push(b'(');
@@ -327,7 +333,7 @@ pub fn write_torch_bin(path: &Path, tensors: &[(String, Tensor)]) {
         pkl.extend_from_slice(b"ctorch\nFloatStorage\n");
         bin_unicode(&mut pkl, &i.to_string());
         bin_unicode(&mut pkl, "cpu");
-        bin_int(&mut pkl, t.elem_count());
+        bin_int(&mut pkl, dims.iter().product::<usize>().min(i32::MAX as usize));
         pkl.extend_from_slice(b"tQ");
         bin_int(&mut pkl, 0);
         pkl.push(b'(');
