@@ -449,8 +449,10 @@ impl TinyEagle {
 pub const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{% else %}<{% endif %}{{ m.content }};{% endfor %}{% if add_generation_prompt %}<{% endif %}";
 
 /// Runs the `mdsd` binary offline with `args`, its cache this process's own ([`test_cache`]).
+/// Only the engine's tests have the binary (the bench crate's tests include this module too).
 pub fn mdsd(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_mdsd"))
+    let exe = option_env!("CARGO_BIN_EXE_mdsd").expect("`mdsd` is built for the engine's tests only");
+    std::process::Command::new(exe)
         .args(args)
         .env("MDSD_OFFLINE", "1")
         .env("MDSD_CACHE", test_cache())
