@@ -323,7 +323,8 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let text = if args.chat { tok.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
     let ids = tok.encode(&text)?;
     session.check_fits(ids.len(), session.config.warp, session.context, "prompt")?;
-    let capacity = (ids.len() + args.max_new_tokens + 2 * session.tree_len() + 1).min(session.context);
+    let capacity =
+        (ids.len().saturating_add(args.max_new_tokens).saturating_add(2 * session.tree_len() + 1)).min(session.context);
     let mut generator = session.generator(&args, capacity)?;
     generator.set_logprobs(args.logprobs);
     generator.set_prompt_logprobs(args.prompt_logprobs);

@@ -133,6 +133,15 @@ struct Checked {
 /// The most choices one request may ask for (`n`).
 const MAX_CHOICES: usize = 16;
 
+/// The largest request body read (413 above it): a prompt of the longest contexts and a
+/// `logit_bias` over a whole vocabulary fit many times over.
+const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Above this announced length a refused request is left unanswered and never dropped:
+/// tiny_http drains an unread body when a request is dropped into one buffer of the announced
+/// size, and a `Content-Length` of 10^11 aborted the server on that allocation.
+const MAX_DRAINED_BYTES: usize = 1 << 30;
+
 /// The most prompts one completions request may batch.
 const MAX_PROMPTS: usize = 64;
 
@@ -214,17 +223,19 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
             }
         });
         for request in server.incoming_requests() {
-            front.route(request, &queue, load);
+            front.route(request, &queue, load, scope);
         }
     });
     Ok(())
 }
 
-/// A completion request (a POST) passed from the listening thread to the generator's.
+/// A completion request (a POST) passed from the listening thread to the generator's, with its
+/// body already read.
 struct Job {
     request: Request,
     kind: Kind,
     path: String,
+    body: String,
 }
 
 /// What the listening thread needs to answer the requests that do not generate.
@@ -237,10 +248,32 @@ struct Front {
 
 impl Front {
     /// Answers `/health`, `/v1/models`, 401, 404 and 405 at once; queues completion requests
-    /// (503 when `--max-waiting` of them already wait).
-    fn route(&self, request: Request, queue: &Sender<Job>, load: &Load) {
+    /// (503 when `--max-waiting` of them already wait). A completion request's body is read on
+    /// a thread of its own (413 above [`MAX_BODY_BYTES`]) and then queued: a client slow to send
+    /// it (or one that announces a body and never sends it) holds up neither the listening
+    /// thread nor the generator.
+    fn route<'scope>(
+        &self,
+        request: Request,
+        queue: &Sender<Job>,
+        load: &'scope Load,
+        scope: &'scope std::thread::Scope<'scope, '_>,
+    ) {
         let path = request.url().split('?').next().unwrap_or("").to_string();
         let method = request.method().clone();
+        // Any endpoint: a body over the limit is refused before routing, off this thread (the
+        // refusal drains the body as the client sends it).
+        if let Some(n) = request.body_length().filter(|&n| n > MAX_BODY_BYTES) {
+            load.count(Outcome::Refused);
+            let msg = format!("the body has {n} bytes; the limit is {MAX_BODY_BYTES}");
+            eprintln!("mdsd serve: {method} {path}: 413 {msg}");
+            if n > MAX_DRAINED_BYTES {
+                std::mem::forget(request);
+            } else {
+                scope.spawn(move || respond_error(request, 413, &msg).ok());
+            }
+            return;
+        }
         let kind = match path.as_str() {
             "/v1/completions" => Some(Kind::Text),
             "/v1/chat/completions" => Some(Kind::Chat),
@@ -274,13 +307,45 @@ impl Front {
                 &json!({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "mdsd"}]}),
             ),
             (Method::Post, _, Some(kind)) => match load.admit(self.max_waiting) {
-                Ok(()) => match queue.send(Job { request, kind, path: path.clone() }) {
-                    Ok(()) => Ok(()),
-                    Err(unsent) => {
-                        load.withdraw();
-                        respond_error(unsent.0.request, 500, "the generator has stopped; see the server's log")
-                    }
-                },
+                Ok(()) => {
+                    let queue = queue.clone();
+                    let path = path.clone();
+                    scope.spawn(move || {
+                        let mut request = request;
+                        let mut body = String::new();
+                        let limit = MAX_BODY_BYTES as u64 + 1;
+                        let mut reader = std::io::Read::take(request.as_reader(), limit);
+                        let refusal = match std::io::Read::read_to_string(&mut reader, &mut body) {
+                            Err(e) => Some((400, format!("reading the request body: {e}"))),
+                            Ok(n) if n > MAX_BODY_BYTES => {
+                                Some((413, format!("the body has more than the limit of {MAX_BODY_BYTES} bytes")))
+                            }
+                            Ok(_) => None,
+                        };
+                        let outcome = match refusal {
+                            Some((status, msg)) => {
+                                load.withdraw();
+                                load.count(Outcome::Refused);
+                                respond_error(request, status, &msg)
+                            }
+                            None => match queue.send(Job { request, kind, path: path.clone(), body }) {
+                                Ok(()) => Ok(()),
+                                Err(unsent) => {
+                                    load.withdraw();
+                                    respond_error(
+                                        unsent.0.request,
+                                        500,
+                                        "the generator has stopped; see the server's log",
+                                    )
+                                }
+                            },
+                        };
+                        if let Err(e) = outcome {
+                            eprintln!("mdsd serve: POST {path}: answering failed: {e}");
+                        }
+                    });
+                    Ok(())
+                }
                 Err(waiting) => {
                     load.count(Outcome::Busy);
                     let msg = format!("the queue is full: {waiting} waiting (the server's --max-waiting); retry later");
@@ -316,21 +381,17 @@ struct State<'s, 'g> {
 impl State<'_, '_> {
     /// Reads, checks and answers one completion request.
     fn answer(&mut self, job: Job) {
-        let Job { mut request, kind, path } = job;
-        let mut body = String::new();
-        let outcome = match request.as_reader().read_to_string(&mut body) {
-            Err(e) => respond_error(request, 400, &format!("reading the request body: {e}")),
-            Ok(_) => match self.complete(kind, &body) {
-                Err(Refusal(status, msg)) => {
-                    eprintln!("mdsd serve: POST {path}: {status} {msg}");
-                    self.load.count(Outcome::Refused);
-                    respond_error(request, status, &msg)
-                }
-                Ok((req, prompts, config)) => {
-                    self.load.count(Outcome::Generated);
-                    self.generate(request, kind, &req, &prompts, &config, &path)
-                }
-            },
+        let Job { request, kind, path, body } = job;
+        let outcome = match self.complete(kind, &body) {
+            Err(Refusal(status, msg)) => {
+                eprintln!("mdsd serve: POST {path}: {status} {msg}");
+                self.load.count(Outcome::Refused);
+                respond_error(request, status, &msg)
+            }
+            Ok((req, prompts, config)) => {
+                self.load.count(Outcome::Generated);
+                self.generate(request, kind, &req, &prompts, &config, &path)
+            }
         };
         if let Err(e) = outcome {
             eprintln!("mdsd serve: POST {path}: answering failed: {e}");

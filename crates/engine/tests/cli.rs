@@ -549,3 +549,14 @@ fn generate_stops_before_a_stop_string() {
     let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--no-spec", "--stop", ""]);
     assert!(e.contains("--stop: an empty stop string"), "{e}");
 }
+
+/// `--max-new-tokens` of usize::MAX runs to the end of the context instead of overflowing the
+/// capacity sum or aborting on an allocation of that many tokens.
+#[test]
+fn an_unbounded_token_budget_stops_at_the_context() {
+    let dir = temp_dir("cli-budget");
+    let target = Tiny::llama(54).write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
+    let v = generate_greedy_json(&target, "ABCD", &usize::MAX.to_string(), &["--no-spec", "--ignore-eos"]);
+    assert_eq!(v["stop_reason"], "context_length", "{v}");
+    assert!(v["new_tokens"].as_u64().unwrap() > 200, "{v}");
+}

@@ -385,6 +385,42 @@ fn serve_refuses_bad_requests() {
     }
     let (status, v) = post(port, "/v1/completions", &json!({"prompt": "AB", "max_tokens": 3}));
     assert_eq!((status, v["usage"]["completion_tokens"].as_u64().unwrap() <= 3), (200, true), "{v}");
+    // A budget of 10^18 tokens ends at the context (it aborted the server on an allocation).
+    let (status, v) = post(
+        port,
+        "/v1/completions",
+        &json!({"prompt": "AB", "max_tokens": 1_000_000_000_000_000_000u64, "ignore_eos": true}),
+    );
+    assert_eq!((status, v["choices"][0]["finish_reason"].as_str()), (200, Some("length")), "{v}");
+    assert_eq!(http(port, "GET", "/health", "").0, 200, "the server is still up");
+    // A body announced beyond the limit gets 413 at once, unread; one of 10^11 bytes (which
+    // aborted the server when tiny_http drained it into one buffer) is left unanswered, on any
+    // endpoint, and the server stays up.
+    let mut big = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(big, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 40000000\r\n\r\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&big).read_line(&mut line).unwrap();
+    assert!(line.contains(" 413 "), "{line}");
+    drop(big);
+    let mut huge = Vec::new();
+    for path in ["/v1/completions", "/v1/nowhere", "/health"] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(s, "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 99999999999\r\n\r\n").unwrap();
+        huge.push(s);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(http(port, "GET", "/health", "").0, 200, "the server is still up");
+    // A body announced and never sent holds up no other request (it was read on the
+    // generator's thread, which then waited for it).
+    let mut stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(stalled, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{{").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (sent, answered) = std::sync::mpsc::channel();
+    std::thread::spawn(move || sent.send(post(port, "/v1/completions", &json!({"prompt": "AB", "max_tokens": 2}))));
+    let (status, v) =
+        answered.recv_timeout(std::time::Duration::from_secs(60)).expect("an answer beside a stalled body");
+    assert_eq!(status, 200, "{v}");
+    drop(stalled);
 
     for flag in [&["--prompt", "AB"][..], &["--json"][..]] {
         let out = mdsd(&[&["serve", "--port", "0", "--target", s(&target), "--no-spec"][..], flag].concat());

@@ -461,7 +461,9 @@ impl<'a> Generator<'a> {
         // 0.13 s for the default pair, the first generation only).
         stats.prefill_s = start.elapsed().as_secs_f64();
         let decode_start = Instant::now();
-        let mut out = Vec::with_capacity(config.max_new_tokens);
+        // At most what the cache holds: a request may ask for any number of tokens (10^18 made
+        // `mdsd serve` abort on this allocation).
+        let mut out = Vec::with_capacity(config.max_new_tokens.min(capacity));
         let mut timings = [Duration::ZERO; 3];
         stats.stop_reason = "max_new_tokens".into();
         'outer: while out.len() < config.max_new_tokens {
