@@ -453,8 +453,8 @@ fn load_file(
     if file.has_tensor("output.weight") {
         file.expect_shape("output.weight", &[vocab, hidden])?;
     }
+    let qkv_bias = c.architecture == Architecture::Qwen2;
     for i in 0..c.num_layers {
-        let qkv_bias = c.architecture == Architecture::Qwen2;
         for (name, shape) in [
             ("attn_norm.weight", vec![hidden]),
             ("attn_q.weight", vec![q_rows, hidden]),

@@ -32,6 +32,8 @@ pub(super) fn read_content<R: std::io::Read + std::io::Seek>(reader: &mut R) -> 
 /// that the tensors tile the data section without overlap or gap, with overflow-checked
 /// arithmetic, so that a corrupt directory is refused here instead of read as other bytes.
 pub(super) fn check_tensor_extents(content: &Content, file_len: u64) -> std::result::Result<(), String> {
+    // candle's own rule for the alignment (it ignores 64-bit values), so that the offsets are
+    // checked against the data section candle computed; not `GgufFile::uint`'s wider one.
     let alignment = match content.metadata.get("general.alignment") {
         Some(Value::U8(v)) => *v as u64,
         Some(Value::U16(v)) => *v as u64,

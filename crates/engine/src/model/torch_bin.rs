@@ -17,11 +17,11 @@ fn err(path: &Path, what: impl std::fmt::Display) -> Error {
 /// than its storage holds is an error naming it and the file.
 pub fn read_all(path: &Path) -> Result<Vec<(String, Tensor)>> {
     let cannot = |e: &dyn std::fmt::Display| err(path, format!("cannot read: {e}"));
-    let infos =
-        candle_core::pickle::read_pth_tensor_info(path, false, None).map_err(|e| cannot(&crate::plain_error(&e)))?;
+    // The pickle is parsed once: the checks and the reads below share `PthTensors`.
+    let pth = candle_core::pickle::PthTensors::new(path, None).map_err(|e| cannot(&crate::plain_error(&e)))?;
     let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
     let mut zip = zip::ZipArchive::new(std::io::BufReader::new(file)).map_err(|e| cannot(&e))?;
-    for info in &infos {
+    for info in pth.tensor_infos().values() {
         let stored = zip.by_name(&info.path).map_err(|e| cannot(&format!("storage `{}`: {e}", info.path)))?.size();
         // What candle reads: `start_offset` bytes skipped, then the whole shape.
         let needed = info
@@ -45,5 +45,11 @@ pub fn read_all(path: &Path) -> Result<Vec<(String, Tensor)>> {
             }
         }
     }
-    candle_core::pickle::read_all(path).map_err(|e| cannot(&crate::plain_error(&e)))
+    let mut tensors = Vec::with_capacity(pth.tensor_infos().len());
+    for name in pth.tensor_infos().keys() {
+        if let Some(t) = pth.get(name).map_err(|e| cannot(&crate::plain_error(&e)))? {
+            tensors.push((name.clone(), t));
+        }
+    }
+    Ok(tensors)
 }
