@@ -66,12 +66,12 @@ fn corrupt_gguf_headers_give_clear_errors() {
     };
 
     // The good file rewritten with one more metadata entry.
-    let with_meta = |name: &str, key: &str, value: candle_core::quantized::gguf_file::Value| {
+    let with_metas = |name: &str, extra: &[(&str, candle_core::quantized::gguf_file::Value)]| {
         use candle_core::quantized::gguf_file::{self, Value};
         let content = gguf_file::Content::read(&mut std::fs::File::open(&good).unwrap()).unwrap();
         let mut f = std::fs::File::open(&good).unwrap();
         let mut meta: Vec<(String, Value)> = content.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        meta.push((key.into(), value));
+        meta.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
         let tensors: Vec<(String, _)> = content
             .tensor_infos
             .keys()
@@ -83,11 +83,28 @@ fn corrupt_gguf_headers_give_clear_errors() {
         gguf_file::write(&mut std::fs::File::create(&path).unwrap(), &meta_refs, &tensor_refs).unwrap();
         path
     };
+    let with_meta = |name: &str, key: &str, value| with_metas(name, &[(key, value)]);
     use candle_core::quantized::gguf_file::Value;
     let tiny = Tiny::llama(51);
     // `general.alignment = 0`: candle's parser divides by it (a panic before this change).
     let zero = with_meta("alignment0.gguf", "general.alignment", Value::U32(0));
     refused(&zero, "alignment0.gguf", "`general.alignment` 0");
+    // `general.alignment = 1` in a file that candle's writer laid out on 32 bytes: the data
+    // section moves back to the header's end while every offset stays aligned and the tensors
+    // still tile, so weights would be read from shifted bytes. A padding entry of some length
+    // puts the header's end off a multiple of 32, so that the section does move.
+    let moved = (0..32)
+        .map(|n| {
+            let pad = Value::String("x".repeat(n));
+            with_metas("alignment1.gguf", &[("general.alignment", Value::U32(1)), ("test.padding", pad)])
+        })
+        .find(|p| {
+            let content =
+                candle_core::quantized::gguf_file::Content::read(&mut std::fs::File::open(p).unwrap()).unwrap();
+            content.tensor_data_offset % 32 != 0
+        })
+        .expect("some padding length moves the data section");
+    refused(&moved, "alignment1.gguf", "not written with the alignment it declares (`general.alignment` = 1)");
     // Rotary embeddings over part of each head (another architecture) are refused, not run.
     let partial = with_meta("partial-rope.gguf", "llama.rope.dimension_count", Value::U32(4));
     refused(&partial, "partial-rope.gguf", "`llama.rope.dimension_count` is 4, but the heads are 8 wide");

@@ -44,6 +44,14 @@ pub(super) fn check_tensor_extents(content: &Content, file_len: u64) -> std::res
         _ => 32,
     }
     .max(1);
+    // A declared alignment other than GGUF's default that the writer did not use moves the
+    // data section by a few bytes: every offset can stay aligned and the tensors still tile,
+    // so it shows only as bytes left over at the end (or a last tensor past it).
+    let alignment_hint = if alignment != 32 && content.metadata.contains_key("general.alignment") {
+        format!(", or the file was not written with the alignment it declares (`general.alignment` = {alignment})")
+    } else {
+        String::new()
+    };
     let mut extents = Vec::with_capacity(content.tensor_infos.len());
     for (name, info) in &content.tensor_infos {
         let dims = info.shape.dims();
@@ -71,7 +79,7 @@ pub(super) fn check_tensor_extents(content: &Content, file_len: u64) -> std::res
             _ => {
                 return Err(format!(
                     "truncated GGUF file: tensor `{name}` ends at byte {} but the file has {file_len} bytes \
-                     (an incomplete download? delete it and fetch again)",
+                     (an incomplete download? delete it and fetch again{alignment_hint})",
                     content.tensor_data_offset as u128 + info.offset as u128 + bytes as u128
                 ))
             }
@@ -102,7 +110,7 @@ pub(super) fn check_tensor_extents(content: &Content, file_len: u64) -> std::res
     // bytes beyond it mean a size in the directory shrank, which no later tensor shows.
     if let Some(last) = before.filter(|_| file_len > expected) {
         return Err(format!(
-            "the file has {} bytes after the end of its last tensor `{last}`: a tensor's shape or type in the directory is wrong",
+            "the file has {} bytes after the end of its last tensor `{last}`: a tensor's shape or type in the directory is wrong{alignment_hint}",
             file_len - expected
         ));
     }
