@@ -101,7 +101,7 @@ fn corrupt_gguf_headers_give_clear_errors() {
         .find(|p| {
             let content =
                 candle_core::quantized::gguf_file::Content::read(&mut std::fs::File::open(p).unwrap()).unwrap();
-            content.tensor_data_offset % 32 != 0
+            !content.tensor_data_offset.is_multiple_of(32)
         })
         .expect("some padding length moves the data section");
     refused(&moved, "alignment1.gguf", "not written with the alignment it declares (`general.alignment` = 1)");
