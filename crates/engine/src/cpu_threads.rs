@@ -14,16 +14,15 @@ use std::sync::Once;
 /// Below this many multiply-adds (about 20 us of work) [`chunked`] runs on the calling thread.
 const INLINE_WORK: usize = 1 << 16;
 
-/// Runs `f` over the items `0..items`: in chunks on candle's pool when the job is `work`
-/// multiply-adds or more than [`INLINE_WORK`], else in one call on this thread. Waking the pool
-/// for less costs more than the work, and its workers then spin for a while (a core's worth of
-/// time on a 2-core machine) before they park. `f` must give the same results however the
-/// items are split.
+/// Runs `f` over the items `0..items`: in chunks on the CPU worker pool ([`crate::cpu_pool`])
+/// when the job is `work` multiply-adds or more than [`INLINE_WORK`], else in one call on this
+/// thread. Waking the pool for less costs more than the work, and its workers then wait for a
+/// while before they park. `f` must give the same results however the items are split.
 pub(crate) fn chunked(work: usize, items: usize, f: impl Fn(Range<usize>) + Sync) {
     if work < INLINE_WORK {
         f(0..items);
     } else {
-        candle_core::utils::barrier_pool().execute_chunked(items, f);
+        crate::cpu_pool::pool().execute_chunked(items, f);
     }
 }
 

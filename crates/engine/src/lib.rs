@@ -5,6 +5,7 @@
 //! model provisioning ([`provision`]) and the reference speculative step ([`speculative`]).
 
 pub mod auto_tree;
+pub mod cpu_pool;
 pub mod cpu_threads;
 pub mod decode;
 pub mod draft_window;

@@ -4,7 +4,7 @@
 //! and values into contiguous tensors, allocates the score matrix, and asks the OS for the
 //! core count on each GEMM; at one to a few new rows (decoding, draft trees) that overhead is
 //! larger than the arithmetic. Here each KV head and group of up to `ROWS_PER_TASK` (8) new rows
-//! is one task on candle's thread pool, for all the query heads that share the KV head: scores
+//! is one task on the CPU worker pool, for all the query heads that share the KV head: scores
 //! against the cache rows as stored (sixteen keys at a time, [`super::attention_kernels`]), the
 //! additive bias, a softmax, and the weighted sum of values, written straight into the
 //! `[1, t, heads * head_dim]` layout the output projection reads. Every (row, head) does the
@@ -56,7 +56,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f32) -> 
     // is read once per task and reused from L1 by every (row, head) of it. Fewer rows per
     // task when that leaves threads idle.
     // (The pool's size, not `get_num_threads`, which asks the OS on every call.)
-    let pool = candle_core::utils::barrier_pool();
+    let pool = crate::cpu_pool::pool();
     let per_task = (t * kv_heads).div_ceil(pool.n_workers() + 1).clamp(1, ROWS_PER_TASK);
     let row_groups = t.div_ceil(per_task);
     let work = |items: std::ops::Range<usize>| {

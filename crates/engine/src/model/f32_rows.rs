@@ -4,7 +4,7 @@
 //! at the few rows of decoding and draft trees that costs more than the arithmetic
 //! (`benches/RESULTS.md`, "Dense f32 products"). Here each weight row is read once per block
 //! of up to `ROW_BLOCK` activation rows, while tiles of `ROW_TILE` rows take their dot
-//! products with it; blocks of output columns are split over candle's thread pool.
+//! products with it; blocks of output columns are split over the CPU worker pool (`cpu_pool`).
 //!
 //! Every output element is [`dot`] of its activation row and weight row, written out in scalar
 //! code; the AVX2+FMA tiles compute exactly that, bit for bit, whatever rows share the tile, the
@@ -118,7 +118,7 @@ unsafe fn columns(x: &[f32], m: usize, w: &[f32], k: usize, n: usize, cols: std:
 }
 
 /// `x @ w^T` for `x` `[m, k]` and `w` `[n, k]` (row-major `f32`): returns `[m, n]` row-major.
-/// Columns are split over candle's thread pool when the product is large enough; each element
+/// Columns are split over the CPU worker pool (`cpu_pool`) when the product is large enough; each element
 /// is [`dot`] whatever the split and the number of rows.
 pub fn matmul(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert_eq!(x.len(), m * k, "f32 rows matmul: {} activations for {m} rows of {k}", x.len());

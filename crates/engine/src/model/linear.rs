@@ -2,7 +2,7 @@
 //! CPU kernels ([`qgemv`], the repacked layouts, [`f32_rows`] for dense f32 matrices) or to
 //! candle's.
 
-use super::{attention_kernels, f32_rows, q4k_interleaved, q4k_tiled, q6k_interleaved, q6k_tiled, qgemv};
+use super::{attention_kernels, f32_rows, ggml_rows, q4k_interleaved, q4k_tiled, q6k_interleaved, q6k_tiled, qgemv};
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Module, Result, Tensor, D};
 
@@ -156,6 +156,11 @@ impl Linear {
         }
         match (&self.weight, &self.repacked) {
             (Some(QMatMul::Tensor(w)), _) if dense_rows_apply(w, x) => dense_rows(w, x),
+            // ggml types without a kernel of ours: candle's arithmetic on our worker pool.
+            (Some(w @ QMatMul::QTensor(q)), _) => match ggml_rows::matmul(q, x)? {
+                Some(y) => Ok(y),
+                None => w.forward(x),
+            },
             (Some(w), _) => w.forward(x),
             // Repacked matrices are CPU-only and take f32 activations.
             (None, Some(r)) => x
@@ -279,7 +284,7 @@ pub fn gated(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
     candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?
 }
 
-/// `g = silu(g) * u` element-wise; large inputs (several rows) split over candle's thread pool,
+/// `g = silu(g) * u` element-wise; large inputs (several rows) split over the CPU worker pool (`cpu_pool`),
 /// with the same arithmetic per element, so the result does not depend on the split.
 fn silu_gate(g: &mut [f32], u: &[f32]) {
     /// Below this many elements one thread is faster than a dispatch (about 40 us of work).
@@ -293,7 +298,7 @@ fn silu_gate(g: &mut [f32], u: &[f32]) {
         return apply(g, u);
     }
     let (base, len) = (g.as_mut_ptr() as usize, g.len());
-    candle_core::utils::barrier_pool().execute_chunked(len, |r| {
+    crate::cpu_pool::pool().execute_chunked(len, |r| {
         // SAFETY: the ranges are disjoint and within `g`, which outlives the dispatch.
         let g = unsafe { std::slice::from_raw_parts_mut((base as *mut f32).add(r.start), r.len()) };
         apply(g, &u[r]);

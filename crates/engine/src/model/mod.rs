@@ -19,6 +19,7 @@ pub mod cpu_attention;
 pub mod eagle;
 pub mod embedding;
 pub mod f32_rows;
+pub mod ggml_rows;
 pub mod gguf;
 mod gguf_integrity;
 pub mod hf;

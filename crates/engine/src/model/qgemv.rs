@@ -22,8 +22,9 @@
 //! ([`RowsWeight`]) and quantizes the activations once for all of them.
 //!
 //! The caller ([`super::Linear`]) routes ggml-layout matrices here only when [`supports`] says
-//! so and the number of rows is small; otherwise candle's kernels run. Work is split over output columns on
-//! candle's own thread pool, so the two never compete for cores.
+//! so and the number of rows is small; otherwise candle's kernels run. Work is split over output
+//! columns on our CPU worker pool ([`crate::cpu_pool`]), which the other products
+//! ([`super::ggml_rows`], [`super::f32_rows`], attention) share, so they never compete for cores.
 
 use candle_core::backend::BackendStorage;
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -256,7 +257,7 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
             let acts_i: &[BlockQ8KI] = acts_i;
             let acts_6: &[BlockQ8K6I] = acts_6;
             let parts: &[Part] = &parts;
-            candle_core::utils::barrier_pool().execute_chunked(total, |cols| {
+            crate::cpu_pool::pool().execute_chunked(total, |cols| {
                 for p in parts {
                     let lo = cols.start.max(p.offset);
                     let hi = cols.end.min(p.offset + p.n);
