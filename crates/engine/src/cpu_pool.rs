@@ -31,16 +31,17 @@ use std::time::{Duration, Instant};
 /// How long a waiting thread spins before it gives up its core: an idle worker then parks, and
 /// the caller waiting for workers yields between checks. Short, because on a busy machine a
 /// spinning or yielding thread spends the CPU time that the OS would otherwise give to the
-/// thread it waits for, and a worker that slept is favoured when woken (measured in
-/// `benches/RESULTS.md`: 20 us beat 50-300 us, and beat spinning longer only on busy machines
-/// while costing nothing measurable on an idle one).
+/// thread it waits for, and a worker that slept is favoured when woken (`benches/RESULTS.md`:
+/// on busy machines 20 us beat 50 and 100 us and adaptive spins of up to 300 or 600 us, and on
+/// an idle one none of them was measurably faster).
 const SPIN: Duration = Duration::from_micros(20);
 /// The ticket's low bits count the workers inside the job; the high bits tag the open job.
 const COUNT_BITS: u32 = 16;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
 thread_local! {
-    /// Set on the pool's workers: a dispatch from inside a job runs inline.
+    /// Set on the pool's workers, and on a caller while it takes chunks: a dispatch from inside
+    /// a job runs inline.
     static IN_POOL: Cell<bool> = const { Cell::new(false) };
 }
 
