@@ -49,12 +49,13 @@ fn candle_repacks_q8_0() -> bool {
 }
 
 fn rows<T: GgmlType>(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
-    if !(x.device().is_cpu() && x.dtype() == candle_core::DType::F32) {
+    // (`w.data()` of a matrix on a GPU would copy it to the host: CPU only.)
+    if !(x.device().is_cpu() && w.device().is_cpu() && x.dtype() == candle_core::DType::F32) {
         return Ok(None);
     }
     let (n, k) = w.shape().dims2()?;
     let mut dims = x.dims().to_vec();
-    if dims.last() != Some(&k) || k % T::BLCK_SIZE != 0 {
+    if k == 0 || dims.last() != Some(&k) || k % T::BLCK_SIZE != 0 {
         return Ok(None);
     }
     let kb = k / T::BLCK_SIZE;
