@@ -157,7 +157,7 @@ impl WorkerPool {
         IN_POOL.with(|p| p.set(outer));
         // Close the ticket: from here no worker joins, and those inside finish their chunk.
         shared.ticket.fetch_and(COUNT_MASK, Ordering::AcqRel);
-        wait_for_workers(|| shared.ticket.load(Ordering::Acquire) & COUNT_MASK == 0);
+        wait_until(|| shared.ticket.load(Ordering::Acquire) & COUNT_MASK == 0, std::thread::yield_now);
         drop(generation);
         if let Err(payload) = mine {
             std::panic::resume_unwind(payload);
@@ -208,29 +208,16 @@ fn take_chunks(shared: &Shared, job: &Job) {
     }
 }
 
-/// The caller's wait for the workers inside a job: spins for [`SPIN`], then yields the core
-/// between checks (a worker that holds a chunk but lost its core needs one to finish).
-fn wait_for_workers(done: impl Fn() -> bool) {
+/// Waits until `done()` holds: spins for [`SPIN`], then calls `give_up` between checks. The
+/// caller waiting for the workers inside a job yields (a worker that holds a chunk but lost its
+/// core needs one to finish); an idle worker parks until the next dispatch unparks it.
+fn wait_until(done: impl Fn() -> bool, give_up: fn()) {
     let start = Instant::now();
     let mut checks = 0u32;
     while !done() {
         checks = checks.wrapping_add(1);
         if checks.is_multiple_of(32) && start.elapsed() >= SPIN {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-    }
-}
-
-/// An idle worker's wait for the next job: spins for [`SPIN`], then parks until unparked.
-fn wait_for_job(done: impl Fn() -> bool) {
-    let start = Instant::now();
-    let mut checks = 0u32;
-    while !done() {
-        checks = checks.wrapping_add(1);
-        if checks.is_multiple_of(32) && start.elapsed() >= SPIN {
-            std::thread::park();
+            give_up();
         } else {
             std::hint::spin_loop();
         }
@@ -241,7 +228,7 @@ fn worker(shared: &'static Shared) {
     IN_POOL.with(|p| p.set(true));
     let mut seen = 0usize;
     loop {
-        wait_for_job(|| shared.go.load(Ordering::Acquire) != seen);
+        wait_until(|| shared.go.load(Ordering::Acquire) != seen, std::thread::park);
         seen = shared.go.load(Ordering::Acquire);
         if shared.stop.load(Ordering::Acquire) {
             return;

@@ -451,7 +451,6 @@ pub const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{%
 /// Runs the `mdsd` binary offline with `args`, its cache this process's own ([`test_cache`]).
 /// Only the engine's tests have the binary (the bench crate's tests include this module too).
 pub fn mdsd(args: &[&str]) -> std::process::Output {
-    // Not `env!`: the bench crate's tests include this module and have no `mdsd` binary.
     let exe = option_env!("CARGO_BIN_EXE_mdsd").unwrap_or("mdsd");
     std::process::Command::new(exe)
         .args(args)
