@@ -158,11 +158,11 @@ impl WorkerPool {
         // Close the ticket: from here no worker joins, and those inside finish their chunk.
         shared.ticket.fetch_and(COUNT_MASK, Ordering::AcqRel);
         wait_until(|| shared.ticket.load(Ordering::Acquire) & COUNT_MASK == 0, std::thread::yield_now);
+        // A worker's panic is taken even when the caller's own is re-raised, so that it cannot
+        // surface in a later job.
+        let theirs = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(generation);
-        if let Err(payload) = mine {
-            std::panic::resume_unwind(payload);
-        }
-        if let Some(payload) = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(payload) = mine.err().or(theirs) {
             std::panic::resume_unwind(payload);
         }
     }
@@ -347,6 +347,19 @@ mod tests {
             sum.fetch_add(r.len(), Ordering::Relaxed);
         });
         assert_eq!(sum.load(Ordering::Relaxed), 100);
+        // Every chunk panics, on the caller and on the workers that join: the caller's panic is
+        // re-raised, and no worker's is left over to surface in the next, clean job.
+        for _ in 0..50 {
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.execute_chunked(64, |_| {
+                    std::thread::sleep(Duration::from_micros(100));
+                    panic!("every chunk");
+                })
+            }));
+            assert!(caught.is_err());
+            let clean = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.execute_chunked(64, |_| {})));
+            assert!(clean.is_ok(), "a panic of the job before surfaced in a clean one");
+        }
     }
 
     /// A dispatch from inside a job runs inline instead of deadlocking.
