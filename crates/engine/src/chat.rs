@@ -93,6 +93,7 @@ pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     }
     let mut generator = session.generator(run, capacity)?;
     generator.set_prefix_reuse(!args.no_prefix_reuse);
+    generator.set_prefill_progress(report::prefill_display(run.json));
     let window = session.window(&generator, run);
     let interactive = std::io::stdin().is_terminal();
     eprintln!("--- {}", report::mode(run, session.verifier, window));

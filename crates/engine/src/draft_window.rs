@@ -89,20 +89,32 @@ impl DraftContext {
     /// Empties `cache` and runs `tokens` (context positions `0..tokens.len()`) through the
     /// draft: all of them, or with a window only the sinks and the last `recent`.
     pub fn prefill(&mut self, draft: &DecoderModel, cache: &mut KvCache, tokens: &[u32]) -> Result<()> {
+        self.prefill_reporting(draft, cache, tokens, &mut |_| {})
+    }
+
+    /// [`Self::prefill`], calling `progress(done)` after each forward chunk with the number of
+    /// tokens run so far.
+    fn prefill_reporting(
+        &mut self,
+        draft: &DecoderModel,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<()> {
         cache.truncate(0);
         self.skipped = 0;
         let n = tokens.len();
         match self.window {
             Some(w) if n > w.sinks.saturating_add(w.recent) => {
                 if w.sinks > 0 {
-                    draft.forward_chain(&tokens[..w.sinks], cache)?;
+                    draft.forward_chain_reporting(&tokens[..w.sinks], 0, cache, progress)?;
                 }
                 let first = n - w.recent;
-                draft.forward_chain_from(&tokens[first..], first, cache)?;
+                draft.forward_chain_reporting(&tokens[first..], first, cache, &mut |d| progress(w.sinks + d))?;
                 self.skipped = first - w.sinks;
             }
             _ if n > 0 => {
-                draft.forward_chain(tokens, cache)?;
+                draft.forward_chain_reporting(tokens, 0, cache, progress)?;
             }
             _ => {}
         }
@@ -121,6 +133,19 @@ impl DraftContext {
         tokens: &[u32],
         reusable: usize,
     ) -> Result<usize> {
+        self.prefill_reusing_reporting(draft, cache, tokens, reusable, &mut |_, _| {})
+    }
+
+    /// [`Self::prefill_reusing`], calling `progress(done, total)` after each forward chunk with
+    /// the tokens run so far and the number it runs in all.
+    pub fn prefill_reusing_reporting(
+        &mut self,
+        draft: &DecoderModel,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        reusable: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<usize> {
         let n = tokens.len();
         let keep = match self.window {
             _ if reusable == 0 => None,
@@ -136,12 +161,12 @@ impl DraftContext {
             Some((keep, next)) if n.saturating_sub(next) <= fresh => {
                 cache.truncate(keep);
                 if next < n {
-                    draft.forward_chain_from(&tokens[next..], next, cache)?;
+                    draft.forward_chain_reporting(&tokens[next..], next, cache, &mut |d| progress(d, n - next))?;
                 }
                 Ok(n.saturating_sub(next))
             }
             _ => {
-                self.prefill(draft, cache, tokens)?;
+                self.prefill_reporting(draft, cache, tokens, &mut |d| progress(d, fresh))?;
                 Ok(fresh)
             }
         }

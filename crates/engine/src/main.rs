@@ -328,6 +328,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let mut generator = session.generator(&args, capacity)?;
     generator.set_logprobs(args.logprobs);
     generator.set_prompt_logprobs(args.prompt_logprobs);
+    generator.set_prefill_progress(report::prefill_display(args.json));
     let json = args.json;
     let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).expect("--stop checked by Plan::new");
     let (out, mut stats) = generator.generate(

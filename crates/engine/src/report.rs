@@ -2,7 +2,7 @@
 //! JSON object. Part of the `mdsd` binary (`main.rs`), not of the library.
 
 use crate::{GenerateArgs, NgramMode};
-use engine::decode::Stats;
+use engine::decode::{PrefillProgress, Stats};
 use engine::draft_window::DraftWindow;
 use engine::logprobs::TokenLogprobs;
 use engine::tokenizer::TextTokenizer;
@@ -117,4 +117,34 @@ pub fn mode(args: &GenerateArgs, verifier: Verifier, window: Option<DraftWindow>
     };
     let mode = if args.reproducible { format!("{mode} · reproducible (seed {})", args.seed) } else { mode };
     format!("{mode} · temperature {} · {}", args.temperature, args.device)
+}
+
+/// A one-line display of a long prompt's prefill on stderr ([`Generator::set_prefill_progress`]),
+/// or `None` when stderr is not a terminal or `--json` is on. Prompts of one CPU prefill chunk
+/// or less are not shown; the line is cleared when each model's prefill ends.
+///
+/// [`Generator::set_prefill_progress`]: engine::decode::Generator::set_prefill_progress
+pub fn prefill_display(json: bool) -> Option<Box<dyn FnMut(PrefillProgress) + Send>> {
+    use std::io::{IsTerminal, Write};
+    if json || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let mut start = std::time::Instant::now();
+    Some(Box::new(move |p: PrefillProgress| {
+        if p.total <= engine::model::PREFILL_CHUNK_CPU {
+            return;
+        }
+        if p.done == 0 {
+            start = std::time::Instant::now();
+        }
+        let mut err = std::io::stderr().lock();
+        // `\r` and erase-line: the line is rewritten in place, then erased.
+        let _ = if p.done < p.total {
+            let secs = start.elapsed().as_secs_f64();
+            write!(err, "\r\x1b[Kmdsd: prefill of the {}: {}/{} prompt tokens ({secs:.0} s)", p.model, p.done, p.total)
+        } else {
+            write!(err, "\r\x1b[K")
+        };
+        let _ = err.flush();
+    }))
 }

@@ -275,3 +275,59 @@ fn a_reused_draft_cache_keeps_every_row_at_its_position() {
     assert_eq!((cache.len(), ctx.skipped()), (5, 21));
     assert_rows(&cache, 21, 1, "fresh window");
 }
+
+/// `set_prefill_progress` reports each model's prefill from 0 to its total, chunk by chunk,
+/// counting only the tokens that run: a prompt of more than one chunk, then the same prompt
+/// extended with prefix reuse on (only the new tokens run), then a draft window (the draft runs
+/// its sinks and recent tokens only).
+#[test]
+fn prefill_progress_counts_the_tokens_each_model_runs() {
+    use engine::decode::PrefillProgress;
+    use std::sync::{Arc, Mutex};
+    let tiny = Tiny { context: 1024, ..Tiny::llama(96) };
+    let target = model(tiny, "progress-target");
+    let draft = model(Tiny { layers: 1, ..tiny }, "progress-draft");
+    let chunk =
+        if common::test_device().is_cpu() { engine::model::PREFILL_CHUNK_CPU } else { engine::model::PREFILL_CHUNK_GPU };
+    let prompt: Vec<u32> = (0..600u32).map(|i| (i * 7 + 3) % tiny.vocab as u32).collect();
+    let config = GenerationConfig {
+        speculative: Some(spec(DraftTree::preset("chain-2").unwrap(), DraftSource::Model)),
+        ..common::greedy(4, 0)
+    };
+    let seen: Arc<Mutex<Vec<PrefillProgress>>> = Arc::default();
+    let mut g = Generator::new(&target, Some(&draft), 1000).unwrap();
+    let log = seen.clone();
+    g.set_prefill_progress(Some(Box::new(move |p| log.lock().unwrap().push(p))));
+    // Each model's reports: 0, then every chunk's end, the last at the total.
+    let expect = |model: &'static str, total: usize| -> Vec<PrefillProgress> {
+        let mut done: Vec<usize> = (0..total).step_by(chunk).collect();
+        done.push(total);
+        done.into_iter().map(|done| PrefillProgress { model, done, total }).collect()
+    };
+    let take = || std::mem::take(&mut *seen.lock().unwrap());
+
+    g.generate(&prompt[..500], &config, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(take(), [expect("target", 499), expect("draft", 499)].concat());
+
+    g.set_prefix_reuse(true);
+    let (_, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+    let target_ran = 599 - stats.reused_tokens;
+    assert!(stats.reused_tokens >= 499, "reused {}", stats.reused_tokens);
+    assert_eq!(take(), [expect("target", target_ran), expect("draft", stats.draft_prefill_tokens)].concat());
+
+    // A window of 4 sinks and 300 recent tokens: the draft runs the sinks, then the rest.
+    g.set_prefix_reuse(false);
+    g.set_draft_window(DraftWindow::new(4, 300).ok());
+    g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+    let reports = take();
+    assert_eq!(reports[..expect("target", 599).len()], expect("target", 599)[..]);
+    let draft_done: Vec<usize> =
+        reports.iter().filter(|p| p.model == "draft").inspect(|p| assert_eq!(p.total, 304)).map(|p| p.done).collect();
+    assert!(draft_done.windows(2).all(|w| w[0] <= w[1]), "{draft_done:?}");
+    assert_eq!((draft_done.first(), draft_done.last()), (Some(&0), Some(&304)));
+
+    // Switched off, nothing is reported.
+    g.set_prefill_progress(None);
+    g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+    assert!(take().is_empty());
+}

@@ -87,6 +87,19 @@ pub struct Generator<'a> {
     score_prompt: bool,
     /// The last generation's prompt log-probabilities, one per prompt token after the first.
     prompt_logprobs: Vec<TokenLogprobs>,
+    /// Told of each prefill chunk ([`Self::set_prefill_progress`]).
+    prefill_progress: Option<Box<dyn FnMut(PrefillProgress) + Send>>,
+}
+
+/// How far a prompt's prefill has come, as [`Generator::set_prefill_progress`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillProgress {
+    /// The model being prefilled: `"target"`, then `"draft"` when a draft model runs.
+    pub model: &'static str,
+    /// Prompt tokens this model has run so far.
+    pub done: usize,
+    /// Prompt tokens this model runs in all (cached and windowed-out tokens excluded).
+    pub total: usize,
 }
 
 /// A batch of accepted tokens, as [`Generator::generate_emitting`] hands it out.
@@ -197,6 +210,7 @@ impl<'a> Generator<'a> {
             logprobs: Vec::new(),
             score_prompt: false,
             prompt_logprobs: Vec::new(),
+            prefill_progress: None,
         })
     }
 
@@ -275,6 +289,13 @@ impl<'a> Generator<'a> {
     /// prompt row, 64 rows at a time.
     pub fn set_prompt_logprobs(&mut self, on: bool) {
         self.score_prompt = on;
+    }
+
+    /// Calls `report` after every prefill chunk of the prompts to come (chunks of
+    /// [`crate::model::PREFILL_CHUNK_CPU`] tokens on the CPU), for a progress display of long
+    /// prompts; `None` stops it.
+    pub fn set_prefill_progress(&mut self, report: Option<Box<dyn FnMut(PrefillProgress) + Send>>) {
+        self.prefill_progress = report;
     }
 
     /// The last generation's prompt log-probabilities ([`Self::set_prompt_logprobs`]): the
@@ -414,7 +435,18 @@ impl<'a> Generator<'a> {
         // Prefill every prompt token but the last, which becomes the pending token.
         self.target_cache.truncate(reused);
         let prompt_hidden = if n - 1 > reused {
-            Some(self.target.forward_chain(&prompt[reused..n - 1], &mut self.target_cache)?)
+            let (report, total) = (&mut self.prefill_progress, n - 1 - reused);
+            let mut progress = |done| {
+                if let Some(r) = report.as_mut() {
+                    r(PrefillProgress { model: "target", done, total })
+                }
+            };
+            Some(self.target.forward_chain_reporting(
+                &prompt[reused..n - 1],
+                reused,
+                &mut self.target_cache,
+                &mut progress,
+            )?)
         } else {
             None
         };
@@ -431,8 +463,19 @@ impl<'a> Generator<'a> {
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
             let context = if spec.is_some() && !ngram_only { &prompt[..n - 1] } else { &[] };
             let reusable = reused.min(context.len());
-            stats.draft_prefill_tokens =
-                self.draft_context.prefill_reusing(d, cache, &for_draft(context, d.config().vocab_size), reusable)?;
+            let report = &mut self.prefill_progress;
+            let mut progress = |done, total| {
+                if let Some(r) = report.as_mut() {
+                    r(PrefillProgress { model: "draft", done, total })
+                }
+            };
+            stats.draft_prefill_tokens = self.draft_context.prefill_reusing_reporting(
+                d,
+                cache,
+                &for_draft(context, d.config().vocab_size),
+                reusable,
+                &mut progress,
+            )?;
         }
         let mut pending = prompt[n - 1];
         let mut auto = match spec.map(|s| (&s.tree, s.draft_samples(config.warp))) {

@@ -228,17 +228,31 @@ impl DecoderModel {
     /// `cache.len()`: for a cache that skips part of the context (a draft window,
     /// `crate::draft_window`). Every cached row stays visible.
     pub fn forward_chain_from(&self, tokens: &[u32], first: usize, cache: &mut KvCache) -> Result<Tensor> {
+        self.forward_chain_reporting(tokens, first, cache, &mut |_| {})
+    }
+
+    /// [`Self::forward_chain_from`], calling `progress(done)` before the first chunk (0) and
+    /// after each chunk with the number of `tokens` run so far (for a progress display).
+    pub fn forward_chain_reporting(
+        &self,
+        tokens: &[u32],
+        first: usize,
+        cache: &mut KvCache,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Tensor> {
         if tokens.is_empty() {
             candle_core::bail!("forward: 0 tokens");
         }
         let chunk = if self.device.is_cpu() { PREFILL_CHUNK_CPU } else { PREFILL_CHUNK_GPU };
         let mut parts = Vec::with_capacity(tokens.len().div_ceil(chunk));
+        progress(0);
         for (i, c) in tokens.chunks(chunk).enumerate() {
             let past = cache.len();
             let bias = causal_bias(past, c.len(), self.dtype, &self.device)?;
             let start = first + i * chunk;
             let pos: Vec<u32> = (start..start + c.len()).map(|p| p as u32).collect();
             parts.push(self.forward(c, &pos, &bias, cache)?);
+            progress(i * chunk + c.len());
         }
         match parts.len() {
             1 => Ok(parts.pop().expect("one part")),
