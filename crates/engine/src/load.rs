@@ -84,12 +84,19 @@ fn has_gguf_magic(path: &Path) -> bool {
 
 /// Parses `cpu`, `cuda` or `cuda:N`.
 pub fn parse_device(s: &str) -> Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Device::new_cuda(0),
+    let ordinal = match s {
+        "cpu" => return Ok(Device::Cpu),
+        "cuda" => 0,
         _ => match s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
-            Some(n) => Device::new_cuda(n),
-            None => Err(Error::Msg(format!("unknown device `{s}` (expected cpu, cuda or cuda:N)"))),
+            Some(n) => n,
+            None => return Err(Error::Msg(format!("unknown device `{s}` (expected cpu, cuda or cuda:N)"))),
         },
+    };
+    if !candle_core::utils::cuda_is_available() {
+        return Err(Error::Msg(format!(
+            "device `{s}`: this build has no CUDA support; rebuild with `cargo build --release --features cuda` \
+             (or use --device cpu)"
+        )));
     }
+    Device::new_cuda(ordinal).map_err(|e| Error::Msg(format!("device `{s}`: {e}")))
 }

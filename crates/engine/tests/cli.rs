@@ -281,6 +281,13 @@ fn bad_inputs_give_clear_errors() {
     // No prompt.
     let e = fails(&["generate", "--target", s(&good), "--no-spec"]);
     assert!(e.contains("--prompt"), "{e}");
+    // A device this build cannot use, or that does not exist.
+    if !candle_core::utils::cuda_is_available() {
+        let e = gen(&good, &good, &["--device", "cuda:1"]);
+        assert!(e.contains("device `cuda:1`") && e.contains("--features cuda"), "{e}");
+    }
+    let e = gen(&good, &good, &["--device", "gpu"]);
+    assert!(e.contains("unknown device `gpu`"), "{e}");
 }
 
 /// `--eagle DIR`: drafts from an EAGLE head (`pytorch_model.bin`) on a tiny Hugging Face
