@@ -291,9 +291,9 @@ impl<'a> Generator<'a> {
         self.score_prompt = on;
     }
 
-    /// Calls `report` after every prefill chunk of the prompts to come (chunks of
-    /// [`crate::model::PREFILL_CHUNK_CPU`] tokens on the CPU), for a progress display of long
-    /// prompts; `None` stops it.
+    /// Calls `report` as each model starts a prompt's prefill (`done` 0) and after every chunk
+    /// of it ([`crate::model::PREFILL_CHUNK_CPU`] tokens on the CPU), for the prompts to come:
+    /// a progress display of long prompts. `None` stops it.
     pub fn set_prefill_progress(&mut self, report: Option<Box<dyn FnMut(PrefillProgress) + Send>>) {
         self.prefill_progress = report;
     }
