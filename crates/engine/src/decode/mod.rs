@@ -31,6 +31,7 @@
 //! randomness emits: every node's drafts and verdict come from noise keyed by the position.
 
 mod config;
+mod prefill;
 mod step;
 
 use crate::auto_tree::AutoTree;
@@ -54,6 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use config::{check_ngram, DraftSource, GenerationConfig, Randomness, SpecConfig, Stats, TreeChoice};
+pub use prefill::PrefillProgress;
 use step::StepInput;
 
 /// Runs generations with a target (and optionally a draft) model, reusing caches and buffers.
@@ -89,17 +91,6 @@ pub struct Generator<'a> {
     prompt_logprobs: Vec<TokenLogprobs>,
     /// Told of each prefill chunk ([`Self::set_prefill_progress`]).
     prefill_progress: Option<Box<dyn FnMut(PrefillProgress) + Send>>,
-}
-
-/// How far a prompt's prefill has come, as [`Generator::set_prefill_progress`] reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PrefillProgress {
-    /// The model being prefilled: `"target"`, then `"draft"` when a draft model runs.
-    pub model: &'static str,
-    /// Prompt tokens this model has run so far.
-    pub done: usize,
-    /// Prompt tokens this model runs in all (cached and windowed-out tokens excluded).
-    pub total: usize,
 }
 
 /// A batch of accepted tokens, as [`Generator::generate_emitting`] hands it out.
@@ -415,68 +406,10 @@ impl<'a> Generator<'a> {
             Randomness::Positional => Some(PositionalNoise::new(config.seed)),
         };
         let n = prompt.len();
-        // The cached prefix this prompt shares with the last text (`set_prefix_reuse`).
-        let mut reused = if self.prefix_reuse {
-            self.history.iter().zip(&prompt[..n - 1]).take_while(|(a, b)| a == b).count()
-        } else {
-            0
-        };
-        let score_prompt = self.score_prompt && self.logprobs_top.is_some();
-        if score_prompt {
-            reused = 0;
-        }
-        if let Some(e) = &self.eagle {
-            reused = e.reusable(reused);
-        }
-        self.history.clear();
-        self.history.extend_from_slice(prompt);
-        let mut stats = Stats { prompt_tokens: n, reused_tokens: reused, ..Stats::default() };
         let start = Instant::now();
-        // Prefill every prompt token but the last, which becomes the pending token.
-        self.target_cache.truncate(reused);
-        let prompt_hidden = if n - 1 > reused {
-            let (report, total) = (&mut self.prefill_progress, n - 1 - reused);
-            let mut progress = |done| {
-                if let Some(r) = report.as_mut() {
-                    r(PrefillProgress { model: "target", done, total })
-                }
-            };
-            Some(self.target.forward_chain_reporting(
-                &prompt[reused..n - 1],
-                reused,
-                &mut self.target_cache,
-                &mut progress,
-            )?)
-        } else {
-            None
-        };
-        if let (true, Some(hidden), Some(top)) = (score_prompt, &prompt_hidden, self.logprobs_top) {
-            score_rows(self.target, hidden, &prompt[1..], top, &mut self.prompt_logprobs)?;
-        }
-        if let Some(e) = self.eagle.as_mut() {
-            e.start(reused, prompt_hidden, prompt)?;
-        }
-        if let Some(c) = ngram {
-            self.ngram.reset(c, prompt);
-        }
+        let (reused, draft_prefill_tokens) = self.prefill_prompt(prompt, spec.is_some(), ngram, ngram_only)?;
+        let mut stats = Stats { prompt_tokens: n, reused_tokens: reused, draft_prefill_tokens, ..Stats::default() };
         let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
-        if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
-            let context = if spec.is_some() && !ngram_only { &prompt[..n - 1] } else { &[] };
-            let reusable = reused.min(context.len());
-            let report = &mut self.prefill_progress;
-            let mut progress = |done, total| {
-                if let Some(r) = report.as_mut() {
-                    r(PrefillProgress { model: "draft", done, total })
-                }
-            };
-            stats.draft_prefill_tokens = self.draft_context.prefill_reusing_reporting(
-                d,
-                cache,
-                &for_draft(context, d.config().vocab_size),
-                reusable,
-                &mut progress,
-            )?;
-        }
         let mut pending = prompt[n - 1];
         let mut auto = match spec.map(|s| (&s.tree, s.draft_samples(config.warp))) {
             Some((TreeChoice::Auto, multi)) => {
@@ -638,27 +571,6 @@ fn record_logprobs(top: Option<usize>, logits: &[f32], token: u32, out: &mut Vec
         let mut record = TokenLogprobs::default();
         token_logprobs(logits, token, top, &mut record).map_err(|e| Error::Msg(format!("log-probabilities: {e}")))?;
         out.push(record);
-    }
-    Ok(())
-}
-
-/// Appends the records of `next[r]`, the token after hidden row `r`, for every row of `hidden`,
-/// computing the output layer 64 rows at a time.
-fn score_rows(
-    target: &DecoderModel,
-    hidden: &candle_core::Tensor,
-    next: &[u32],
-    top: usize,
-    out: &mut Vec<TokenLogprobs>,
-) -> Result<()> {
-    const ROWS: usize = 64;
-    let rows = hidden.dim(0)?;
-    for start in (0..rows).step_by(ROWS) {
-        let len = ROWS.min(rows - start);
-        let logits = target.logits(&hidden.narrow(0, start, len)?)?.to_vec2::<f32>()?;
-        for (row, &token) in logits.iter().zip(&next[start..start + len]) {
-            record_logprobs(Some(top), row, token, out)?;
-        }
     }
     Ok(())
 }
