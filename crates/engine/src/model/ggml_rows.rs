@@ -109,9 +109,10 @@ fn dot_products<T: GgmlType>(weights: &[T], acts: &[T::VecDotType], m: usize, n:
     // `out` outlives the dispatch.
     let put = |r: usize, c: usize, v: f32| unsafe { *(out_addr as *mut f32).add(r * n + c) = v };
     let row_tiles = m.div_ceil(ROW_TILE);
-    let items = row_tiles * quads + m;
-    // Items `0..row_tiles * quads`: (row tile, quad), tile-major; then one per row for the
-    // 0-3 columns after the last quad.
+    let tail_items = if n.is_multiple_of(4) { 0 } else { m };
+    let items = row_tiles * quads + tail_items;
+    // Items `0..row_tiles * quads`: (row tile, quad), tile-major; then, when `n` is not a
+    // multiple of 4, one per row for the 1-3 columns after the last quad.
     let work = |range: std::ops::Range<usize>| {
         for item in range {
             if item < row_tiles * quads {
