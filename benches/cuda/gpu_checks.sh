@@ -11,8 +11,8 @@
 # and on the GPU machine:
 #   bash benches/cuda/gpu_checks.sh .gpu OUT [steps]     steps: tests models gen cost features ab eagle
 # (`ab`: old against new binaries, with OLD=DIR given to pack.sh; `eagle`: a random EAGLE head's
-# steps against the target's forwards). TESTS, TEST_TIMEOUT, DEADLINE, DEV, B, M, MODELS, NEW and
-# EAGLE_TARGET tune a run (see below).
+# steps against the target's forwards). TESTS, TEST_SPLIT, TEST_TIMEOUT, DEADLINE, DEV, B, M,
+# MODELS, NEW and EAGLE_TARGET tune a run (see below).
 #
 # Models there: random weights in real layouts. `t15`/`d05` (Hugging Face, bf16) come from
 # random_qwen2.py; `t15q`/`d05q` are the default pair's GGUF files (Qwen2.5-Coder 1.5B and 0.5B,
@@ -58,17 +58,43 @@ if has tests; then
   }
   # dtype:binary[:skipped,names] each.
   TESTS=${TESTS:-"f32:model_forward f32:decode f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
-  for spec in $TESTS; do
-    IFS=: read -r dt t skips <<<"$spec"
-    skip_args=()
-    for k in ${skips//,/ }; do skip_args+=(--skip "$k"); done
-    run_test $dt $t "${skip_args[@]}"
-  done
+  if [ -n "${TEST_SPLIT:-}" ]; then
+    # One process per test, TEST_SPLIT at a time, the chi-square tests (`law`, `exact`) first:
+    # a binary's slowest test then bounds the step, not the sum of its tests.
+    for spec in $TESTS; do
+      IFS=: read -r dt t skips <<<"$spec"
+      "$B/$t" --list 2>/dev/null | sed -n 's/: test$//p' | while read -r name; do
+        skip=0
+        for k in ${skips//,/ }; do [[ "$name" == *"$k"* ]] && skip=1; done
+        [ $skip = 1 ] && continue
+        case "$name" in *law*|*exact*) rank=0 ;; *temperature_zero*) rank=1 ;; *) rank=2 ;; esac
+        echo "$rank $dt $t $name"
+      done
+    done | sort -s -k1,1 > /tmp/test-list.txt
+    stamp "$(wc -l < /tmp/test-list.txt) tests, $TEST_SPLIT at a time"
+    one_test() { # dtype binary name
+      local f="/tmp/test-$1-$2-$3.txt" s=$(date +%s.%N)
+      MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$1 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$2" --exact "$3" > "$f" 2>&1
+      echo "exit $? after $(python3 -c "import sys,time; print(round(time.time()-float(sys.argv[1]),1))" $s) s" >> "$f"
+    }
+    export -f one_test
+    export DEV DEADLINE B TEST_TIMEOUT
+    { awk '{print $2, $3, $4}' /tmp/test-list.txt | xargs -P "$TEST_SPLIT" -L 1 bash -c 'one_test "$@"' _; } &
+    TEST_PIDS+=($!)
+  else
+    for spec in $TESTS; do
+      IFS=: read -r dt t skips <<<"$spec"
+      skip_args=()
+      for k in ${skips//,/ }; do skip_args+=(--skip "$k"); done
+      run_test $dt $t "${skip_args[@]}"
+    done
+  fi
 fi
 wait_tests() {
   [ ${#TEST_PIDS[@]} -gt 0 ] || return 0
   wait "${TEST_PIDS[@]}"
   for f in /tmp/test-*.txt; do
+    [ "$f" = /tmp/test-list.txt ] && continue
     echo "== $(basename "$f" .txt)"
     grep -E "^test |test result|panicked|assert|worst|diff|tolerance|^exit " "$f" | grep -v "has been running" | head -80
   done > "$O/tests.txt"

@@ -110,7 +110,14 @@ impl DraftContext {
                     draft.forward_chain_reporting(&tokens[..w.sinks], 0, cache, progress)?;
                 }
                 let first = n - w.recent;
-                draft.forward_chain_reporting(&tokens[first..], first, cache, &mut |d| progress(w.sinks + d))?;
+                // The sinks' chain has reported `w.sinks` done; the second chain's first report
+                // (0 of its own) would repeat it.
+                let mut after_sinks = |d| {
+                    if d > 0 || w.sinks == 0 {
+                        progress(w.sinks + d)
+                    }
+                };
+                draft.forward_chain_reporting(&tokens[first..], first, cache, &mut after_sinks)?;
                 self.skipped = first - w.sinks;
             }
             _ if n > 0 => {
