@@ -12,7 +12,7 @@
 #   bash benches/cuda/gpu_checks.sh .gpu OUT [steps]     steps: tests models gen cost features ab eagle
 # (`ab`: old against new binaries, with OLD=DIR given to pack.sh; `eagle`: a random EAGLE head's
 # steps against the target's forwards). TESTS, TEST_SPLIT, TEST_TIMEOUT, DEADLINE, DEV, B, M,
-# MODELS, NEW and EAGLE_TARGET tune a run (see below).
+# MODELS, NEW, EAGLE_TARGET and TEST_ONLY tune a run (see below).
 #
 # Models there: random weights in real layouts. `t15`/`d05` (Hugging Face, bf16) come from
 # random_qwen2.py; `t15q`/`d05q` are the default pair's GGUF files (Qwen2.5-Coder 1.5B and 0.5B,
@@ -67,6 +67,12 @@ if has tests; then
         skip=0
         for k in ${skips//,/ }; do [[ "$name" == *"$k"* ]] && skip=1; done
         [ $skip = 1 ] && continue
+        # TEST_ONLY: comma-separated parts of the names to run (all when unset).
+        if [ -n "${TEST_ONLY:-}" ]; then
+          keep=0
+          for k in ${TEST_ONLY//,/ }; do [[ "$t-$name" == *"$k"* ]] && keep=1; done
+          [ $keep = 1 ] || continue
+        fi
         case "$name" in *law*|*exact*) rank=0 ;; *temperature_zero*) rank=1 ;; *) rank=2 ;; esac
         echo "$rank $dt $t $name"
       done
@@ -74,7 +80,7 @@ if has tests; then
     stamp "$(wc -l < /tmp/test-list.txt) tests, $TEST_SPLIT at a time"
     one_test() { # dtype binary name
       local f="/tmp/test-$1-$2-$3.txt" s=$(date +%s.%N)
-      MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$1 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$2" --exact "$3" > "$f" 2>&1
+      MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$1 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$2" --exact "$3" --nocapture > "$f" 2>&1
       echo "exit $? after $(python3 -c "import sys,time; print(round(time.time()-float(sys.argv[1]),1))" $s) s" >> "$f"
     }
     export -f one_test
@@ -96,7 +102,7 @@ wait_tests() {
   for f in /tmp/test-*.txt; do
     [ "$f" = /tmp/test-list.txt ] && continue
     echo "== $(basename "$f" .txt)"
-    grep -E "^test |test result|panicked|assert|worst|diff|tolerance|^exit " "$f" | grep -v "has been running" | head -80
+    grep -E "^test |test result|panicked|assert|worst|diff|tolerance|pruned|^exit " "$f" | grep -v "has been running" | head -80
   done > "$O/tests.txt"
   stamp "tests done"
 }
