@@ -53,11 +53,7 @@ impl Generator<'_> {
         self.target_cache.truncate(reused);
         let prompt_hidden = if n - 1 > reused {
             let (report, total) = (&mut self.prefill_progress, n - 1 - reused);
-            let mut progress = |done| {
-                if let Some(r) = report.as_mut() {
-                    r(PrefillProgress { model: "target", done, total })
-                }
-            };
+            let mut progress = |done| tell(report, "target", done, total);
             Some(self.target.forward_chain_reporting(
                 &prompt[reused..n - 1],
                 reused,
@@ -81,11 +77,7 @@ impl Generator<'_> {
             let context = if speculative && !ngram_only { &prompt[..n - 1] } else { &[] };
             let reusable = reused.min(context.len());
             let report = &mut self.prefill_progress;
-            let mut progress = |done, total| {
-                if let Some(r) = report.as_mut() {
-                    r(PrefillProgress { model: "draft", done, total })
-                }
-            };
+            let mut progress = |done, total| tell(report, "draft", done, total);
             draft_prefill_tokens = self.draft_context.prefill_reusing_reporting(
                 d,
                 cache,
@@ -95,6 +87,13 @@ impl Generator<'_> {
             )?;
         }
         Ok((reused, draft_prefill_tokens))
+    }
+}
+
+/// Tells `report`, when there is one, that `model` has run `done` of its `total` prompt tokens.
+fn tell(report: &mut Option<Box<dyn FnMut(PrefillProgress) + Send>>, model: &'static str, done: usize, total: usize) {
+    if let Some(r) = report.as_mut() {
+        r(PrefillProgress { model, done, total })
     }
 }
 
