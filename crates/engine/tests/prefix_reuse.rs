@@ -287,8 +287,11 @@ fn prefill_progress_counts_the_tokens_each_model_runs() {
     let tiny = Tiny { context: 1024, ..Tiny::llama(96) };
     let target = model(tiny, "progress-target");
     let draft = model(Tiny { layers: 1, ..tiny }, "progress-draft");
-    let chunk =
-        if common::test_device().is_cpu() { engine::model::PREFILL_CHUNK_CPU } else { engine::model::PREFILL_CHUNK_GPU };
+    let chunk = if common::test_device().is_cpu() {
+        engine::model::PREFILL_CHUNK_CPU
+    } else {
+        engine::model::PREFILL_CHUNK_GPU
+    };
     let prompt: Vec<u32> = (0..600u32).map(|i| (i * 7 + 3) % tiny.vocab as u32).collect();
     let config = GenerationConfig {
         speculative: Some(spec(DraftTree::preset("chain-2").unwrap(), DraftSource::Model)),
