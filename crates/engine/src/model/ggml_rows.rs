@@ -48,6 +48,38 @@ fn candle_repacks_q8_0() -> bool {
     false
 }
 
+/// The rows that candle's own product of `w` computes as one tile on this CPU: 16 where candle
+/// 0.11 takes its repacked x86 kernels for this matrix (`repack_x86::select`: Q4_K, Q6_K for
+/// several input rows, and Q8_0 with VNNI; 16-row tiles, 256-wide blocks), else 1. Those kernels
+/// quantize the activations as Q8_K, the generic ones per block of the type, so the same rows
+/// can round differently in the two. A matrix cut to a multiple of this many rows takes the same
+/// kernel as the whole ([`super::linear::Linear::first_rows`]).
+pub fn candle_row_tile(w: &QTensor) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const TILE: usize = 16;
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let tiled_type = match w.dtype() {
+            GgmlDType::Q4K | GgmlDType::Q6K => true,
+            GgmlDType::Q8_0 => candle_repacks_q8_0(),
+            _ => false,
+        };
+        match w.shape().dims2() {
+            Ok((n, k))
+                if avx2 && tiled_type && w.device().is_cpu() && n.is_multiple_of(TILE) && k.is_multiple_of(256) =>
+            {
+                TILE
+            }
+            _ => 1,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = w;
+        1
+    }
+}
+
 fn rows<T: GgmlType>(w: &QTensor, x: &Tensor) -> Result<Option<Tensor>> {
     // (`w.data()` of a matrix on a GPU would copy it to the host: CPU only.)
     if !(x.device().is_cpu() && w.device().is_cpu() && x.dtype() == candle_core::DType::F32) {

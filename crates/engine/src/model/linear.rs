@@ -308,9 +308,10 @@ fn silu_gate(g: &mut [f32], u: &[f32]) {
 impl Linear {
     /// A copy of this product restricted to its first `rows` outputs (rows of the matrix),
     /// which computes what the whole product computes in those columns: a cheaper output
-    /// layer for the first token ids. Repacked matrices in 16-row tiles keep whole tiles, so
-    /// the copy may have up to 15 more outputs; its own output count is
-    /// [`Self::output_rows`]. `rows` at or above the matrix's keeps all of it.
+    /// layer for the first token ids. Matrices in 16-row tiles (ours, or candle's repacked x86
+    /// kernels: [`ggml_rows::candle_row_tile`]) keep whole tiles, so the copy may have up to 15
+    /// more outputs; its own output count is [`Self::output_rows`]. `rows` at or above the
+    /// matrix's keeps all of it.
     pub fn first_rows(&self, rows: usize) -> Result<Self> {
         let (weight, repacked) = match (&self.weight, &self.repacked) {
             (_, Some(r)) => (None, Some(r.first_rows(rows))),
@@ -322,7 +323,9 @@ impl Linear {
             }
             (Some(QMatMul::QTensor(w)), None) => {
                 let (n, k) = w.shape().dims2()?;
-                let rows = rows.min(n);
+                // Whole tiles of candle's repacked kernels, so the cut takes the whole's kernel.
+                let tile = ggml_rows::candle_row_tile(w);
+                let rows = rows.min(n).div_ceil(tile).saturating_mul(tile).min(n);
                 let bytes = w.data()?;
                 let row_bytes = k / w.dtype().block_size() * w.dtype().type_size();
                 if bytes.len() < n * row_bytes {
@@ -475,7 +478,10 @@ mod raw_repack_tests {
             assert_eq!(whole.first_rows(rows + 7).unwrap().output_rows().unwrap(), rows, "{what}");
             let cut = whole.first_rows(20).unwrap();
             let kept = cut.output_rows().unwrap();
-            let tiled = matches!(cut.repacked, Some(Repacked::Q4KTiled(_) | Repacked::Q6KTiled(_)));
+            // Our tiled layouts, and candle's repacked kernels where they take the matrix, keep
+            // whole tiles of 16 rows.
+            let tiled = matches!(cut.repacked, Some(Repacked::Q4KTiled(_) | Repacked::Q6KTiled(_)))
+                || matches!(&whole.weight, Some(QMatMul::QTensor(q)) if ggml_rows::candle_row_tile(q) == 16);
             assert_eq!(kept, if tiled { 32 } else { 20 }, "{what}");
             for n in [1, 5] {
                 let xs = x.narrow(1, 0, n).unwrap();
