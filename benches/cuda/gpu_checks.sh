@@ -61,18 +61,17 @@ if has tests; then
   if [ -n "${TEST_SPLIT:-}" ]; then
     # One process per test, TEST_SPLIT at a time, the chi-square tests (`law`, `exact`) first:
     # a binary's slowest test then bounds the step, not the sum of its tests.
+    has_part() { # text comma,separated,parts: whether the text contains one of the parts
+      local k
+      for k in ${2//,/ }; do [[ "$1" == *"$k"* ]] && return 0; done
+      return 1
+    }
     for spec in $TESTS; do
       IFS=: read -r dt t skips <<<"$spec"
       "$B/$t" --list 2>/dev/null | sed -n 's/: test$//p' | while read -r name; do
-        skip=0
-        for k in ${skips//,/ }; do [[ "$name" == *"$k"* ]] && skip=1; done
-        [ $skip = 1 ] && continue
-        # TEST_ONLY: comma-separated parts of the names to run (all when unset).
-        if [ -n "${TEST_ONLY:-}" ]; then
-          keep=0
-          for k in ${TEST_ONLY//,/ }; do [[ "$t-$name" == *"$k"* ]] && keep=1; done
-          [ $keep = 1 ] || continue
-        fi
+        has_part "$name" "$skips" && continue
+        # TEST_ONLY: comma-separated parts of `binary-name` to run (all when unset).
+        [ -z "${TEST_ONLY:-}" ] || has_part "$t-$name" "$TEST_ONLY" || continue
         case "$name" in *law*|*exact*) rank=0 ;; *temperature_zero*) rank=1 ;; *) rank=2 ;; esac
         echo "$rank $dt $t $name"
       done
