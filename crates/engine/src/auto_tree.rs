@@ -156,6 +156,19 @@ impl AutoTree {
         }
     }
 
+    /// The state for the candidates of `multi_draft` ([`candidates`]): this one when it has
+    /// them, else a fresh one that keeps the measured costs, which belong to the models and the
+    /// machine, not to the candidates. (The candidates change with the draft's temperature:
+    /// `mdsd serve` answering requests at temperature 0 and 0.7 in turn, and `bench mt-bench`
+    /// with both temperatures, re-measured every cost at each change.)
+    pub fn for_candidates(self, multi_draft: bool) -> Self {
+        let fresh = Self::new(multi_draft);
+        if fresh.trees.iter().map(|(n, _)| n).eq(self.trees.iter().map(|(n, _)| n)) {
+            return self;
+        }
+        Self { target: self.target, draft: self.draft, ..fresh }
+    }
+
     /// Starts a new text: forgets the acceptance seen so far, which belongs to the last text
     /// (carried over, a summary's poor acceptance kept the next questions from drafting at
     /// all), and keeps the measured costs, which belong to the models and the machine.
@@ -421,6 +434,33 @@ mod tests {
         assert_eq!(a.choose(), first);
         assert!(a.target.has(3) && a.draft.has(3), "costs were forgotten");
         assert!(a.uses.iter().all(|&u| u <= 1));
+    }
+
+    /// A change of candidates (a draft temperature of 0, then of 0.7) keeps the measured costs
+    /// and starts the acceptance afresh; the same candidates keep the whole state.
+    #[test]
+    fn other_candidates_keep_the_costs() {
+        let mut chains = AutoTree::new(false);
+        for rows in [1, 2, 4, 7] {
+            chains.target.record(rows, 0.020 + 0.001 * rows as f64);
+        }
+        chains.draft.record(1, 0.006);
+        for _ in 0..50 {
+            chains.record_node(1, None);
+        }
+        let same = chains.clone().for_candidates(false);
+        assert_eq!(same.alphas(), chains.alphas());
+        let multi = chains.clone().for_candidates(true);
+        assert_eq!(multi.trees.len(), AutoTree::new(true).trees.len());
+        assert!(multi.trees.len() > chains.trees.len());
+        assert_eq!(multi.alphas(), AutoTree::new(true).alphas());
+        for rows in [1, 2, 4, 7] {
+            assert_eq!(multi.target.at(rows), chains.target.at(rows));
+        }
+        assert_eq!(multi.draft.at(1), Some(0.006));
+        let back = multi.for_candidates(false);
+        assert_eq!(back.trees.len(), chains.trees.len());
+        assert!(back.target.has(7) && back.draft.has(1));
     }
 
     /// `α_{1,0} = c` for single drafts, `α_{2,·} = (a0, a1)` and `α_{3,·} = (b0, b1, b2)`.

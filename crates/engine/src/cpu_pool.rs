@@ -14,7 +14,7 @@
 //! - a worker joins a job through a ticket that the caller closes once the cursor is spent;
 //!   the caller then waits only for the workers that joined (each holds at most one chunk), and
 //!   a worker that wakes later finds the ticket closed and goes back to waiting;
-//! - waiting spins for [`SPIN`] only: then an idle worker parks, and the caller waiting for
+//! - waiting spins for `SPIN` (20 µs) only: then an idle worker parks, and the caller waiting for
 //!   the workers inside a job yields the core between checks.
 //!
 //! Results never depend on which thread ran which chunk: callers promise that `f` computes each

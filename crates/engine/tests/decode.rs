@@ -3,6 +3,7 @@
 mod common;
 
 use common::{load_on_test_device, temp_dir, Tiny};
+use engine::auto_tree::AutoTree;
 use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
 use engine::model::DecoderModel;
 use engine::DraftTree;
@@ -177,6 +178,43 @@ fn auto_tree_at_temperature_zero_equals_plain_decoding() {
     let drafted = common::assert_auto_equals_plain(&mut generator, &PROMPT, &base, &reference);
     // Even when plain steps win on cost, one step in 16 drafts (40 tokens: at least twice).
     assert!(drafted > 0, "no generation with --tree auto ever drafted");
+}
+
+/// `--tree auto` measures the forward costs only for a generation that takes steps: a prompt
+/// run with `max_new_tokens` 0 (scored, not continued) leaves them unmeasured, and the next
+/// generation measures them. A generation at another temperature (other candidate trees: wider
+/// ones once the draft keeps a temperature) keeps them and measures only the row counts it adds.
+#[test]
+fn auto_tree_measures_costs_only_when_it_generates_and_keeps_them() {
+    let (target, draft, _, _) = greedy_setup("auto-no-steps");
+    let mut generator = Generator::new(&target, Some(&draft), 200).unwrap();
+    let config = |max_new_tokens, temperature| GenerationConfig {
+        max_new_tokens,
+        ..common::two_tokens(
+            1,
+            Warp::temperature(temperature),
+            TreeChoice::Auto,
+            DraftConstruction::Greedy,
+            samplers::Verifier::Greedy,
+            None,
+        )
+    };
+    let (out, _) = generator.generate(&PROMPT, &config(0, 0.0), |_| false, |_| Ok(())).unwrap();
+    assert!(out.is_empty());
+    let measured = |g: &mut Generator, rows: usize| g.auto_tree_mut().as_ref().is_some_and(|a| a.target.has(rows));
+    assert!(!measured(&mut generator, 1), "costs measured for a generation of no tokens");
+    let (out, _) = generator.generate(&PROMPT, &config(3, 0.0), |_| false, |_| Ok(())).unwrap();
+    assert_eq!(out.len(), 3);
+    // Chains of depth 1 to 6: 1, 2, 4 and 7 rows.
+    assert!(measured(&mut generator, 1) && measured(&mut generator, 7), "costs not measured for 3 tokens");
+    assert!(!measured(&mut generator, 15));
+    let (out, _) = generator.generate(&PROMPT, &config(3, 1.0), |_| false, |_| Ok(())).unwrap();
+    assert_eq!(out.len(), 3);
+    let multi = AutoTree::new(true).trees.len();
+    assert_eq!(generator.auto_tree_mut().as_ref().map(|a| a.trees.len()), Some(multi));
+    // The multi-draft candidates' anchors are 1, 2, 4, 8 and 15 rows; 7 comes from before.
+    assert!(measured(&mut generator, 15), "the wider trees' costs were not measured");
+    assert!(measured(&mut generator, 7), "the costs measured at temperature 0 were dropped");
 }
 
 /// `--tree auto` at temperature 1, with costs seeded so that drafting trees win (cheap draft,

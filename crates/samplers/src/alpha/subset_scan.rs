@@ -169,7 +169,7 @@ pub fn alpha_star_with_replacement(p: &[f64], q: &[f64], n: usize) -> f64 {
 ///
 /// Where `e_m(q)` is below [`FAR_FROM_UNDERFLOW`] (it underflows f64 for a q whose top `m` tokens span
 /// hundreds of orders of magnitude, and had made every `Q(H)` 0/0) the prefixes are scanned
-/// by [`normalised_poisson_scan`] instead. Otherwise the `e_m` of a set can underflow only far
+/// by `normalised_poisson_scan` instead. Otherwise the `e_m` of a set can underflow only far
 /// below `e_m(q)`, an absolute error in `Q(H)` below 2^-170.
 pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
     let m = DraftConstruction::ConditionalPoisson.num_drafts(q, n);
