@@ -315,6 +315,7 @@ impl AutoTree {
     /// is timed with [`time_forward`] on its cache (left as it was), its logits copied into
     /// `host`, the steps' own buffer; `draft` times one draft forward of the given number of
     /// rows (a draft model through [`time_forward`], an EAGLE head through its own timer).
+    /// Returns the number of forwards run (0 when every cost was known).
     pub fn calibrate(
         &mut self,
         target: &DecoderModel,
@@ -322,13 +323,15 @@ impl AutoTree {
         host: &mut HostLogits,
         draft: Option<&mut dyn FnMut(usize) -> Result<f64>>,
         pending: u32,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let (target_rows, draft_rows) = self.needed_rows();
-        measure(&mut self.target, &target_rows, &mut |rows| time_forward(target, target_cache, host, rows, pending))?;
+        let mut runs = measure(&mut self.target, &target_rows, &mut |rows| {
+            time_forward(target, target_cache, host, rows, pending)
+        })?;
         if let Some(time) = draft {
-            measure(&mut self.draft, &draft_rows, time)?;
+            runs += measure(&mut self.draft, &draft_rows, time)?;
         }
-        Ok(())
+        Ok(runs)
     }
 
     /// A one-line summary: α by node width and rank (the widths tried; 1 always) and the
@@ -349,19 +352,21 @@ impl AutoTree {
 }
 
 /// Records into `curve` the [`anchors`] of `rows` it lacks: one warm-up forward, then one
-/// timing per row count.
-fn measure(curve: &mut CostCurve, rows: &[usize], time: &mut dyn FnMut(usize) -> Result<f64>) -> Result<()> {
+/// timing per row count. Returns the number of forwards timed.
+fn measure(curve: &mut CostCurve, rows: &[usize], time: &mut dyn FnMut(usize) -> Result<f64>) -> Result<usize> {
     let rows = anchors(rows);
     if rows.iter().all(|&r| curve.has(r)) {
-        return Ok(());
+        return Ok(0);
     }
     time(1)?;
+    let mut runs = 1;
     for r in rows {
         if !curve.has(r) {
             curve.record(r, time(r)?);
+            runs += 1;
         }
     }
-    Ok(())
+    Ok(runs)
 }
 
 /// The row counts worth timing to know the cost of all of `rows` (sorted, distinct): the

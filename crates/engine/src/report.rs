@@ -88,8 +88,13 @@ pub fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: O
     if !s.auto_tree.is_empty() {
         eprintln!("tree auto: {}", s.auto_tree);
     }
+    let costs = if s.auto_costs_s > 0.0 {
+        format!(" (auto's cost measurements {:.2} s)", s.auto_costs_s)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "time: prefill {:.2} s · draft {:.2} s · target {:.2} s · verify {:.3} s · total {:.2} s",
+        "time: prefill {:.2} s{costs} · draft {:.2} s · target {:.2} s · verify {:.3} s · total {:.2} s",
         s.prefill_s, s.draft_s, s.target_s, s.verify_s, s.total_s
     );
 }

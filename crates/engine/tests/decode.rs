@@ -199,17 +199,23 @@ fn auto_tree_measures_costs_only_when_it_generates_and_keeps_them() {
             None,
         )
     };
-    let (out, _) = generator.generate(&PROMPT, &config(0, 0.0), |_| false, |_| Ok(())).unwrap();
+    let (out, stats) = generator.generate(&PROMPT, &config(0, 0.0), |_| false, |_| Ok(())).unwrap();
     assert!(out.is_empty());
+    assert_eq!(stats.auto_costs_s, 0.0);
     let measured = |g: &mut Generator, rows: usize| g.auto_tree_mut().as_ref().is_some_and(|a| a.target.has(rows));
     assert!(!measured(&mut generator, 1), "costs measured for a generation of no tokens");
-    let (out, _) = generator.generate(&PROMPT, &config(3, 0.0), |_| false, |_| Ok(())).unwrap();
+    let (out, stats) = generator.generate(&PROMPT, &config(3, 0.0), |_| false, |_| Ok(())).unwrap();
     assert_eq!(out.len(), 3);
+    // The measurements are part of the set-up before the first step.
+    assert!(stats.auto_costs_s > 0.0 && stats.auto_costs_s <= stats.prefill_s, "{stats:?}");
+    let (_, again) = generator.generate(&PROMPT, &config(3, 0.0), |_| false, |_| Ok(())).unwrap();
+    assert_eq!(again.auto_costs_s, 0.0, "costs measured again for the same candidates");
     // Chains of depth 1 to 6: 1, 2, 4 and 7 rows.
     assert!(measured(&mut generator, 1) && measured(&mut generator, 7), "costs not measured for 3 tokens");
     assert!(!measured(&mut generator, 15));
-    let (out, _) = generator.generate(&PROMPT, &config(3, 1.0), |_| false, |_| Ok(())).unwrap();
+    let (out, stats) = generator.generate(&PROMPT, &config(3, 1.0), |_| false, |_| Ok(())).unwrap();
     assert_eq!(out.len(), 3);
+    assert!(stats.auto_costs_s > 0.0, "the wider trees' rows were not measured");
     let multi = AutoTree::new(true).trees.len();
     assert_eq!(generator.auto_tree_mut().as_ref().map(|a| a.trees.len()), Some(multi));
     // The multi-draft candidates' anchors are 1, 2, 4, 8 and 15 rows; 7 comes from before.

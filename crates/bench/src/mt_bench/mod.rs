@@ -190,6 +190,9 @@ pub struct TurnRecord {
     /// Fraction of steps that accepted a draft at depth d (index d - 1).
     pub acceptance_per_depth: Vec<f64>,
     pub prefill_s: f64,
+    /// Of `prefill_s`, `--tree auto`'s forward-cost measurements (`engine::decode::Stats`).
+    #[serde(default)]
+    pub auto_costs_s: f64,
     pub decode_s: f64,
     pub tokens_per_s: f64,
     pub draft_s: f64,
@@ -507,6 +510,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     tau: stats.tau,
                     acceptance_per_depth: stats.acceptance_per_depth.clone(),
                     prefill_s: stats.prefill_s,
+                    auto_costs_s: stats.auto_costs_s,
                     decode_s: stats.total_s - stats.prefill_s,
                     tokens_per_s: stats.tokens_per_s,
                     draft_s: stats.draft_s,

@@ -2,7 +2,8 @@
 //!
 //! Per question the turns are pooled (tokens/s = new tokens / decode seconds of all turns;
 //! with prefill = new tokens / (prefill + decode seconds); prefill tokens/s = prompt tokens /
-//! prefill seconds, the draft's prefill included; tau = new tokens / target forwards; alpha at
+//! prefill seconds, the draft's prefill included and `--tree auto`'s one-off cost measurements
+//! not (they count in the rate with prefill); tau = new tokens / target forwards; alpha at
 //! depth d = accepted-at-depth-d steps / steps).
 //! Means and standard errors are then taken over questions; speed ratios are per question
 //! (method and reference measured back to back on it), then averaged.
@@ -71,6 +72,8 @@ struct PerQuestion {
     decode_s: f64,
     prompt_tokens: usize,
     prefill_s: f64,
+    /// Of `prefill_s`, `auto`'s cost measurements.
+    auto_costs_s: f64,
     forwards: usize,
     rows: usize,
     accepted: Vec<f64>,
@@ -85,8 +88,10 @@ impl PerQuestion {
         per_second(self.new_tokens, self.prefill_s + self.decode_s)
     }
 
+    /// The prompt's own rate: `auto`'s one-off cost measurements are left out (they stay in
+    /// [`Self::tps_with_prefill`]).
     fn prefill_tps(&self) -> f64 {
-        per_second(self.prompt_tokens, self.prefill_s)
+        per_second(self.prompt_tokens, self.prefill_s - self.auto_costs_s)
     }
 }
 
@@ -112,6 +117,7 @@ fn pooled(records: &[TurnRecord]) -> BTreeMap<String, BTreeMap<String, PerQuesti
         e.decode_s += r.decode_s;
         e.prompt_tokens += r.prompt_tokens;
         e.prefill_s += r.prefill_s;
+        e.auto_costs_s += r.auto_costs_s;
         e.forwards += r.target_forwards;
         e.rows += r.target_rows;
         if e.accepted.len() < r.acceptance_per_depth.len() {
@@ -270,7 +276,8 @@ pub fn markdown(meta: &Value, summary: &Summary) -> String {
         "\nMean ± standard error over questions. τ: new tokens per target forward; α: fraction of \
          verification steps that accepted a draft at depth 1 (then per depth); tokens/s: decode \
          only; ratios per question against the baseline and RRS with replacement measured back \
-         to back; prefill tokens/s: prompt tokens per second of prefill (the draft's included); \
+         to back; prefill tokens/s: prompt tokens per second of prefill (the draft's included, `auto`'s \
+         cost measurements not); \
          with prefill: the ratio of new tokens per second of prefill plus decode.\n",
     );
     let mut temps: Vec<f64> = summary.cells.iter().map(|c| c.temperature).collect();
@@ -347,6 +354,7 @@ mod tests {
             tau: new as f64 / fwd as f64,
             acceptance_per_depth: acc,
             prefill_s: 0.1,
+            auto_costs_s: 0.0,
             decode_s: s,
             tokens_per_s: new as f64 / s,
             draft_s: 0.0,
@@ -393,6 +401,31 @@ mod tests {
         assert!((g.speedup_vs_baseline.unwrap().mean - 2.0).abs() < 1e-12);
         let md = markdown(&serde_json::json!({}), &s);
         assert!(md.contains("| greedy:positional | chain-2 | 0.7 | baseline:positional | 1 of 2 |"), "{md}");
+    }
+
+    /// `--tree auto`'s one-off cost measurements (part of a turn's prefill seconds) count in
+    /// the rate with prefill, not in the prompt's own rate.
+    #[test]
+    fn auto_costs_stay_out_of_the_prompt_rate() {
+        let tree = ("auto".to_string(), engine::DraftTree::load("chain-1").unwrap().into());
+        let cells = vec![
+            Cell { method: Method::Baseline, tree: None, temperature: 0.0, randomness: Randomness::Stream },
+            Cell {
+                method: Method::parse("greedy").unwrap(),
+                tree: Some(tree),
+                temperature: 0.0,
+                randomness: Randomness::Stream,
+            },
+        ];
+        let mut measured = rec("1", "greedy", "auto", 10, 0.5, 5, vec![1.0]);
+        (measured.prefill_s, measured.auto_costs_s) = (0.5, 0.4);
+        let records = vec![rec("1", "baseline", "-", 10, 1.0, 10, vec![]), measured];
+        let s = summarize(&cells, &records);
+        let g = &s.cells[1];
+        // 5 prompt tokens in 0.5 - 0.4 s; with prefill, 10 tokens in 1.0 s against 10 in 1.1 s.
+        assert!((g.prefill_tokens_per_s.mean - 50.0).abs() < 1e-9, "{:?}", g.prefill_tokens_per_s);
+        let w = g.speedup_with_prefill_vs_baseline.unwrap();
+        assert!((w.mean - 1.1).abs() < 1e-12, "{w:?}");
     }
 
     #[test]

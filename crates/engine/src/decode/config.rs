@@ -169,6 +169,10 @@ pub struct Stats {
     /// Seconds before the first step: the prompt through both models and, with `--tree auto`,
     /// the forward costs it measures on a generator's first generation.
     pub prefill_s: f64,
+    /// Of `prefill_s`, the seconds `--tree auto` spent measuring forward costs: on a
+    /// generator's first generation with its candidate trees, 0 later.
+    #[serde(default)]
+    pub auto_costs_s: f64,
     pub draft_s: f64,
     pub target_s: f64,
     pub verify_s: f64,

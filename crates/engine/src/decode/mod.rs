@@ -421,16 +421,20 @@ impl<'a> Generator<'a> {
                 // Nothing to generate (`max_new_tokens` 0, e.g. a prompt scored for its
                 // log-probabilities): no step needs the costs, so they wait for a generation.
                 if config.max_new_tokens > 0 {
+                    let measuring = Instant::now();
                     let target = self.target;
                     let (target_host, draft_host) = (&mut self.target_host, &mut self.buf.draft_host);
-                    if let Some(e) = self.eagle.as_mut() {
+                    let runs = if let Some(e) = self.eagle.as_mut() {
                         let mut time = |rows| e.time_forward(target, draft_host, rows, pending);
-                        a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?;
+                        a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?
                     } else if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
                         let mut time = |rows| crate::auto_tree::time_forward(d, cache, draft_host, rows, pending);
-                        a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?;
+                        a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?
                     } else {
-                        a.calibrate(target, &mut self.target_cache, target_host, None, pending)?;
+                        a.calibrate(target, &mut self.target_cache, target_host, None, pending)?
+                    };
+                    if runs > 0 {
+                        stats.auto_costs_s = measuring.elapsed().as_secs_f64();
                     }
                 }
                 Some(a)
