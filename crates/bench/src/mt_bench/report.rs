@@ -403,20 +403,22 @@ mod tests {
         assert!(md.contains("| greedy:positional | chain-2 | 0.7 | baseline:positional | 1 of 2 |"), "{md}");
     }
 
+    /// A cell at temperature 0 with stream randomness; `tree` is named as in the run, and
+    /// stands for `chain-1` (the summaries use only its name).
+    fn t0_cell(method: &str, tree: Option<&str>) -> Cell {
+        Cell {
+            method: Method::parse(method).unwrap(),
+            tree: tree.map(|name| (name.to_string(), engine::DraftTree::load("chain-1").unwrap().into())),
+            temperature: 0.0,
+            randomness: Randomness::Stream,
+        }
+    }
+
     /// `--tree auto`'s one-off cost measurements (part of a turn's prefill seconds) count in
     /// the rate with prefill, not in the prompt's own rate.
     #[test]
     fn auto_costs_stay_out_of_the_prompt_rate() {
-        let tree = ("auto".to_string(), engine::DraftTree::load("chain-1").unwrap().into());
-        let cells = vec![
-            Cell { method: Method::Baseline, tree: None, temperature: 0.0, randomness: Randomness::Stream },
-            Cell {
-                method: Method::parse("greedy").unwrap(),
-                tree: Some(tree),
-                temperature: 0.0,
-                randomness: Randomness::Stream,
-            },
-        ];
+        let cells = [t0_cell("baseline", None), t0_cell("greedy", Some("auto"))];
         let mut measured = rec("1", "greedy", "auto", 10, 0.5, 5, vec![1.0]);
         (measured.prefill_s, measured.auto_costs_s) = (0.5, 0.4);
         let records = vec![rec("1", "baseline", "-", 10, 1.0, 10, vec![]), measured];
@@ -430,22 +432,7 @@ mod tests {
 
     #[test]
     fn pools_turns_and_takes_ratios_per_question() {
-        let tree = ("chain-1".to_string(), engine::DraftTree::load("chain-1").unwrap().into());
-        let cells = vec![
-            Cell { method: Method::Baseline, tree: None, temperature: 0.0, randomness: Randomness::Stream },
-            Cell {
-                method: Method::parse("rrs-wr").unwrap(),
-                tree: Some(tree.clone()),
-                temperature: 0.0,
-                randomness: Randomness::Stream,
-            },
-            Cell {
-                method: Method::parse("greedy").unwrap(),
-                tree: Some(tree),
-                temperature: 0.0,
-                randomness: Randomness::Stream,
-            },
-        ];
+        let cells = [t0_cell("baseline", None), t0_cell("rrs-wr", Some("chain-1")), t0_cell("greedy", Some("chain-1"))];
         let mut records = vec![
             rec("1", "baseline", "-", 10, 1.0, 10, vec![]),
             rec("2", "baseline", "-", 10, 2.0, 10, vec![]),
