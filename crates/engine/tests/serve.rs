@@ -855,3 +855,25 @@ fn serve_generates_n_choices() {
         assert!(status == 400 && msg.contains(expected), "{prompt}: {status} {v}");
     }
 }
+
+/// With `--tree auto` (the default), the server measures forward costs once per set of
+/// candidate trees and keeps them: requests alternating temperature 0 (chains) and 0.7 (chains
+/// and multi-draft trees) measure on the first of each kind only (`mdsd.auto_costs_s`).
+#[test]
+fn serve_keeps_auto_costs_across_temperatures() {
+    let dir = temp_dir("serve-auto");
+    let target = Tiny::llama(61).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(62) }.write_hf(&dir.join("draft"));
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto"]);
+    let costs: Vec<f64> = [0.0, 0.7, 0.0, 0.7]
+        .iter()
+        .map(|t| {
+            let body = json!({"prompt": "ABCD", "max_tokens": 4, "ignore_eos": true, "temperature": t, "seed": 1});
+            let (status, v) = post(server.port, "/v1/completions", &body);
+            assert_eq!(status, 200, "{v}");
+            v["mdsd"]["auto_costs_s"].as_f64().unwrap_or_else(|| panic!("no auto_costs_s: {v}"))
+        })
+        .collect();
+    assert!(costs[0] > 0.0 && costs[1] > 0.0, "the first request of each temperature measures: {costs:?}");
+    assert_eq!(costs[2..], [0.0, 0.0], "costs measured again: {costs:?}");
+}
