@@ -62,11 +62,10 @@ impl Linear {
         bias: Option<Tensor>,
         pad_input: usize,
     ) -> Result<Option<Self>> {
-        let supported = qgemv::supports_on_cpu(dtype, dims);
-        let few_rows_max = few_rows_max_from_env();
-        if !supported || few_rows_max == 0 || !repack_from_env() {
+        if !qgemv::supports_on_cpu(dtype, dims) || !repacking_on() {
             return Ok(None);
         }
+        let few_rows_max = few_rows_max_from_env();
         Ok(Repacked::from_raw(dtype, dims, bytes)?.map(|r| Self {
             weight: None,
             repacked: Some(r),
@@ -109,6 +108,12 @@ fn few_rows_max_from_env() -> usize {
 fn repack_from_env() -> bool {
     static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *VALUE.get_or_init(|| std::env::var("MDSD_REPACK").map_or(true, |v| v != "0"))
+}
+
+/// Whether matrices that our kernels take are repacked at load: unless `MDSD_REPACK=0` or
+/// `MDSD_FEW_ROWS_MAX=0` turns our kernels off for them.
+fn repacking_on() -> bool {
+    few_rows_max_from_env() != 0 && repack_from_env()
 }
 
 /// A matrix repacked at load for our CPU kernels.
@@ -422,8 +427,8 @@ mod raw_repack_tests {
     /// A matrix repacked straight from its bytes (how GGUF matrices load from the mapped file)
     /// computes what the same matrix built from a `QTensor` does, bit for bit: Q4_K and Q6_K,
     /// 1 and 5 input rows, all rows and a prefix of rows (a cut output head). A byte count that
-    /// does not fit the shape is an error. On CPUs without our kernels (or with `MDSD_REPACK=0`)
-    /// both keep candle's form and `repacked_from_raw` declines.
+    /// does not fit the shape is an error. On CPUs without our kernels (or with `MDSD_REPACK=0`
+    /// or `MDSD_FEW_ROWS_MAX=0`) both keep candle's form and `repacked_from_raw` declines.
     #[test]
     fn repacked_from_raw_equals_the_qtensor_path() {
         let dev = Device::Cpu;
@@ -437,7 +442,7 @@ mod raw_repack_tests {
                 let raw = Linear::repacked_from_raw(dtype, &[kept, cols], &bytes[..kept * row_bytes], None, 0).unwrap();
                 let Some(raw) = raw else {
                     assert!(
-                        !q4k_interleaved::cpu_supported() || !repack_from_env(),
+                        !q4k_interleaved::cpu_supported() || !repacking_on(),
                         "{dtype:?}: our kernels exist but were not used"
                     );
                     continue;
@@ -458,7 +463,7 @@ mod raw_repack_tests {
                     );
                 }
             }
-            if q4k_interleaved::cpu_supported() && repack_from_env() {
+            if q4k_interleaved::cpu_supported() && repacking_on() {
                 assert!(Linear::repacked_from_raw(dtype, &[rows, cols], &bytes[..bytes.len() - 1], None, 0).is_err());
             }
         }
