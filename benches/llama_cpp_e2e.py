@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""End to end against llama.cpp: MT-Bench first turns, greedy (temperature 0), the same GGUF
-files, the same threads, every engine and mode run on each question before the next question.
+"""End to end against llama.cpp: MT-Bench first turns, greedy (temperature 0) or plain
+temperature sampling (`--temperature T`, llama.cpp's top-k, top-p and min-p turned off), the same
+GGUF files and threads, every engine and mode run on a question before the next question.
 
 llama.cpp is built from the source that the llama-cpp-python sdist vendors (no other source is
 reachable here):
 
-    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36   # or fetch the sdist
+    # the sdist from PyPI: `pip download -vvv --no-deps --no-binary :all: llama-cpp-python==0.3.36`
+    # prints its files.pythonhosted.org URL; fetch llama_cpp_python-0.3.36.tar.gz from it with curl
+    pip install cmake ninja
     tar xzf llama_cpp_python-0.3.36.tar.gz && cd llama_cpp_python-0.3.36/vendor/llama.cpp
     cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
     ninja -C build llama-completion llama-speculative-simple
@@ -16,7 +19,8 @@ reachable here):
 Modes, each a fresh process per question (model loading is outside every rate):
 - `llama.cpp plain`: `llama-completion`; its rate is "eval time" (decode, sampling excluded).
 - `llama.cpp spec N`: `llama-speculative-simple` with the draft model and `--spec-draft-n-max N`
-  (a chain of up to N greedy drafts, accepted while they equal the target's token); its rate is
+  (a chain of up to N drafts, the draft's most probable tokens, accepted while they equal the
+  token the target samples: exact at any temperature); its rate is
   "decoded ... tokens in ... s".
 - `mdsd plain`: `mdsd generate --no-spec`; `mdsd`: `mdsd generate` with its defaults (`--tree
   auto`, `--ngram first`); the rate is `tokens_per_s` of `--json` (decode; `auto`'s cost
@@ -61,21 +65,29 @@ def number(pattern, text, what):
 
 def llama_plain(a, prompt):
     cmd = [str(a.llama_bin / "llama-completion"), "-m", str(a.target), "-p", prompt,
-           "-n", str(a.max_new_tokens), "--temp", "0", "-t", str(a.threads), "-tb", str(a.threads),
-           "-c", "4096", "-no-cnv", "--no-display-prompt", "--seed", "0"]
+           "-n", str(a.max_new_tokens), "-t", str(a.threads), "-tb", str(a.threads),
+           "-c", "4096", "-no-cnv", "--no-display-prompt"] + llama_sampling(a)
     p, wall = run(cmd, a.timeout)
     log = p.stdout + p.stderr
     prompt_ms, prompt_tokens = number(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", log, "prompt eval")
     eval_ms, runs = number(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", log, "eval time")
-    return {"prompt_tokens": int(prompt_tokens), "new_tokens": int(runs) + 1,
+    (sampling_ms,) = number(r"sampling time =\s*([\d.]+) ms", log, "sampling time")
+    return {"prompt_tokens": int(prompt_tokens), "new_tokens": int(runs) + 1, "sampling_ms": float(sampling_ms),
             "tokens_per_s": int(runs) / (float(eval_ms) / 1e3), "text": p.stdout, "wall_s": wall}
+
+
+def llama_sampling(a):
+    """Plain temperature sampling, as `mdsd generate` does by default: llama.cpp's top-k, top-p and
+    min-p (on by default there) are turned off; at temperature 0 it is greedy."""
+    if a.temperature == 0:
+        return ["--temp", "0", "--top-k", "1", "--seed", str(a.seed)]
+    return ["--temp", str(a.temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", str(a.seed)]
 
 
 def llama_spec(a, prompt, n_max):
     cmd = [str(a.llama_bin / "llama-speculative-simple"), "-m", str(a.target), "-md", str(a.draft),
-           "-p", prompt, "-n", str(a.max_new_tokens), "--temp", "0", "--top-k", "1",
-           "-t", str(a.threads), "-tb", str(a.threads), "-td", str(a.threads), "-tbd", str(a.threads),
-           "-c", "4096", "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max), "--seed", "0"]
+           "-p", prompt, "-n", str(a.max_new_tokens), "-t", str(a.threads), "-tb", str(a.threads), "-td", str(a.threads), "-tbd", str(a.threads),
+           "-c", "4096", "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max)] + llama_sampling(a)
     p, wall = run(cmd, a.timeout)
     log = p.stdout + p.stderr
     (prompt_tokens,) = number(r"encoded\s+(\d+) tokens", log, "prompt count")
@@ -87,7 +99,8 @@ def llama_spec(a, prompt, n_max):
 
 
 def mdsd(a, question, extra):
-    cmd = [str(a.mdsd), "generate", "--chat", "--prompt", question, "--temperature", "0",
+    cmd = [str(a.mdsd), "generate", "--chat", "--prompt", question, "--temperature", str(a.temperature),
+           "--seed", str(a.seed),
            "--max-new-tokens", str(a.max_new_tokens), "--target", str(a.target), "--draft", str(a.draft),
            "--json"] + extra
     p, wall = run(cmd, a.timeout)
@@ -106,6 +119,8 @@ def main():
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--draft-n-max", default="3,8", help="llama.cpp draft lengths, comma-separated")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--name", default="e2e-llama-cpp-qwen-cpu")
@@ -152,8 +167,9 @@ def write_table(a, questions, modes, records):
     base = "llama.cpp plain"
     lines = [f"# {a.name}", "",
              f"`python3 benches/llama_cpp_e2e.py --limit {a.limit} --max-new-tokens {a.max_new_tokens} "
-             f"--threads {a.threads} --draft-n-max {a.draft_n_max} --name {a.name}`", "",
-             f"Target `{a.target.name}`, draft `{a.draft.name}`; temperature 0; {len(questions)} MT-Bench first turns.",
+             f"--threads {a.threads} --temperature {a.temperature} --draft-n-max {a.draft_n_max} --name {a.name}`", "",
+             f"Target `{a.target.name}`, draft `{a.draft.name}`; temperature {a.temperature}; "
+             f"{len(questions)} MT-Bench first turns.",
              "Decode tokens/s: the mean over questions; ratios: the mean ± standard deviation over",
              f"questions of each question's rate over `{base}`'s on the same question.", "",
              "| mode | tokens/s | x llama.cpp plain | x mdsd plain | new tokens | tau or acceptance |",
