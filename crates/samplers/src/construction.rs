@@ -211,8 +211,12 @@ impl DraftConstruction {
                 // descending order: the product and e_m underflow when q spans hundreds of
                 // orders of magnitude, while each factor stays moderate (rho_j is at least
                 // the j-th largest q over C(|V|, j - 1)).
-                let rho = poisson_ratios(q, SUBNORMAL_LIFT / total, tuple.len());
-                tuple.iter().zip(&rho).map(|(&t, r)| qt(t) * SUBNORMAL_LIFT / r).product()
+                // Each q_j is lifted as `poisson_ratios` lifts it (`q_j * (LIFT / total)`), not as
+                // `(q_j / total) * LIFT`: a subnormal `q_j / total` keeps only its few bits, and
+                // the factor `q_j / rho_j` of a subnormal q_j came out 1 +- 2e-10, not 1.
+                let lift = SUBNORMAL_LIFT / total;
+                let rho = poisson_ratios(q, lift, tuple.len());
+                tuple.iter().zip(&rho).map(|(&t, r)| q[t as usize] * lift / r).product()
             }
         }
     }
@@ -344,14 +348,24 @@ pub fn poisson_ratios(v: &[f64], scale: f64, m: usize) -> Vec<f64> {
 
 /// Adds the value `x > 0` to the set whose ratios `rho_k = e_k / e_{k-1}` (`rho[k - 1]`) are
 /// given: `rho_1 += x` and, from `e_k' = e_k + x e_{k-1}`,
-/// `rho_k' = rho_{k-1} (rho_k + x) / (rho_{k-1} + x)`. The fraction is at most 1 (Newton's
-/// inequalities: `rho_k <= rho_{k-1}`), so nothing overflows, and no step subtracts.
+/// `rho_k' = rho_{k-1} (rho_k + x) / (rho_{k-1} + x)`. Nothing overflows (`rho_k <= rho_{k-1}` by
+/// Newton's inequalities) and no step subtracts. The quotient taken is the one of at least 1/2:
+/// `(rho_k + x) / (rho_{k-1} + x)` for `x > rho_{k-1}`, else `rho_{k-1} / (rho_{k-1} + x)`, so
+/// that it never falls into the subnormal range. (Taking the first always had made it subnormal
+/// for an `x` some 310 orders of magnitude below `rho_{k-1}`: a conditional-Poisson tuple of
+/// probability 1 came out 1 - 9e-12.)
 #[inline]
 pub fn add_to_poisson_ratios(rho: &mut [f64], x: f64) {
     for k in (1..rho.len()).rev() {
         let prev = rho[k - 1];
         // With `prev = 0` (fewer than k - 1 values) `rho_k` stays 0.
-        rho[k] = if prev > 0.0 { prev * ((rho[k] + x) / (prev + x)) } else { 0.0 };
+        rho[k] = if prev <= 0.0 {
+            0.0
+        } else if x > prev {
+            prev * ((rho[k] + x) / (prev + x))
+        } else {
+            (prev / (prev + x)) * (rho[k] + x)
+        };
     }
     if let Some(first) = rho.first_mut() {
         *first += x;

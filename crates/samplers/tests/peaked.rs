@@ -17,7 +17,12 @@
 //! infinity (|out - p| = 0.009); and conditional-Poisson drafts, tuple law and alpha* all
 //! computed `e_m(q)`, which underflowed to 0 (the sampler then took the last tokens of the
 //! support whatever their q); the positional races' keys `ln(u)/w` were `-inf` for every
-//! subnormal weight, so top-k drafts tied among them.
+//! subnormal weight, so top-k drafts tied among them; and conditional-Poisson alpha* on a q
+//! whose `e_m` underflows (its normalised scan) lost a product below the f64 range and gave 1
+//! for 4e-16 (found by re-running with other seeds, `MDSD_TEST_SEED_OFFSET`); with the same
+//! audit, alpha* without replacement on a q with a subnormal entry (the odds of its largest
+//! token overflowed: 1 for 0.76), and the conditional-Poisson tuple law (a subnormal quotient in
+//! the ratio update: 1 - 9e-12 for 1).
 
 mod common;
 
@@ -112,6 +117,52 @@ fn peaked_distributions_keep_alpha_star_and_losslessness_exact() {
         failures[..failures.len().min(5)].join("\n")
     );
     assert!(stars > 1000 && laws > 1000, "{stars} alpha* and {laws} output laws checked");
+}
+
+/// A case that the seed audit (`MDSD_TEST_SEED_OFFSET=2`) drew for the test above: q's three
+/// smallest positive values span 1e-156 to 1e-203, so `e_3(q)` (about 6e-343) underflows and
+/// `alpha*` takes the normalised scan, whose old update `q_x s_{k-1}` underflowed to 0 on the way
+/// (it gave 1 for the brute force's 4.4e-16).
+#[test]
+fn conditional_poisson_alpha_star_keeps_products_below_the_f64_range() {
+    let p = [0.0, 2.655358797044973e-40, 0.0, 1.0, 4.408515069420381e-57];
+    let q = [1.6786406547453303e-187, 0.0, 3.552824146193482e-156, 7.267506198155345e-203, 1.0];
+    let c = DraftConstruction::ConditionalPoisson;
+    let brute = alpha_star_brute_force(&p, &draft_table(c, &q, 3));
+    let fast = alpha::alpha_star(c, &p, &q, 3).unwrap();
+    assert!(brute < 1e-15, "brute force {brute}");
+    assert!(within(fast, brute, 1e-12), "scan {fast} vs brute force {brute}");
+}
+
+/// Two more cases of the seed audit, both with a subnormal q entry. Without replacement, with
+/// q's whole support drafted: the closed form of m = 2 took the largest token's odds as `q /
+/// rest` with a subnormal rest (infinite), and `alpha*` came out 1 (offsets 5 and 9). Conditional
+/// Poisson, where the only tuple has probability 1: its ratio update formed a subnormal quotient
+/// and the tuple came out 1 - 9e-12 (offset 4).
+#[test]
+fn subnormal_draft_masses_keep_alpha_star_and_the_tuple_law_exact() {
+    let c = DraftConstruction::WithoutReplacement;
+    for (p, q) in [
+        (
+            vec![0.017360592182327578, 0.0024162960560440093, 0.2189816036022493, 0.7612415081593792],
+            vec![0.0, 1.042e-321, 0.0, 1.0],
+        ),
+        (vec![0.08408341116287817, 0.909473264076492, 0.006443324760629898], vec![9.3013e-320, 1.0, 0.0]),
+    ] {
+        for n in [2, 3] {
+            let brute = alpha_star_brute_force(&p, &draft_table(c, &q, n));
+            let want: f64 = p.iter().zip(&q).filter(|(_, &qx)| qx > 0.0).map(|(&px, _)| px).sum();
+            assert!(within(brute, want, 1e-15), "brute force {brute}, want {want}");
+            let fast = alpha::alpha_star(c, &p, &q, n).unwrap();
+            assert!(within(fast, brute, 1e-12), "n={n}: scan {fast} vs brute force {brute}\nq={q:?}");
+        }
+    }
+    let q = [0.4999451059315308, 0.0, 0.0, 0.5000548940684691, 2.293639461e-314];
+    for n in [3, 4] {
+        let table = draft_table(DraftConstruction::ConditionalPoisson, &q, n);
+        assert_eq!(table.len(), 1, "{table:?}");
+        assert!(within(table[0].1, 1.0, 1e-15), "n={n}: {table:?}");
+    }
 }
 
 /// The real samplers on peaked p and q: every construction's drafts follow its exact tuple law

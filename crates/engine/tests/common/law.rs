@@ -65,6 +65,8 @@ pub fn pearson(counts: &[u64], law: &[f64], draws: u64) -> (f64, usize, usize) {
 
 /// Generates two tokens after `prompt` with seeds `0..draws` (`config(seed)`), counts each
 /// pair at `out[0] * vocab + out[1]`, and hands each run's statistics to `each`.
+/// `MDSD_TEST_SEED_OFFSET=N` shifts the seeds to `N..N + draws`, to re-run the chi-square
+/// tests on fresh draws (benches/RESULTS.md, "Seed audit"); CI runs with offset 0.
 pub fn two_token_counts(
     generator: &mut Generator,
     prompt: &[u32],
@@ -74,7 +76,11 @@ pub fn two_token_counts(
     mut each: impl FnMut(&Stats),
 ) -> Vec<u64> {
     let mut counts = vec![0u64; vocab * vocab];
-    for seed in 0..draws {
+    let offset = match std::env::var("MDSD_TEST_SEED_OFFSET") {
+        Ok(v) => v.parse::<u64>().unwrap_or_else(|_| panic!("MDSD_TEST_SEED_OFFSET={v:?} is not a number")),
+        Err(_) => 0,
+    };
+    for seed in offset..offset + draws {
         let (out, stats) = generator.generate(prompt, &config(seed), |_| false, |_| Ok(())).unwrap();
         assert_eq!(out.len(), 2, "generated {out:?}");
         counts[out[0] as usize * vocab + out[1] as usize] += 1;

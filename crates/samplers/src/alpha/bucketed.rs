@@ -136,14 +136,21 @@ fn scan(p: &[f64], q: &[f64], keep: impl Fn(f64, f64) -> bool, model: &impl Pref
         }
     }
     sort_exact(&mut b.items, &mut b.spare);
+    // `items` holds the tokens of every marked bucket, in bucket order: each marked bucket
+    // takes the next `bucket_count` of them. A marked bucket whose bound no longer beats `best`
+    // (lowered by the buckets before it) is skipped, but its tokens are still stepped over.
     let mut start = 0;
     for &(bucket, p_start, lower) in &bounds {
+        if b.refine[bucket] == 0 {
+            continue;
+        }
+        let end = start + b.bucket_count[bucket] as usize;
         if lower >= best - 1e-15 {
+            start = end;
             continue;
         }
         state.copy_from_slice(&b.starts[bucket * w..(bucket + 1) * w]);
         let mut pp = p_start;
-        let end = start + b.bucket_count[bucket] as usize;
         for c in &b.items[start..end] {
             model.add(&mut state, c.q);
             pp += c.p;

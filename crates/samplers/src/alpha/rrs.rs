@@ -91,7 +91,10 @@ fn rrs_wo_rec(p: &[f64], q: &[f64], left: usize) -> f64 {
         if reject <= 0.0 {
             continue;
         }
-        let rest = 1.0 - qx;
+        // The mass left, summed rather than `1 - q(x)`: that difference cancels for a q(x) near 1
+        // (q = [4e-11, 0.25, 0.71, 0.04] with 4 drafts, every token drafted, gave 0.9999998
+        // for the exact 1).
+        let rest: f64 = q.iter().enumerate().filter(|&(i, _)| i != x).map(|(_, &v)| v).sum();
         if rest <= 0.0 {
             continue;
         }
@@ -156,7 +159,8 @@ pub fn alpha_rrs_without_replacement_monte_carlo<R: Rng + ?Sized>(
                 cur[i] = res[i] / t;
             }
             removed.push(x);
-            zq -= q0[x];
+            // Summed over the tokens left (not `zq - q0[x]`, which cancels; see `rrs_wo_rec`).
+            zq = q0.iter().enumerate().filter(|(i, _)| !removed.contains(i)).map(|(_, &v)| v).sum();
             if zq <= 0.0 {
                 break;
             }

@@ -11,7 +11,8 @@
 
 use super::bucketed::{min_over_prefixes, PrefixQ};
 use crate::construction::{
-    add_to_elementary_symmetric, elementary_symmetric_scaled, poisson_ratios, truncated_product, DraftConstruction,
+    add_to_elementary_symmetric, add_to_poisson_ratios, elementary_symmetric_scaled, poisson_ratios, truncated_product,
+    DraftConstruction,
 };
 use crate::dist::{fast_sum, FAR_FROM_UNDERFLOW, SUBNORMAL_LIFT};
 use std::cell::RefCell;
@@ -204,22 +205,25 @@ pub fn alpha_star_conditional_poisson(p: &[f64], q: &[f64], n: usize) -> f64 {
 }
 
 /// [`alpha_star_conditional_poisson`] for any range of q: the prefixes in order, one token at
-/// a time, with the state `s_k = e_k(q_H) / e_k(q)` (each in `[0, 1]`), updated by
-/// `s_k += q_x s_{k-1} / rho_k` (`rho`: the ratios of the lifted q, see `SUBNORMAL_LIFT`), so
-/// that no power of a scale factor is ever formed; `Q(H) = s_m`.
+/// a time. The state is the prefix's own ratios `sigma_k = e_k(q_H) / e_{k-1}(q_H)` of the lifted
+/// q (see `SUBNORMAL_LIFT`), updated by [`add_to_poisson_ratios`] (no subtraction, no
+/// underflow), and `Q(H) = e_m(q_H) / e_m(q) = prod_k sigma_k / rho_k`. Each factor is in
+/// `[0, 1]` (a set's ratios only grow as tokens join it: `rho_{k-1} >= rho_k`), so the product
+/// can underflow only where `Q(H)` is itself below 2^-1022.
+///
+/// An earlier state, `s_k = e_k(q_H) / e_k(q)` updated by `s_k += q_x s_{k-1} / rho_k`, formed
+/// `q_x s_{k-1}` first: that product underflowed where `s_{k-1}` is tiny but is later multiplied
+/// by a huge `q_x / rho_k` (a q spanning 350 orders of magnitude gave `alpha*` 1 for 4e-16).
 fn normalised_poisson_scan(p: &[f64], q: &[f64], rho: &[f64], keep: impl Fn(f64, f64) -> bool) -> f64 {
     let m = rho.len();
     with_sorted_candidates(p, q, keep, |tokens, _| {
-        let mut s = vec![0.0f64; m + 1];
-        s[0] = 1.0;
+        let mut sigma = vec![0.0f64; m];
         let (mut pp, mut best) = (0.0f64, 0.0f64);
         for c in tokens {
-            let x = c.q * SUBNORMAL_LIFT;
-            for k in (1..=m).rev() {
-                s[k] += x * s[k - 1] / rho[k - 1];
-            }
+            add_to_poisson_ratios(&mut sigma, c.q * SUBNORMAL_LIFT);
             pp += c.p;
-            best = best.min(pp - s[m].min(1.0));
+            let big_q = sigma.iter().zip(rho).fold(1.0f64, |acc, (s, r)| acc * (s / r));
+            best = best.min(pp - big_q.min(1.0));
         }
         (1.0 + best).clamp(0.0, 1.0)
     })

@@ -323,7 +323,7 @@ pub fn alpha_star_without_replacement_with(p: &[f64], q: &[f64], n: usize, metho
                 scan_closed_form(tokens, &outside, delta, |qq, _, _| qq)
             } else if m == 2 && method == WorMethod::Auto {
                 // For m = 2, `delta` is the mass outside the largest token.
-                scan_closed_form(tokens, &outside, delta, |_, r, acc| 1.0 - r - r * acc)
+                scan_closed_form(tokens, &outside, delta, |_, r, r_odds| 1.0 - r - r_odds)
             } else {
                 (1.0 + min_f_by_blocks(tokens, &outside, m, delta)).clamp(0.0, 1.0)
             }
@@ -344,32 +344,51 @@ fn outside_masses(tokens: &[Candidate], pruned: f64) -> Vec<f64> {
 /// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), r_j, sum_{H_j} q/(1-q))`, `r_j` the
 /// mass outside `H_j` (`outside[j + 1]`, see [`outside_masses`]); `rest_of_top` is the mass
 /// outside the largest token (see [`odds`]).
+///
+/// The product `r_j * sum q/(1-q)` is what the closure gets: with the largest token's odds
+/// `q / rest_of_top` taken as `(r_j / rest_of_top) q` (at most `q`, since `r_j <= rest_of_top` once
+/// the largest token is in the prefix). For a subnormal `rest_of_top` the odds alone overflow to
+/// infinity: `r_j * inf` made `Q` 0 for a prefix that held half the draws, and `0 * inf` made
+/// it NaN, which `min` passed over (q = [0, 1e-321, 0, 1] with 2 drafts gave `alpha*` 1 for
+/// 0.76).
 fn scan_closed_form(
     tokens: &[Candidate],
     outside: &[f64],
     rest_of_top: f64,
     big_q: impl Fn(f64, f64, f64) -> f64,
 ) -> f64 {
-    let (mut pp, mut qq, mut acc, mut best) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let (mut pp, mut qq, mut best) = (0.0f64, 0.0f64, 0.0f64);
+    // The odds of the tokens of at most 1/2, and the mass of the largest token once it is in.
+    let (mut acc, mut top) = (0.0f64, 0.0f64);
     for (j, c) in tokens.iter().enumerate() {
         pp += c.p;
         qq += c.q;
-        acc += odds(c.q, rest_of_top);
-        best = best.min(pp - big_q(qq.min(1.0), outside[j + 1], acc).clamp(0.0, 1.0));
+        if c.q > 0.5 {
+            top = c.q;
+        } else {
+            acc += c.q / (1.0 - c.q);
+        }
+        let r = outside[j + 1];
+        let r_odds = r * acc + r_times_top_odds(r, top, rest_of_top);
+        let big = big_q(qq.min(1.0), r, r_odds);
+        debug_assert!(!big.is_nan(), "Q(H) is NaN at prefix {j}");
+        best = best.min(pp - big.clamp(0.0, 1.0));
     }
     (1.0 + best).clamp(0.0, 1.0)
 }
 
-/// `q / (1 - q)` for a normalised token mass `q`, with `1 - q` taken as `rest_of_top` (the
-/// summed mass of every other token) when `q > 1/2`, i.e. for the largest token: a nearly
-/// one-hot q rounds its top token to 1.0 in f64 (the rest below 2^-53), where `1 - q` is 0
-/// and the odds came out infinite, which made `Q(H)` of every set holding it 0.
+/// `r q / (1 - q)` for the largest token (`q > 1/2`, in `H`; 0 for `q = 0`, no such token), with
+/// `1 - q` taken as `rest_of_top` (the summed mass of every other token): a nearly one-hot q
+/// rounds its top token to 1.0 in f64, where `1 - q` is 0. Computed as `(r / rest_of_top) q`,
+/// since the odds `q / rest_of_top` alone overflow for a subnormal `rest_of_top`; `r <=
+/// rest_of_top` when the largest token is in `H` (the `min` absorbs rounding), and `r = 0`
+/// gives 0 (also for `rest_of_top = 0`).
 #[inline]
-fn odds(q: f64, rest_of_top: f64) -> f64 {
-    if q > 0.5 {
-        q / rest_of_top
+fn r_times_top_odds(r: f64, q: f64, rest_of_top: f64) -> f64 {
+    if q > 0.0 && r > 0.0 {
+        (r / rest_of_top).min(1.0) * q
     } else {
-        q / (1.0 - q)
+        0.0
     }
 }
 
@@ -472,7 +491,9 @@ pub fn q_without_replacement(q: &[f64], n: usize, in_h: impl Fn(usize) -> bool, 
     let delta = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum()) / sq;
     if m == 2 && method == WorMethod::Auto {
         // `delta`: the mass outside the largest token.
-        return (1.0 - r - r * members.iter().map(|&x| odds(x, delta)).sum::<f64>()).clamp(0.0, 1.0);
+        let r_odds: f64 =
+            members.iter().map(|&x| if x > 0.5 { r_times_top_odds(r, x, delta) } else { r * x / (1.0 - x) }).sum();
+        return (1.0 - r - r_odds).clamp(0.0, 1.0);
     }
     let mut dp = ArrivalDp::new(m, delta);
     for &x in &members {
