@@ -264,7 +264,7 @@ mod decoding {
     }
 
     /// For each pair, 4,000 generations of two tokens at `warp` on a 2 x 2 tree: drafts accepted
-    /// for both tokens more than 100 times, and the counts follow `target`'s exact law of the
+    /// for both tokens more than 50 times, and the counts follow `target`'s exact law of the
     /// 5-token vocabulary (chi-square over 25 cells, p-value at least 1e-4).
     fn assert_two_tokens_follow(
         g: &mut Generator,
@@ -283,7 +283,10 @@ mod decoding {
             let counts = common::two_token_counts(g, prompt, 5, draws, config, |stats| {
                 accepted += (stats.target_forwards == 1) as usize;
             });
-            assert!(accepted > 100, "{what}{c}+{v}: both tokens from one target forward only {accepted} times");
+            // Only rules out a vacuous test (no drafts accepted). The cut head's `wr+rrs` sits near
+            // 100 (85 to 97 at four of ten seed offsets, where a bound of 100 failed; the binomial
+            // standard deviation is about 10), so 50 is four to five of them below.
+            assert!(accepted > 50, "{what}{c}+{v}: both tokens from one target forward only {accepted} times");
             common::assert_follows_law(&counts, &law, draws, Some(25), &format!("{what}{c}+{v}"));
         }
     }

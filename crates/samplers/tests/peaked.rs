@@ -138,7 +138,7 @@ fn conditional_poisson_alpha_star_keeps_products_below_the_f64_range() {
 /// q's whole support drafted: the closed form of m = 2 took the largest token's odds as `q /
 /// rest` with a subnormal rest (infinite), and `alpha*` came out 1 (offsets 5 and 9). Conditional
 /// Poisson, where the only tuple has probability 1: its ratio update formed a subnormal quotient
-/// and the tuple came out 1 - 9e-12 (offset 4).
+/// and the tuple came out 1 - 9e-12 (offset 4). And the quadrature of m >= 3 (offset 32).
 #[test]
 fn subnormal_draft_masses_keep_alpha_star_and_the_tuple_law_exact() {
     let c = DraftConstruction::WithoutReplacement;
@@ -157,6 +157,13 @@ fn subnormal_draft_masses_keep_alpha_star_and_the_tuple_law_exact() {
             assert!(within(fast, brute, 1e-12), "n={n}: scan {fast} vs brute force {brute}\nq={q:?}");
         }
     }
+    // Four drafts on a support of 4 whose smallest mass is subnormal: the quadrature gave a
+    // set of 3 tokens Q = 4.2e-6 where it is 0, and alpha* 0.9999958 for 1 (offset 32).
+    let p = [6.150370127661173e-28, 1.899782575479391e-129, 1.8870149973417308e-215, 1.0, 0.0];
+    let q = [1.5431481822530995e-33, 6.078387252134133e-247, 0.0, 4.624e-321, 1.0];
+    let brute = alpha_star_brute_force(&p, &draft_table(c, &q, 4));
+    let fast = alpha::alpha_star(c, &p, &q, 4).unwrap();
+    assert!(within(brute, 1.0, 1e-15) && within(fast, brute, 1e-12), "scan {fast} vs brute force {brute}");
     let q = [0.4999451059315308, 0.0, 0.0, 0.5000548940684691, 2.293639461e-314];
     for n in [3, 4] {
         let table = draft_table(DraftConstruction::ConditionalPoisson, &q, n);
