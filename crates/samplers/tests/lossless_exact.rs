@@ -109,8 +109,11 @@ fn deterministic_drafts_output_exactly_p_at_the_lp_optimum() {
                     distinct.dedup();
                     let accept: f64 = distinct.iter().map(|&t| out[t as usize]).sum();
                     let lp = common::alpha_star_lp(&p, &[(drafts.clone(), 1.0)]);
+                    // 1e-7, the LP solver's accuracy (`alpha_star.rs` and `peaked.rs` compare
+                    // brute force with it so): at seed offset 55 minilp's optimum was 3.4e-9
+                    // above the exact p(drafts).
                     assert!(
-                        (accept - lp).abs() < 1e-9,
+                        (accept - lp).abs() < 1e-7,
                         "V={v} {name} drafts {drafts:?}: acceptance {accept} vs LP {lp}"
                     );
                     checked += 1;

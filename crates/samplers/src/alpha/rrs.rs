@@ -159,8 +159,14 @@ pub fn alpha_rrs_without_replacement_monte_carlo<R: Rng + ?Sized>(
                 cur[i] = res[i] / t;
             }
             removed.push(x);
-            // Summed over the tokens left (not `zq - q0[x]`, which cancels; see `rrs_wo_rec`).
-            zq = q0.iter().enumerate().filter(|(i, _)| !removed.contains(i)).map(|(_, &v)| v).sum();
+            // `zq - q0[x]` loses at most a bit while `q0[x] <= zq / 2`; beyond, it cancels (see
+            // `rrs_wo_rec`), and the mass left is summed instead (a vocabulary pass, which the
+            // step above makes anyway).
+            zq = if q0[x] <= 0.5 * zq {
+                zq - q0[x]
+            } else {
+                q0.iter().enumerate().filter(|(i, _)| !removed.contains(i)).map(|(_, &v)| v).sum()
+            };
             if zq <= 0.0 {
                 break;
             }
