@@ -341,16 +341,9 @@ fn outside_masses(tokens: &[Candidate], pruned: f64) -> Vec<f64> {
     out
 }
 
-/// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), r_j, sum_{H_j} q/(1-q))`, `r_j` the
+/// `1 + min_j (P_j - Q_j)` where `Q_j = big_q(q(H_j), r_j, r_j sum_{H_j} q/(1-q))`, `r_j` the
 /// mass outside `H_j` (`outside[j + 1]`, see [`outside_masses`]); `rest_of_top` is the mass
-/// outside the largest token (see [`odds`]).
-///
-/// The product `r_j * sum q/(1-q)` is what the closure gets: with the largest token's odds
-/// `q / rest_of_top` taken as `(r_j / rest_of_top) q` (at most `q`, since `r_j <= rest_of_top` once
-/// the largest token is in the prefix). For a subnormal `rest_of_top` the odds alone overflow to
-/// infinity: `r_j * inf` made `Q` 0 for a prefix that held half the draws, and `0 * inf` made
-/// it NaN, which `min` passed over (q = [0, 1e-321, 0, 1] with 2 drafts gave `alpha*` 1 for
-/// 0.76).
+/// outside the largest token (the product through [`Odds`]).
 fn scan_closed_form(
     tokens: &[Candidate],
     outside: &[f64],
@@ -358,37 +351,49 @@ fn scan_closed_form(
     big_q: impl Fn(f64, f64, f64) -> f64,
 ) -> f64 {
     let (mut pp, mut qq, mut best) = (0.0f64, 0.0f64, 0.0f64);
-    // The odds of the tokens of at most 1/2, and the mass of the largest token once it is in.
-    let (mut acc, mut top) = (0.0f64, 0.0f64);
+    let mut odds = Odds::default();
     for (j, c) in tokens.iter().enumerate() {
         pp += c.p;
         qq += c.q;
-        if c.q > 0.5 {
-            top = c.q;
-        } else {
-            acc += c.q / (1.0 - c.q);
-        }
+        odds.add(c.q);
         let r = outside[j + 1];
-        let r_odds = r * acc + r_times_top_odds(r, top, rest_of_top);
-        let big = big_q(qq.min(1.0), r, r_odds);
+        let big = big_q(qq.min(1.0), r, odds.times(r, rest_of_top));
         debug_assert!(!big.is_nan(), "Q(H) is NaN at prefix {j}");
         best = best.min(pp - big.clamp(0.0, 1.0));
     }
     (1.0 + best).clamp(0.0, 1.0)
 }
 
-/// `r q / (1 - q)` for the largest token (`q > 1/2`, in `H`; 0 for `q = 0`, no such token), with
-/// `1 - q` taken as `rest_of_top` (the summed mass of every other token): a nearly one-hot q
-/// rounds its top token to 1.0 in f64, where `1 - q` is 0. Computed as `(r / rest_of_top) q`,
-/// since the odds `q / rest_of_top` alone overflow for a subnormal `rest_of_top`; `r <=
-/// rest_of_top` when the largest token is in `H` (the `min` absorbs rounding), and `r = 0`
-/// gives 0 (also for `rest_of_top = 0`).
-#[inline]
-fn r_times_top_odds(r: f64, q: f64, rest_of_top: f64) -> f64 {
-    if q > 0.0 && r > 0.0 {
-        (r / rest_of_top).min(1.0) * q
-    } else {
-        0.0
+/// `sum_{H} q / (1 - q)` of a set of normalised token masses, for the closed form of m = 2: the
+/// odds of its tokens of at most 1/2, summed, and the mass of its largest token (`q > 1/2`; 0
+/// while `H` lacks it), whose `1 - q` is taken as `rest_of_top`, the summed mass of every other
+/// token (a nearly one-hot q rounds its top token to 1.0 in f64, where `1 - q` is 0).
+#[derive(Default)]
+struct Odds {
+    small: f64,
+    top: f64,
+}
+
+impl Odds {
+    #[inline]
+    fn add(&mut self, q: f64) {
+        if q > 0.5 {
+            self.top = q;
+        } else {
+            self.small += q / (1.0 - q);
+        }
+    }
+
+    /// `r sum_{H} q / (1 - q)` for the mass `r` outside `H`. The largest token's term is
+    /// `(r / rest_of_top) q`: its odds `q / rest_of_top` alone overflow for a subnormal
+    /// `rest_of_top` (`r * inf` had made `Q` 0 for a prefix that held half the draws, and `0 *
+    /// inf` NaN, which `min` passed over: q = [0, 1e-321, 0, 1] with 2 drafts gave `alpha*` 1
+    /// for 0.76). `r <= rest_of_top` once the largest token is in `H` (the `min` absorbs
+    /// rounding), and `r = 0` gives 0, also for `rest_of_top = 0`.
+    #[inline]
+    fn times(&self, r: f64, rest_of_top: f64) -> f64 {
+        let top = if self.top > 0.0 && r > 0.0 { (r / rest_of_top).min(1.0) * self.top } else { 0.0 };
+        r * self.small + top
     }
 }
 
@@ -505,9 +510,9 @@ pub fn q_without_replacement(q: &[f64], n: usize, in_h: impl Fn(usize) -> bool, 
     let delta = rest_mass(q, &top, sq, top.iter().map(|&t| q[t as usize]).sum()) / sq;
     if m == 2 && method == WorMethod::Auto {
         // `delta`: the mass outside the largest token.
-        let r_odds: f64 =
-            members.iter().map(|&x| if x > 0.5 { r_times_top_odds(r, x, delta) } else { r * x / (1.0 - x) }).sum();
-        return (1.0 - r - r_odds).clamp(0.0, 1.0);
+        let mut odds = Odds::default();
+        members.iter().for_each(|&x| odds.add(x));
+        return (1.0 - r - odds.times(r, delta)).clamp(0.0, 1.0);
     }
     let mut dp = ArrivalDp::new(m, delta);
     for &x in &members {
