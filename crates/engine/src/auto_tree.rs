@@ -321,7 +321,7 @@ impl AutoTree {
         target: &DecoderModel,
         target_cache: &mut KvCache,
         host: &mut HostLogits,
-        draft: Option<&mut dyn FnMut(usize) -> Result<f64>>,
+        draft: Option<&mut dyn FnMut(usize) -> Result<Option<f64>>>,
         pending: u32,
     ) -> Result<usize> {
         let (target_rows, draft_rows) = self.needed_rows();
@@ -352,18 +352,21 @@ impl AutoTree {
 }
 
 /// Records into `curve` the [`anchors`] of `rows` it lacks: one warm-up forward, then one
-/// timing per row count. Returns the number of forwards timed.
-fn measure(curve: &mut CostCurve, rows: &[usize], time: &mut dyn FnMut(usize) -> Result<f64>) -> Result<usize> {
+/// timing per row count. A row count whose forward does not fit the cache (`time` gives
+/// `None`: a prompt near the end of the context) stays unmeasured until a later text leaves
+/// room; meanwhile [`CostCurve::at`] extrapolates it. Returns the number of forwards timed.
+fn measure(curve: &mut CostCurve, rows: &[usize], time: &mut dyn FnMut(usize) -> Result<Option<f64>>) -> Result<usize> {
     let rows = anchors(rows);
-    if rows.iter().all(|&r| curve.has(r)) {
+    if rows.iter().all(|&r| curve.has(r)) || time(1)?.is_none() {
         return Ok(0);
     }
-    time(1)?;
     let mut runs = 1;
     for r in rows {
         if !curve.has(r) {
-            curve.record(r, time(r)?);
-            runs += 1;
+            if let Some(secs) = time(r)? {
+                curve.record(r, secs);
+                runs += 1;
+            }
         }
     }
     Ok(runs)
@@ -384,15 +387,18 @@ pub fn anchors(rows: &[usize]) -> Vec<usize> {
 /// Seconds of one forward of `rows` copies of `token` (id 0 when outside the model's
 /// vocabulary) after the cached positions, logits of every row to the host included, copied
 /// into `host` as a decoding step copies them. The cache is truncated back to its length: it
-/// is left as it was.
+/// is left as it was. `None` (and no forward) when `rows` more rows do not fit the cache.
 pub fn time_forward(
     model: &DecoderModel,
     cache: &mut KvCache,
     host: &mut HostLogits,
     rows: usize,
     token: u32,
-) -> Result<f64> {
+) -> Result<Option<f64>> {
     let base = cache.len();
+    if base + rows > cache.capacity() {
+        return Ok(None);
+    }
     let token = if (token as usize) < model.config().vocab_size { token } else { 0 };
     let tokens = vec![token; rows];
     let pos: Vec<u32> = (base..base + rows).map(|p| p as u32).collect();
@@ -402,7 +408,7 @@ pub fn time_forward(
     std::hint::black_box(host.copy(&model.logits(&hidden)?)?);
     let s = t0.elapsed().as_secs_f64();
     cache.truncate(base);
-    Ok(s)
+    Ok(Some(s))
 }
 
 /// Widths of the draft forwards below the root: the nodes with children at each depth >= 1.

@@ -202,7 +202,7 @@ impl Conversation {
         messages.push(("user", text));
         let rendered = tok.apply_chat_conversation(&messages, run.system.as_deref())?;
         let ids = tok.encode(&rendered)?;
-        if let Err(e) = session.check_fits(ids.len(), session.config.warp, capacity, "conversation") {
+        if let Err(e) = session.check_fits(ids.len(), capacity, "conversation") {
             bail!("{e} (/clear starts a new conversation; --context gives a longer one)");
         }
         let stops = TextStops::new(tok, run.stop.clone(), run.ignore_eos).expect("--stop checked by Plan::new");

@@ -156,15 +156,19 @@ impl<'a> EagleDraft<'a> {
     /// Seconds of one head forward of `rows` entries (zero features, `token` repeated) after
     /// the cached entries, logits of every row to the host included (copied into `host`, as a
     /// step copies a level's); the cache is truncated back, so it is left as it was (the
-    /// `--tree auto` calibration).
+    /// `--tree auto` calibration). `None` (and no forward) when `rows` more entries do not fit
+    /// the cache.
     pub fn time_forward(
         &mut self,
         target: &DecoderModel,
         host: &mut HostLogits,
         rows: usize,
         token: u32,
-    ) -> Result<f64> {
+    ) -> Result<Option<f64>> {
         let base = self.cache.len();
+        if base + rows > self.cache.capacity() {
+            return Ok(None);
+        }
         let device = target.device();
         let features = Tensor::zeros((rows, self.head.config().hidden_size), target.dtype(), device)?;
         let tokens = vec![token; rows];
@@ -175,7 +179,7 @@ impl<'a> EagleDraft<'a> {
         std::hint::black_box(host.copy(&self.head.logits(target, &out)?)?);
         let s = t0.elapsed().as_secs_f64();
         self.cache.truncate(base);
-        Ok(s)
+        Ok(Some(s))
     }
 
     /// After verification: the target's hidden states `hidden` at rows `path_rows` (the root

@@ -322,7 +322,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let tok = &session.target.tokenizer;
     let text = if args.chat { tok.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
     let ids = tok.encode(&text)?;
-    session.check_fits(ids.len(), session.config.warp, session.context, "prompt")?;
+    session.check_fits(ids.len(), session.context, "prompt")?;
     let capacity =
         (ids.len().saturating_add(args.max_new_tokens).saturating_add(2 * session.tree_len() + 1)).min(session.context);
     let mut generator = session.generator(&args, capacity)?;

@@ -489,9 +489,8 @@ impl State<'_, '_> {
         if let Err(e) = warp.check() {
             return refuse(400, e.to_string());
         }
-        // The largest tree depends on the request's warp.
         for p in &prompts {
-            if let Err(e) = self.session.check_fits(p.ids.len(), warp, self.capacity, "prompt") {
+            if let Err(e) = self.session.check_fits(p.ids.len(), self.capacity, "prompt") {
                 return refuse(400, format!("{e} (the server's --context)"));
             }
         }

@@ -199,10 +199,11 @@ impl Session {
         }
     }
 
-    /// Refuses a prompt of `tokens` that leaves no room for one tree at `warp` in `capacity`
-    /// positions.
-    pub fn check_fits(&self, tokens: usize, warp: Warp, capacity: usize, what: &str) -> anyhow::Result<()> {
-        if tokens + self.tree_len_at(warp) >= capacity {
+    /// Refuses a prompt of `tokens` that leaves no room for a new token in `capacity` positions.
+    /// Trees need no more: near the end of the context the decoding loop takes plain steps
+    /// (`Generator::generate`).
+    pub fn check_fits(&self, tokens: usize, capacity: usize, what: &str) -> anyhow::Result<()> {
+        if tokens + 1 >= capacity {
             bail!(
                 "the {what} has {tokens} tokens, too long for the context of {capacity} positions of {}",
                 self.target.path.display()

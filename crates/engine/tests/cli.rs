@@ -558,12 +558,22 @@ fn generate_stops_before_a_stop_string() {
 }
 
 /// `--max-new-tokens` of usize::MAX runs to the end of the context instead of overflowing the
-/// capacity sum or aborting on an allocation of that many tokens.
+/// capacity sum or aborting on an allocation of that many tokens. Speculative decoding runs to
+/// the same end (trees give way to plain steps there), and takes a prompt that leaves room for
+/// a few tokens but not for a tree of 26 nodes.
 #[test]
 fn an_unbounded_token_budget_stops_at_the_context() {
     let dir = temp_dir("cli-budget");
     let target = Tiny::llama(54).write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
-    let v = generate_greedy_json(&target, "ABCD", &usize::MAX.to_string(), &["--no-spec", "--ignore-eos"]);
-    assert_eq!(v["stop_reason"], "context_length", "{v}");
-    assert!(v["new_tokens"].as_u64().unwrap() > 200, "{v}");
+    let tree = ["--draft", s(&target), "--tree", "mc_sim_7b_63", "--draft-sampling", "wor", "--ignore-eos"];
+    let long = "ABCDEFGH".repeat(32);
+    for prompt in ["ABCD", &long[..250]] {
+        let v = generate_greedy_json(&target, prompt, &usize::MAX.to_string(), &["--no-spec", "--ignore-eos"]);
+        assert_eq!(v["stop_reason"], "context_length", "{v}");
+        let plain = v["new_tokens"].as_u64().unwrap();
+        assert!(plain > if prompt.len() < 10 { 200 } else { 2 }, "{v}");
+        let w = generate_greedy_json(&target, prompt, &usize::MAX.to_string(), &tree);
+        assert_eq!(w["stop_reason"], "context_length", "{w}");
+        assert_eq!((w["new_tokens"].as_u64().unwrap(), &w["text"]), (plain, &v["text"]), "{w}");
+    }
 }

@@ -503,3 +503,106 @@ fn draft_windows_are_exact() {
         common::assert_follows_law(&counts, &law, draws, None, &format!("window 1+2, {name} {c}+{v}"));
     }
 }
+
+/// Near the end of the context a step's tree that does not fit gives way to a plain step (the
+/// root alone), so speculative decoding runs to the same last position as plain decoding: at
+/// temperature 0 the same tokens, `capacity - prompt` of them, stopped by the context. With a
+/// draft model (fixed trees, one of them larger than the whole context, and `auto`), an EAGLE
+/// head and n-gram steps first; a prompt that leaves room for 3 tokens and no tree is taken.
+#[test]
+fn trees_give_way_to_plain_steps_at_the_end_of_the_context() {
+    use common::TinyEagle;
+    use engine::decode::DraftSource;
+    use engine::model::eagle::EagleHead;
+    use engine::ngram::NgramConfig;
+    use samplers::Verifier;
+    let tiny = Tiny { scale: 0.8, ..Tiny::llama(21) };
+    let target = model(tiny, "context-end-target");
+    let draft = model(Tiny { scale: 0.8, layers: 1, ..Tiny::llama(22) }, "context-end-draft");
+    let head_spec = TinyEagle { target: tiny, seed: 23, own_embedding: false, scale: 0.5 };
+    let head = EagleHead::load(&head_spec.write(&temp_dir("context-end-head"), false), &target).unwrap();
+    let base = common::greedy(usize::MAX, 1);
+    let (mut runs, mut drafted) = (0, 0);
+    for capacity in [40, PROMPT.len() + 3] {
+        let (reference, plain) =
+            Generator::new(&target, None, capacity).unwrap().generate(&PROMPT, &base, |_| false, |_| Ok(())).unwrap();
+        assert_eq!(plain.stop_reason, "context_length");
+        assert_eq!(reference.len(), capacity - PROMPT.len());
+        let mut with_draft = Generator::new(&target, Some(&draft), capacity).unwrap();
+        let mut with_head = Generator::with_eagle(&target, &head, capacity).unwrap();
+        let ngram_first = |tree: TreeChoice, c, v| SpecConfig {
+            source: DraftSource::NgramFirst {
+                ngram: NgramConfig { min: 1, max: 3 },
+                tree: DraftTree::preset("drafts-2-depth-3").unwrap(),
+            },
+            ..common::spec(tree, c, v, None, 0.0)
+        };
+        let preset = |name| TreeChoice::from(DraftTree::preset(name).unwrap());
+        let one_hot = DraftConstruction::Greedy;
+        let configs = [
+            ("chain-4", preset("chain-4"), one_hot, Verifier::Greedy, None),
+            ("mc_sim_7b_63", preset("mc_sim_7b_63"), DraftConstruction::WithoutReplacement, Verifier::Rrs, None),
+            ("drafts-2-depth-4", preset("drafts-2-depth-4"), DraftConstruction::TopK, Verifier::TopK, None),
+            ("auto", TreeChoice::Auto, one_hot, Verifier::Greedy, Some(Warp::temperature(1.0))),
+        ];
+        for (name, tree, c, v, draft_warp) in configs {
+            for (source, g) in [("draft", &mut with_draft), ("eagle", &mut with_head)] {
+                for ngram in [false, true] {
+                    let spec = if ngram {
+                        ngram_first(tree.clone(), c, v)
+                    } else {
+                        common::spec(tree.clone(), c, v, draft_warp, 0.0)
+                    };
+                    let config = GenerationConfig { speculative: Some(spec), ..base.clone() };
+                    let what = format!("context {capacity}, {source}, {name}, {c}+{v}, n-gram first: {ngram}");
+                    let (out, stats) = common::generate_streamed(g, &PROMPT, &config, &what);
+                    assert_eq!(out, reference, "{what}");
+                    assert_eq!(stats.stop_reason, "context_length", "{what}");
+                    runs += 1;
+                    drafted += (stats.target_forwards < out.len()) as usize;
+                }
+            }
+        }
+    }
+    assert_eq!(runs, 32);
+    // Trees were taken before the end (fewer target forwards than tokens) in most runs at 40.
+    assert!(drafted >= 8, "only {drafted} of {runs} runs accepted a draft");
+}
+
+/// A draft model whose context is shorter than the target's (library use; the CLI sizes both
+/// caches to the shorter one): past its end, steps go without drafts and the text runs to the
+/// target's context, at temperature 0 equal to plain decoding, with and without a draft window.
+/// A prompt longer than the draft's context is refused, naming the draft, with a window too
+/// (the draft has no positions past its context length).
+#[test]
+fn a_draft_with_a_shorter_context_stops_drafting_at_its_end() {
+    use engine::draft_window::DraftWindow;
+    let tiny = Tiny { scale: 0.8, ..Tiny::llama(21) };
+    let target = model(tiny, "short-draft-target");
+    // The target's own weights: it accepts whatever it drafts.
+    let draft = model(Tiny { context: 24, ..tiny }, "short-draft-draft");
+    let base = common::greedy(usize::MAX, 1);
+    let tree = DraftTree::preset("chain-4").unwrap();
+    let spec = common::spec(tree, DraftConstruction::Greedy, samplers::Verifier::Greedy, None, 0.0);
+    let config = GenerationConfig { speculative: Some(spec), ..base.clone() };
+    for window in [None, Some(DraftWindow::new(2, 8).unwrap())] {
+        let prompt = &PROMPT[..];
+        let mut plain = Generator::new(&target, None, 100).unwrap();
+        let (reference, _) = plain.generate(prompt, &base, |_| false, |_| Ok(())).unwrap();
+        assert_eq!(reference.len(), 100 - prompt.len());
+        let mut g = Generator::new(&target, Some(&draft), 100).unwrap();
+        g.set_draft_window(window);
+        let what = format!("prompt of {}, window {window:?}", prompt.len());
+        let (out, stats) = common::generate_streamed(&mut g, prompt, &config, &what);
+        assert_eq!(out, reference, "{what}");
+        assert_eq!(stats.stop_reason, "context_length", "{what}");
+        assert!(stats.target_forwards < out.len(), "{what}: never drafted");
+        // The draft's positions end at 24: the last drafted step starts below position 24.
+        assert!(stats.target_forwards + 24 > out.len(), "{what}: drafted past the draft's context");
+    }
+    let long: Vec<u32> = (0..30u32).map(|i| (i * 7 + 3) % 32).collect();
+    let mut g = Generator::new(&target, Some(&draft), 100).unwrap();
+    g.set_draft_window(Some(DraftWindow::new(2, 8).unwrap()));
+    let e = g.generate(&long, &config, |_| false, |_| Ok(())).unwrap_err().to_string();
+    assert!(e.contains("the prompt has 30 tokens") && e.contains("the draft model's context of 24 positions"), "{e}");
+}

@@ -45,6 +45,7 @@ use crate::model::eagle::EagleHead;
 use crate::model::DecoderModel;
 use crate::ngram::NgramDrafter;
 use crate::penalties::{Penalties, PenaltyState};
+use crate::tree::DraftTree;
 use candle_core::{Error, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -164,8 +165,8 @@ impl StepBuffers {
 }
 
 impl<'a> Generator<'a> {
-    /// A generator holding up to `capacity` positions per cache (prompt, new tokens and one
-    /// tree). The draft's vocabulary must be the target's or a prefix of it (checked by the
+    /// A generator holding up to `capacity` positions per cache (prompt and new tokens; near
+    /// the end of either model's context, steps go without drafts). The draft's vocabulary must be the target's or a prefix of it (checked by the
     /// caller on the tokenizers; here on the sizes).
     pub fn new(target: &'a DecoderModel, draft: Option<&'a DecoderModel>, capacity: usize) -> Result<Self> {
         let vocab = target.config().vocab_size;
@@ -391,14 +392,16 @@ impl<'a> Generator<'a> {
                 );
             }
         }
-        let tree_len = spec.map_or(1, |s| s.max_tree_len(config.warp));
+        // A prompt needs room for one plain step: near the end of the context, a tree that does
+        // not fit gives way to the root alone (below), so trees never shorten the text.
         let capacity = self.target_cache.capacity();
-        if prompt.len() + tree_len > capacity {
+        if prompt.len() + 1 > capacity {
             candle_core::bail!(
-                "the prompt has {} tokens: with a tree of {tree_len} nodes it does not fit the context of {capacity} positions",
+                "the prompt has {} tokens: it does not fit the context of {capacity} positions",
                 prompt.len()
             );
         }
+        let root_only = DraftTree::root_only();
         let mut rng = StdRng::seed_from_u64(config.seed);
         self.buf.penalty.start(self.buf.penalties, self.vocab, prompt);
         self.buf.noise = match config.randomness {
@@ -452,8 +455,10 @@ impl<'a> Generator<'a> {
         let mut timings = [Duration::ZERO; 3];
         stats.stop_reason = "max_new_tokens".into();
         'outer: while out.len() < config.max_new_tokens {
-            // Leave room for one more tree.
-            if self.target_cache.len() + tree_len + 1 > capacity {
+            // Room for the pending token, and one position to spare (a step's tree must fit in
+            // `room` positions).
+            let room = capacity.saturating_sub(self.target_cache.len() + 1);
+            if room < 1 {
                 stats.stop_reason = "context_length".into();
                 break;
             }
@@ -493,6 +498,11 @@ impl<'a> Generator<'a> {
                         }
                         (_, TreeChoice::Auto, None) => unreachable!("auto state made above"),
                     };
+                    // The last positions of the context, or of a draft model's shorter one: the
+                    // root alone, a plain step through the same path, so the text ends where
+                    // `--no-spec`'s does (at temperature 0, with the same tokens).
+                    let fits = tree.len() <= room && (lookup || self.draft_fits(tree, draft_pending.len())?);
+                    let (tree, auto, lookup) = if fits { (tree, auto, lookup) } else { (&root_only, None, false) };
                     stats.ngram_steps += lookup as usize;
                     let step = StepInput { tree, pending, warp: config.warp, lookup };
                     let accepted =

@@ -75,6 +75,20 @@ impl Generator<'_> {
         let mut draft_prefill_tokens = 0;
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
             let context = if speculative && !ngram_only { &prompt[..n - 1] } else { &[] };
+            // A draft model with a shorter context than the target's (the CLI sizes both to the
+            // shorter one; past its end mid-text, steps go without drafts, `draft_fits`). Its
+            // positions end at its context length, with a window too.
+            let kept = self
+                .draft_context
+                .window()
+                .map_or(context.len(), |w| context.len().min(w.sinks.saturating_add(w.recent)));
+            let limit = d.config().context_length;
+            if context.len() > limit || kept > cache.capacity() {
+                candle_core::bail!(
+                    "the prompt has {n} tokens: the draft model's context of {limit} positions (a cache of {}) is too short for it",
+                    cache.capacity()
+                );
+            }
             let reusable = reused.min(context.len());
             let report = &mut self.prefill_progress;
             let mut progress = |done, total| tell(report, "draft", done, total);

@@ -13,6 +13,23 @@ use samplers::Verdict;
 use std::time::{Duration, Instant};
 
 impl Generator<'_> {
+    /// Whether a draft model can draft `tree` this step: its positions (up to the deepest
+    /// expanded node's) are within its context length, and its cache holds the `pending` tokens
+    /// it has not run and the tree's nodes below the root, after its window slides. Always with
+    /// an EAGLE head (its cache is the target's size), without a draft model, or for the root
+    /// alone.
+    pub(super) fn draft_fits(&mut self, tree: &DraftTree, pending: usize) -> Result<bool> {
+        let (Some(draft), Some(cache), None) = (self.draft, self.draft_cache.as_mut(), &self.eagle) else {
+            return Ok(true);
+        };
+        if tree.children(0).is_empty() {
+            return Ok(true);
+        }
+        let last_position = self.target_cache.len() + tree.max_depth() - 1;
+        self.draft_context.slide(cache)?;
+        Ok(last_position < draft.config().context_length && cache.len() + pending + tree.len() - 1 <= cache.capacity())
+    }
+
     /// One speculative step; fills `self.buf.emitted` and returns the accepted draft count.
     /// With `auto`, records the step's forward costs and verifications there.
     #[allow(clippy::too_many_arguments)]
