@@ -81,17 +81,17 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
     /// Sampling temperature; 0 is greedy (argmax) decoding.
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.7)]
     temperature: f64,
     /// Keep the k most probable tokens (0: off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// Nucleus sampling mass (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     top_p: f64,
     /// Keep only the tokens at least this fraction as probable as the most probable one
     /// (0: off). Applied after the temperature and before top-k and top-p, as vLLM does.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     min_p: f64,
     /// Seed of every random draw. With a fixed --tree the same command gives the same text;
     /// `--tree auto` picks each step's tree from forward times measured as it runs, so at
@@ -181,12 +181,12 @@ struct GenerateArgs {
     /// Temperature of the draft's q (default: --temperature). Any q keeps the output exact; at
     /// --temperature 0 a one-hot q gives one draft per node, so multi-draft trees need a draft
     /// temperature (e.g. `--draft-temperature 1 --draft-sampling topk`: the top tokens).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     draft_temperature: Option<f64>,
     /// Confidence pruning of the tree, in [0, 1] (0: off): a node's children are drafted only
     /// while the product of the draft's top probabilities (temperature 1) along the path stays
     /// at least this. Exact for every construction and verifier (it looks at the draft only).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     draft_confidence: f64,
     /// Verifier of the draft model's steps: rrs, kseq, greedy, spechub, topk (default: the
     /// construction's own; only topk with `--ngram only`). N-gram steps always use topk.

@@ -268,6 +268,13 @@ fn bad_inputs_give_clear_errors() {
     assert!(e.contains("top-p"), "{e}");
     let e = gen(&good, &good, &["--min-p", "1.5"]);
     assert!(e.contains("min-p must be in [0, 1], got 1.5"), "{e}");
+    // A negative value reaches the range check (not clap's "unexpected argument").
+    let e = gen(&good, &good, &["--temperature", "-1"]);
+    assert!(e.contains("temperature must be finite and >= 0, got -1"), "{e}");
+    let e = gen(&good, &good, &["--draft-temperature", "-0.5"]);
+    assert!(e.contains("-0.5"), "{e}");
+    let e = gen(&good, &good, &["--draft-confidence", "-1"]);
+    assert!(e.contains("--draft-confidence must be in [0, 1], got -1"), "{e}");
     // NaN logits: a model whose output head is NaN.
     let mut nan = Tiny::llama(47);
     nan.tied = false;
