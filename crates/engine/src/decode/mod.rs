@@ -166,8 +166,9 @@ impl StepBuffers {
 
 impl<'a> Generator<'a> {
     /// A generator holding up to `capacity` positions per cache (prompt and new tokens; near
-    /// the end of either model's context, steps go without drafts). The draft's vocabulary must be the target's or a prefix of it (checked by the
-    /// caller on the tokenizers; here on the sizes).
+    /// the end of either model's context, steps go without drafts). The draft's vocabulary
+    /// must be the target's or a prefix of it (checked by the caller on the tokenizers; here
+    /// on the sizes).
     pub fn new(target: &'a DecoderModel, draft: Option<&'a DecoderModel>, capacity: usize) -> Result<Self> {
         let vocab = target.config().vocab_size;
         if let Some(d) = draft {
