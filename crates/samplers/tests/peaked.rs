@@ -29,6 +29,7 @@ mod common;
 use rand::Rng;
 use samplers::alpha;
 use samplers::alpha::reference::{alpha_star_brute_force, draft_table, output_distribution};
+use samplers::alpha::WorMethod;
 use samplers::construction::DraftScratch;
 use samplers::{DraftConstruction, VerifyScratch, VALID_PAIRS};
 
@@ -164,6 +165,33 @@ fn subnormal_draft_masses_keep_alpha_star_and_the_tuple_law_exact() {
     let brute = alpha_star_brute_force(&p, &draft_table(c, &q, 4));
     let fast = alpha::alpha_star(c, &p, &q, 4).unwrap();
     assert!(within(brute, 1.0, 1e-15) && within(fast, brute, 1e-12), "scan {fast} vs brute force {brute}");
+    // The fourth draft lies between two subnormal tokens, 2^-1074 and 148 times that: the
+    // quadrature's `q t` of a subnormal q rounded to multiples of 2^-1074, and alpha* came out
+    // 0.5077099 for 0.5077072 (offset 135). The m = 2 closed form, forced through the
+    // quadrature, on subnormal masses of 1 to 2^52 units.
+    let p = [
+        4.5840678152333543e-20,
+        0.4990041766157314,
+        0.0017019994108170794,
+        0.49929382397345157,
+        2.2849089378193953e-24,
+    ];
+    let q = [5.236184205835126e-23, 5e-324, 8.88001991205365e-219, 7.3e-322, 1.0];
+    let brute = alpha_star_brute_force(&p, &draft_table(c, &q, 4));
+    let fast = alpha::alpha_star(c, &p, &q, 4).unwrap();
+    assert!(within(fast, brute, 1e-12), "scan {fast} vs brute force {brute}");
+    for units in [1.0, 3.0, 148.0, 1e6, 2f64.powi(52)] {
+        let tiny = units * 5e-324;
+        let p = [0.3, 0.25, 0.45];
+        let q = [1.0, tiny, 7.0 * tiny];
+        let closed = alpha::alpha_star_without_replacement_with(&p, &q, 2, WorMethod::Auto);
+        let quad = alpha::alpha_star_without_replacement_with(&p, &q, 2, WorMethod::Quadrature);
+        let brute = alpha_star_brute_force(&p, &draft_table(c, &q, 2));
+        assert!(
+            within(closed, brute, 1e-12) && within(quad, brute, 1e-12),
+            "{units} units: closed form {closed}, quadrature {quad}, brute force {brute}"
+        );
+    }
     let q = [0.4999451059315308, 0.0, 0.0, 0.5000548940684691, 2.293639461e-314];
     for n in [3, 4] {
         let table = draft_table(DraftConstruction::ConditionalPoisson, &q, n);

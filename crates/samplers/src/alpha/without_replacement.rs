@@ -133,11 +133,38 @@ impl Grid {
             s[NODES + j] = -(-x1).exp_m1();
             e[NODES + j] = (-x1).exp();
         }
+        // A subnormal rate has fewer significant bits than its products need: `rate * u` rounds
+        // to a multiple of 2^-1074 (for a rate of 2^-1074, to 0 or 2^-1074), and doubling
+        // keeps that error. Such a rate is scaled exactly by `2^shift` to a normal number, the
+        // panel of width `2^shift` is computed from it, and the panels before it by halving
+        // back (`s = s'/(1 + sqrt(1 - s'))`, `e = sqrt(e')`; their `s` are subnormal, so they
+        // hardly matter, but they stay consistent with the doubling).
+        let mut first = 2;
+        if rate > 0.0 && rate < f64::MIN_POSITIVE {
+            let shift = -1021 - rate.log2().floor() as i32;
+            let k0 = shift as usize + 1;
+            if k0 < self.panels {
+                let scaled = ldexp(rate, shift);
+                for j in 0..NODES {
+                    let x = scaled * (1.0 + u[j]);
+                    s[k0 * NODES + j] = -(-x).exp_m1();
+                    e[k0 * NODES + j] = (-x).exp();
+                }
+                for k in (1..k0).rev() {
+                    for j in 0..NODES {
+                        let (sn, en) = (s[(k + 1) * NODES + j], e[(k + 1) * NODES + j]);
+                        s[k * NODES + j] = sn / (1.0 + (1.0 - sn).sqrt());
+                        e[k * NODES + j] = en.sqrt();
+                    }
+                }
+                first = k0 + 1;
+            }
+        }
         // Doubling: `s' = s (2 - s)` keeps the relative precision of a small `s`; `e' = e^2`
         // that of a small `e`. While `e > 1/2` it is taken as `1 - s'` instead: for a rate
         // below 2^-53 the first panels' `e` rounds to exactly 1, and squaring 1 would keep it
         // there however long the panel (a token of q = 1e-17 would never arrive).
-        for k in 2..self.panels {
+        for k in first..self.panels {
             let (done, next) = s.split_at_mut(k * NODES);
             let prev = &done[(k - 1) * NODES..];
             for j in 0..NODES {
