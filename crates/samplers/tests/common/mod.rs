@@ -13,6 +13,12 @@ pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed.wrapping_add(seed_offset()))
 }
 
+/// The seed of a test's `PositionalNoise`, shifted like [`rng`]'s.
+#[allow(dead_code)] // not every test binary races
+pub fn noise_seed(seed: u64) -> u64 {
+    seed.wrapping_add(seed_offset())
+}
+
 /// `MDSD_TEST_SEED_OFFSET`, 0 when unset; a value that is not a number fails the test run.
 pub fn seed_offset() -> u64 {
     match std::env::var("MDSD_TEST_SEED_OFFSET") {
