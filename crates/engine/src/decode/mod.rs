@@ -1,4 +1,4 @@
-//! The decoding loop: multi-draft speculative decoding on a [`DraftTree`](crate::DraftTree)
+//! The decoding loop: multi-draft speculative decoding on a [`DraftTree`]
 //! (the paper's appendix `multi_draft_speculative_decoding`), and plain autoregressive decoding
 //! with the same model code and sampling.
 //!
