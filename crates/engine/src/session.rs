@@ -156,14 +156,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// Most nodes one step's tree has at the session's warp (1 for plain decoding).
+    /// Most nodes one step's tree has at the session's warp (1 for plain decoding; `auto`
+    /// drafts wider trees at temperature > 0).
     pub fn tree_len(&self) -> usize {
-        self.tree_len_at(self.config.warp)
-    }
-
-    /// Most nodes one step's tree has at `warp` (`auto` drafts wider trees at temperature > 0).
-    pub fn tree_len_at(&self, warp: Warp) -> usize {
-        self.config.speculative.as_ref().map_or(1, |s| s.max_tree_len(warp))
+        self.config.speculative.as_ref().map_or(1, |s| s.max_tree_len(self.config.warp))
     }
 
     /// A generator with caches of `capacity` positions and the `--draft-window`.

@@ -269,7 +269,7 @@ fn peaked_distributions_keep_the_positional_races_exact() {
     }
     for (case, (p, q)) in cases.into_iter().enumerate() {
         let v = p.len();
-        let noise = PositionalNoise::new(common::noise_seed(case as u64));
+        let noise = PositionalNoise::new(common::shifted_seed(case as u64));
         let mut counts = vec![0u64; v];
         for pos in 0..DRAWS as u64 {
             counts[noise.sample(pos, &p).unwrap() as usize] += 1;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{chi_square, noise_seed, random_dist, rng};
+use common::{chi_square, random_dist, rng, shifted_seed};
 use samplers::alpha::alpha_star;
 use samplers::positional::{coupled_acceptance, coupled_match_probability};
 use samplers::{DraftConstruction, PositionalNoise, TokenId};
@@ -20,7 +20,7 @@ fn the_race_samples_p_exactly() {
         cases.push(random_dist(&mut r, 7, true));
     }
     for (c, p) in cases.iter().enumerate() {
-        let noise = PositionalNoise::new(noise_seed(1000 + c as u64));
+        let noise = PositionalNoise::new(shifted_seed(1000 + c as u64));
         let draws = 200_000u64;
         let mut counts = vec![0u64; p.len()];
         for pos in 0..draws {
@@ -43,7 +43,7 @@ fn seeds_give_independent_races() {
     let p = [0.5, 0.3, 0.15, 0.05];
     let mut counts = [0u64; 4];
     for seed in 0..100_000u64 {
-        counts[PositionalNoise::new(noise_seed(seed)).sample(17, &p).unwrap() as usize] += 1;
+        counts[PositionalNoise::new(shifted_seed(seed)).sample(17, &p).unwrap() as usize] += 1;
     }
     let (stat, df, pv) = chi_square(&counts, &p);
     assert!(pv > 1e-4, "chi2 {stat:.1} on {df} df, p-value {pv:.2e}, counts {counts:?}");
@@ -58,7 +58,7 @@ fn top_k_samples_without_replacement() {
     let qs = [vec![0.05, 0.5, 0.2, 0.0, 0.25], random_dist(&mut r, 5, false)];
     for (c, q) in qs.iter().enumerate() {
         for k in [2usize, 3] {
-            let noise = PositionalNoise::new(noise_seed(77 + c as u64));
+            let noise = PositionalNoise::new(shifted_seed(77 + c as u64));
             let v = q.len();
             let index = |t: &[TokenId]| t.iter().fold(0usize, |a, &x| a * v + x as usize);
             let cells = v.pow(k as u32);
@@ -121,7 +121,7 @@ fn acceptance_matches_monte_carlo() {
     for case in 0..4 {
         let p = random_dist(&mut r, 6, case == 3);
         let q = random_dist(&mut r, 6, case == 2);
-        let noise = PositionalNoise::new(noise_seed(500 + case));
+        let noise = PositionalNoise::new(shifted_seed(500 + case));
         for k in 1..=3 {
             let exact = coupled_acceptance(&p, &q, k);
             let n = 100_000u64;

@@ -10,12 +10,12 @@ use samplers::{DraftConstruction, TokenId};
 /// statistical tests on fresh draws and check that they do not hold only for their fixed seeds
 /// (benches/RESULTS.md, "Seed audit"); CI runs with the fixed seeds (offset 0).
 pub fn rng(seed: u64) -> StdRng {
-    StdRng::seed_from_u64(seed.wrapping_add(seed_offset()))
+    StdRng::seed_from_u64(shifted_seed(seed))
 }
 
-/// The seed of a test's `PositionalNoise`, shifted like [`rng`]'s.
-#[allow(dead_code)] // not every test binary races
-pub fn noise_seed(seed: u64) -> u64 {
+/// A test's seed shifted by `MDSD_TEST_SEED_OFFSET`: the seed of [`rng`], and of the
+/// `PositionalNoise` of the race tests.
+pub fn shifted_seed(seed: u64) -> u64 {
     seed.wrapping_add(seed_offset())
 }
 
