@@ -127,11 +127,18 @@ impl Plan {
             }
             _ => None,
         };
-        let context = target
-            .model
-            .config()
-            .context_length
-            .min(draft.as_ref().map_or(usize::MAX, |d| d.model.config().context_length));
+        // The text may fill the target's context; a draft model with a shorter one drafts only
+        // within its own (`Generator` takes plain steps past it).
+        let context = target.model.config().context_length;
+        if let Some(d) = draft.as_ref().filter(|d| d.model.config().context_length < context) {
+            note(
+                args,
+                &format!(
+                    "the draft's context ({} positions) is shorter than the target's ({context}): past it, steps go without its drafts",
+                    d.model.config().context_length
+                ),
+            );
+        }
         let config = GenerationConfig {
             max_new_tokens: args.max_new_tokens,
             warp: self.warp,
@@ -151,7 +158,8 @@ pub struct Session {
     pub config: GenerationConfig,
     pub verifier: Verifier,
     pub tree_name: String,
-    /// Positions the models hold (the smaller context length of the two).
+    /// Positions a text may fill: the target's context length (a draft model with a shorter
+    /// one drafts only within it).
     pub context: usize,
 }
 

@@ -567,12 +567,16 @@ fn generate_stops_before_a_stop_string() {
 /// `--max-new-tokens` of usize::MAX runs to the end of the context instead of overflowing the
 /// capacity sum or aborting on an allocation of that many tokens. Speculative decoding runs to
 /// the same end (trees give way to plain steps there), and takes a prompt that leaves room for
-/// a few tokens but not for a tree of 26 nodes.
+/// a few tokens but not for a tree of 26 nodes. A draft with a shorter context (64 positions,
+/// the target's weights) leaves the target's context to the text: it drafts within its own
+/// context, not at all for a prompt beyond it, and the text equals `--no-spec`'s.
 #[test]
 fn an_unbounded_token_budget_stops_at_the_context() {
     let dir = temp_dir("cli-budget");
     let target = Tiny::llama(54).write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
+    let short = Tiny { context: 64, ..Tiny::llama(54) }.write_gguf(&dir.join("short.gguf"), GgmlDType::F32, &[]);
     let tree = ["--draft", s(&target), "--tree", "mc_sim_7b_63", "--draft-sampling", "wor", "--ignore-eos"];
+    let chain = ["--draft", s(&short), "--tree", "chain-4", "--draft-sampling", "greedy", "--ignore-eos"];
     let long = "ABCDEFGH".repeat(32);
     for prompt in ["ABCD", &long[..250]] {
         let v = generate_greedy_json(&target, prompt, &usize::MAX.to_string(), &["--no-spec", "--ignore-eos"]);
@@ -582,5 +586,31 @@ fn an_unbounded_token_budget_stops_at_the_context() {
         let w = generate_greedy_json(&target, prompt, &usize::MAX.to_string(), &tree);
         assert_eq!(w["stop_reason"], "context_length", "{w}");
         assert_eq!((w["new_tokens"].as_u64().unwrap(), &w["text"]), (plain, &v["text"]), "{w}");
+        // Lookup steps draft past the draft model's context too; without them, only the model.
+        for ngram in ["first", "off"] {
+            let w = generate_greedy_json(
+                &target,
+                prompt,
+                &usize::MAX.to_string(),
+                &[&chain[..], &["--ngram", ngram]].concat(),
+            );
+            assert_eq!(w["stop_reason"], "context_length", "{w}");
+            assert_eq!((w["new_tokens"].as_u64().unwrap(), &w["text"]), (plain, &v["text"]), "{w}");
+            let (forwards, drafted) = (w["target_forwards"].as_u64().unwrap(), w["draft_forwards"].as_u64().unwrap());
+            if prompt.len() >= 10 {
+                assert_eq!((drafted, &w["draft_prefill_tokens"]), (0, &serde_json::json!(0)), "{w}");
+            }
+            match (ngram, prompt.len() < 10) {
+                // Drafts (accepted: the target's weights) up to position 64, plain steps after.
+                ("off", true) => assert!(forwards < plain && forwards + 64 > plain && drafted > 0, "{w}"),
+                ("off", false) => assert_eq!(forwards, plain, "{w}"),
+                _ => {}
+            }
+        }
     }
+    let args = ["generate", "--target", s(&target), "--prompt", "ABCD", "--max-new-tokens", "4"];
+    let out = mdsd(&[&args[..], &chain[..]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("the draft's context (64 positions) is shorter than the target's (256)"), "{err}");
 }

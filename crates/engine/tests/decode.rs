@@ -569,11 +569,11 @@ fn trees_give_way_to_plain_steps_at_the_end_of_the_context() {
     assert!(drafted >= 8, "only {drafted} of {runs} runs accepted a draft");
 }
 
-/// A draft model whose context is shorter than the target's (library use; the CLI sizes both
-/// caches to the shorter one): past its end, steps go without drafts and the text runs to the
-/// target's context, at temperature 0 equal to plain decoding, with and without a draft window.
-/// A prompt longer than the draft's context is refused, naming the draft, with a window too
-/// (the draft has no positions past its context length).
+/// A draft model whose context is shorter than the target's: past its end, steps go without
+/// drafts and the text runs to the target's context, at temperature 0 equal to plain decoding,
+/// with and without a draft window. A prompt longer than the draft's context is decoded without
+/// drafts (the draft has no positions past its context length, with a window too), and the same
+/// generator drafts again on the next prompt that fits.
 #[test]
 fn a_draft_with_a_shorter_context_stops_drafting_at_its_end() {
     use engine::draft_window::DraftWindow;
@@ -585,11 +585,11 @@ fn a_draft_with_a_shorter_context_stops_drafting_at_its_end() {
     let tree = DraftTree::preset("chain-4").unwrap();
     let spec = common::spec(tree, DraftConstruction::Greedy, samplers::Verifier::Greedy, None, 0.0);
     let config = GenerationConfig { speculative: Some(spec), ..base.clone() };
+    let prompt = &PROMPT[..];
+    let mut plain = Generator::new(&target, None, 100).unwrap();
+    let (reference, _) = plain.generate(prompt, &base, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(reference.len(), 100 - prompt.len());
     for window in [None, Some(DraftWindow::new(2, 8).unwrap())] {
-        let prompt = &PROMPT[..];
-        let mut plain = Generator::new(&target, None, 100).unwrap();
-        let (reference, _) = plain.generate(prompt, &base, |_| false, |_| Ok(())).unwrap();
-        assert_eq!(reference.len(), 100 - prompt.len());
         let mut g = Generator::new(&target, Some(&draft), 100).unwrap();
         g.set_draft_window(window);
         let what = format!("prompt of {}, window {window:?}", prompt.len());
@@ -601,8 +601,19 @@ fn a_draft_with_a_shorter_context_stops_drafting_at_its_end() {
         assert!(stats.target_forwards + 24 > out.len(), "{what}: drafted past the draft's context");
     }
     let long: Vec<u32> = (0..30u32).map(|i| (i * 7 + 3) % 32).collect();
-    let mut g = Generator::new(&target, Some(&draft), 100).unwrap();
-    g.set_draft_window(Some(DraftWindow::new(2, 8).unwrap()));
-    let e = g.generate(&long, &config, |_| false, |_| Ok(())).unwrap_err().to_string();
-    assert!(e.contains("the prompt has 30 tokens") && e.contains("the draft model's context of 24 positions"), "{e}");
+    let (long_reference, _) = plain.generate(&long, &base, |_| false, |_| Ok(())).unwrap();
+    for window in [None, Some(DraftWindow::new(2, 8).unwrap())] {
+        let mut g = Generator::new(&target, Some(&draft), 100).unwrap();
+        g.set_draft_window(window);
+        let what = format!("prompt of 30, window {window:?}");
+        let (out, stats) = common::generate_streamed(&mut g, &long, &config, &what);
+        assert_eq!(out, long_reference, "{what}");
+        assert_eq!(stats.stop_reason, "context_length", "{what}");
+        assert_eq!(stats.draft_prefill_tokens, 0, "{what}");
+        assert_eq!((stats.target_forwards, stats.draft_forwards), (out.len(), 0), "{what}: drafted");
+        // The next prompt fits the draft's context again: it drafts.
+        let (out, stats) = common::generate_streamed(&mut g, &PROMPT, &config, &what);
+        assert_eq!(out, reference, "{what}, then the short prompt");
+        assert!(stats.target_forwards < out.len(), "{what}, then the short prompt: never drafted");
+    }
 }

@@ -411,9 +411,12 @@ impl<'a> Generator<'a> {
         };
         let n = prompt.len();
         let start = Instant::now();
-        let (reused, draft_prefill_tokens) = self.prefill_prompt(prompt, spec.is_some(), ngram, ngram_only)?;
+        let done = self.prefill_prompt(prompt, spec.is_some(), ngram, ngram_only)?;
+        let (reused, draft_prefill_tokens) = (done.reused, done.draft_prefill_tokens);
         let mut stats = Stats { prompt_tokens: n, reused_tokens: reused, draft_prefill_tokens, ..Stats::default() };
-        let mut draft_pending: Vec<u32> = vec![prompt[n - 1]];
+        // The tokens the draft model has not run: the pending one, or the whole prompt when it
+        // does not fit the draft's context (it then never drafts this text).
+        let mut draft_pending: Vec<u32> = prompt[done.draft_ran..].to_vec();
         let mut pending = prompt[n - 1];
         let mut auto = match spec.map(|s| (&s.tree, s.draft_samples(config.warp))) {
             Some((TreeChoice::Auto, multi)) => {

@@ -24,15 +24,16 @@ impl Generator<'_> {
     /// Runs every token of `prompt` but the last (the pending token) through the target, after
     /// the prefix kept from the last text ([`Self::set_prefix_reuse`]), and readies the draft
     /// sources: the EAGLE head, the n-gram index (`ngram`), and the draft model's cache, which
-    /// sees the prompt only when `speculative` and not `ngram_only`. Returns the target's
-    /// reused tokens and the draft model's prefilled ones.
+    /// sees the prompt only when `speculative` and not `ngram_only`, and only when it fits the
+    /// draft's context: a longer prompt goes without drafts from it (`draft_fits` then refuses
+    /// every step, since the draft has no positions past its context length).
     pub(super) fn prefill_prompt(
         &mut self,
         prompt: &[u32],
         speculative: bool,
         ngram: Option<NgramConfig>,
         ngram_only: bool,
-    ) -> Result<(usize, usize)> {
+    ) -> Result<Prefilled> {
         let n = prompt.len();
         // The cached prefix this prompt shares with the last text (`set_prefix_reuse`).
         let mut reused = if self.prefix_reuse {
@@ -72,36 +73,40 @@ impl Generator<'_> {
         if let Some(c) = ngram {
             self.ngram.reset(c, prompt);
         }
-        let mut draft_prefill_tokens = 0;
+        let mut done = Prefilled { reused, draft_prefill_tokens: 0, draft_ran: n - 1 };
         if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
-            let context = if speculative && !ngram_only { &prompt[..n - 1] } else { &[] };
-            // A draft model with a shorter context than the target's (the CLI sizes both to the
-            // shorter one; past its end mid-text, steps go without drafts, `draft_fits`). Its
-            // positions end at its context length, with a window too.
-            let kept = self
-                .draft_context
-                .window()
-                .map_or(context.len(), |w| context.len().min(w.sinks.saturating_add(w.recent)));
-            let limit = d.config().context_length;
-            if context.len() > limit || kept > cache.capacity() {
-                candle_core::bail!(
-                    "the prompt has {n} tokens: the draft model's context of {limit} positions (a cache of {}) is too short for it",
-                    cache.capacity()
-                );
-            }
+            let wanted = speculative && !ngram_only;
+            // A draft model with a shorter context than the target's: past its end mid-text,
+            // steps go without drafts (`draft_fits`). Its positions end at its context length,
+            // with a window too, so a prompt beyond it leaves the draft out of the whole text.
+            let kept = self.draft_context.window().map_or(n - 1, |w| (n - 1).min(w.sinks.saturating_add(w.recent)));
+            let fits = n - 1 <= d.config().context_length && kept <= cache.capacity();
+            let context = if wanted && fits { &prompt[..n - 1] } else { &[] };
             let reusable = reused.min(context.len());
             let report = &mut self.prefill_progress;
             let mut progress = |done, total| tell(report, "draft", done, total);
-            draft_prefill_tokens = self.draft_context.prefill_reusing_reporting(
+            done.draft_prefill_tokens = self.draft_context.prefill_reusing_reporting(
                 d,
                 cache,
                 &for_draft(context, d.config().vocab_size),
                 reusable,
                 &mut progress,
             )?;
+            done.draft_ran = context.len();
         }
-        Ok((reused, draft_prefill_tokens))
+        Ok(done)
     }
+}
+
+/// What [`Generator::prefill_prompt`] did.
+pub(super) struct Prefilled {
+    /// Prompt tokens whose target rows were kept from the last text.
+    pub reused: usize,
+    /// Prompt tokens the draft model ran (0 without one).
+    pub draft_prefill_tokens: usize,
+    /// The prompt's first tokens that the draft model's cache covers (all but the pending
+    /// token when it drafts this text; 0 when it does not). The rest it owes the first step.
+    pub draft_ran: usize,
 }
 
 /// Tells `report`, when there is one, that `model` has run `done` of its `total` prompt tokens.
