@@ -24,7 +24,7 @@ pub struct ChatArgs {
     #[arg(long)]
     pub no_prefix_reuse: bool,
     /// Positions of the caches: the longest conversation, answers included (at most the
-    /// models' context length).
+    /// target's context length).
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
 }

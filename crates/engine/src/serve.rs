@@ -40,7 +40,7 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Positions of the caches: the longest prompt plus answer (at most the models' context).
+    /// Positions of the caches: the longest prompt plus answer (at most the target's context).
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
     /// Run every prompt whole, instead of only what it adds to the last request's text.
