@@ -615,5 +615,15 @@ fn a_draft_with_a_shorter_context_stops_drafting_at_its_end() {
         let (out, stats) = common::generate_streamed(&mut g, &PROMPT, &config, &what);
         assert_eq!(out, reference, "{what}, then the short prompt");
         assert!(stats.target_forwards < out.len(), "{what}, then the short prompt: never drafted");
+        // With prefix reuse, prompts sharing a prefix in and out of the draft's context: each
+        // text equals a fresh plain generator's, and the draft drafts exactly when it fits.
+        g.set_prefix_reuse(true);
+        for cut in [12, 30, 12, 20, 30, 4] {
+            let what = format!("{what}, reusing, prompt of {cut}");
+            let (fresh, _) = plain.generate(&long[..cut], &base, |_| false, |_| Ok(())).unwrap();
+            let (out, stats) = common::generate_streamed(&mut g, &long[..cut], &config, &what);
+            assert_eq!(out, fresh, "{what}");
+            assert_eq!(stats.draft_forwards > 0, cut <= 24, "{what}: {stats:?}");
+        }
     }
 }
