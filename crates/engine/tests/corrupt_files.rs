@@ -86,6 +86,10 @@ fn corrupt_gguf_headers_give_clear_errors() {
     let with_meta = |name: &str, key: &str, value| with_metas(name, &[(key, value)]);
     use candle_core::quantized::gguf_file::Value;
     let tiny = Tiny::llama(51);
+    // A context length of 0: a model with no positions, refused when loaded (a draft so made
+    // would have drafted nothing, and a target refused every prompt as too long).
+    let no_context = Tiny { context: 0, ..tiny }.write_gguf(&dir.join("context0.gguf"), GgmlDType::F32, &[]);
+    refused(&no_context, "context0.gguf", "invalid model configuration: a context of 0 positions");
     // `general.alignment = 0`: candle's parser divides by it (a panic before this change).
     let zero = with_meta("alignment0.gguf", "general.alignment", Value::U32(0));
     refused(&zero, "alignment0.gguf", "`general.alignment` 0");

@@ -79,6 +79,9 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.intermediate_size == 0 || self.head_dim == 0 {
             return Err(bad(format!("zero hidden, feed-forward or head size: {self:?}")));
         }
+        if self.context_length == 0 {
+            return Err(bad("a context of 0 positions".into()));
+        }
         if self.num_heads.checked_mul(self.head_dim).is_none() || self.context_length > u32::MAX as usize + 1 {
             return Err(bad(format!(
                 "{} heads of {} or a context of {} positions is out of range",
