@@ -44,31 +44,62 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedMo
     if !path.exists() {
         return Err(Error::Msg(format!("{}: no such model file or folder", path.display())));
     }
-    let beside = |name: &str| -> Option<PathBuf> {
-        let dir = if path.is_dir() { path.to_path_buf() } else { path.parent()?.to_path_buf() };
-        let p = dir.join(name);
-        p.is_file().then_some(p)
-    };
     if path.is_dir() {
         let model = hf::load(path, opts.dtype.unwrap_or_else(|| default_dtype(device)), device, opts.max_layers)?;
-        let tok_path = opts.tokenizer.clone().or_else(|| beside("tokenizer.json")).ok_or_else(|| {
-            Error::Msg(format!("{}: no tokenizer.json in the model folder (pass --tokenizer)", path.display()))
-        })?;
-        let tokenizer = TextTokenizer::from_file(&tok_path)?;
+        let tokenizer = folder_tokenizer(path, opts.tokenizer.as_deref())?;
         return Ok(LoadedModel { model, tokenizer, path: path.to_path_buf() });
     }
-    if !is_gguf_file(path) {
-        return Err(Error::Msg(format!(
-            "{}: not a GGUF file nor a model folder (expected a .gguf file, or a folder with config.json)",
-            path.display()
-        )));
-    }
+    check_gguf(path)?;
     let (model, file) = gguf::load(path, device, opts.max_layers, opts.output_rows, opts.weights)?;
-    let tokenizer = match opts.tokenizer.clone() {
-        Some(t) => TextTokenizer::from_file(&t)?,
+    let tokenizer = match opts.tokenizer.as_deref() {
+        Some(t) => TextTokenizer::from_file(t)?,
         None => TextTokenizer::from_gguf(&file)?,
     };
     Ok(LoadedModel { model, tokenizer, path: path.to_path_buf() })
+}
+
+/// The tokenizer [`load`] would give the model at `path` (or `tokenizer`, a `tokenizer.json`,
+/// in its place), without loading the weights: from a GGUF file's header, or the folder's
+/// `tokenizer.json`.
+pub fn load_tokenizer(path: &Path, tokenizer: Option<&Path>) -> Result<TextTokenizer> {
+    if !path.exists() {
+        return Err(Error::Msg(format!("{}: no such model file or folder", path.display())));
+    }
+    if path.is_dir() {
+        return folder_tokenizer(path, tokenizer);
+    }
+    check_gguf(path)?;
+    match tokenizer {
+        Some(t) => TextTokenizer::from_file(t),
+        None => TextTokenizer::from_gguf(&gguf::GgufFile::open(path)?),
+    }
+}
+
+/// `tokenizer`, else the `tokenizer.json` in the model folder `dir`.
+fn folder_tokenizer(dir: &Path, tokenizer: Option<&Path>) -> Result<TextTokenizer> {
+    let found = dir.join("tokenizer.json");
+    let path = match tokenizer {
+        Some(t) => t.to_path_buf(),
+        None if found.is_file() => found,
+        None => {
+            return Err(Error::Msg(format!(
+                "{}: no tokenizer.json in the model folder (pass --tokenizer)",
+                dir.display()
+            )))
+        }
+    };
+    TextTokenizer::from_file(&path)
+}
+
+/// Refuses a path that is neither a GGUF file nor a model folder.
+fn check_gguf(path: &Path) -> Result<()> {
+    if is_gguf_file(path) {
+        return Ok(());
+    }
+    Err(Error::Msg(format!(
+        "{}: not a GGUF file nor a model folder (expected a .gguf file, or a folder with config.json)",
+        path.display()
+    )))
 }
 
 /// Whether `path` is a GGUF file: by its extension, or else by its magic bytes.

@@ -18,6 +18,7 @@ mod chat;
 mod report;
 mod serve;
 mod session;
+mod tokenize;
 
 use session::Plan;
 
@@ -53,6 +54,9 @@ enum Command {
         mut_arg("prompt_logprobs", |a| a.hide(true))
     )]
     Serve(Box<serve::ServeArgs>),
+    /// Token ids of a text with the target's tokenizer (--decode: the text of token ids);
+    /// reads the tokenizer only, not the weights.
+    Tokenize(Box<tokenize::TokenizeArgs>),
     /// Fetch and verify the files of a model pair without generating.
     Fetch {
         /// Model pair name (a manifest `models/NAME.toml`).
@@ -285,6 +289,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => generate(*args),
         Command::Chat(args) => chat::chat(*args),
         Command::Serve(args) => serve::serve(*args),
+        Command::Tokenize(args) => tokenize::tokenize(*args),
         Command::Fetch { pair, models_dir } => {
             let dir = models_dir.unwrap_or_else(default_models_dir);
             let manifest = PairManifest::find(&pair, &dir)?;

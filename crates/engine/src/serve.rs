@@ -1,10 +1,12 @@
 //! `mdsd serve`: an HTTP server with OpenAI's completion endpoints (`/v1/completions`,
 //! `/v1/chat/completions`, streamed as server-sent events or not, with stop strings
 //! ([`engine::stop`]) and
-//! log-probabilities (`serve::logprobs`); `/v1/models`, `/health`, `/metrics` (`serve::metrics`)), on
+//! log-probabilities (`serve::logprobs`); `/v1/models`, `/tokenize` and `/detokenize`
+//! (`serve::tokens`), `/health`, `/metrics` (`serve::metrics`)), on
 //! one generator with prefix reuse: a chat client resending its conversation runs only the new
 //! turn. Completion requests are answered one at a time, in order, on a worker thread; the
-//! listening thread answers `/health`, `/v1/models` and refusals at once, queues up to
+//! listening thread answers `/health`, `/v1/models`, tokenization and refusals at once (a
+//! body is read on a thread of its own), queues up to
 //! `--max-waiting` completion requests and answers 503 beyond. Part of the `mdsd` binary
 //! (`main.rs`).
 
@@ -15,6 +17,7 @@ use clap::Args;
 use engine::decode::{GenerationConfig, Generator};
 use engine::penalties::Penalties;
 use engine::stop::StopStrings;
+use engine::tokenizer::TextTokenizer;
 use samplers::dist::Warp;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -25,6 +28,7 @@ mod answer;
 mod logprobs;
 mod metrics;
 mod refused;
+mod tokens;
 
 use metrics::{Load, Outcome};
 
@@ -193,9 +197,11 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
     let model = session.target.path.file_stem().map_or("target".into(), |s| s.to_string_lossy().to_string());
     eprintln!("--- {}", crate::report::mode(run, session.verifier, session.window(&generator, run)));
     eprintln!(
-        "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics"
+        "mdsd serve: listening on http://{addr} (model `{model}`, context {capacity}): /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics"
     );
     let front = Front {
+        tokenizer: &session.target.tokenizer,
+        capacity,
         model: model.clone(),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         max_waiting: args.max_waiting,
@@ -240,14 +246,18 @@ struct Job {
 }
 
 /// What the listening thread needs to answer the requests that do not generate.
-struct Front {
+struct Front<'s> {
+    /// For `/tokenize` and `/detokenize`.
+    tokenizer: &'s TextTokenizer,
+    /// The server's `--context` (the `max_model_len` of `/tokenize`).
+    capacity: usize,
     model: String,
     api_key: Option<String>,
     /// `--max-waiting`.
     max_waiting: usize,
 }
 
-impl Front {
+impl<'s> Front<'s> {
     /// Answers `/health`, `/v1/models`, 401, 404 and 405 at once; queues completion requests
     /// (503 when `--max-waiting` of them already wait). A completion request's body is read on
     /// a thread of its own (413 above [`MAX_BODY_BYTES`]) and then queued: a client slow to send
@@ -259,7 +269,9 @@ impl Front {
         queue: &Sender<Job>,
         load: &'scope Load,
         scope: &'scope std::thread::Scope<'scope, '_>,
-    ) {
+    ) where
+        's: 'scope,
+    {
         let path = request.url().split('?').next().unwrap_or("").to_string();
         let method = request.method().clone();
         // Any endpoint: a body over the limit is refused before routing, off this thread (the
@@ -313,23 +325,13 @@ impl Front {
                     let path = path.clone();
                     scope.spawn(move || {
                         let mut request = request;
-                        let mut body = String::new();
-                        let limit = MAX_BODY_BYTES as u64 + 1;
-                        let mut reader = std::io::Read::take(request.as_reader(), limit);
-                        let refusal = match std::io::Read::read_to_string(&mut reader, &mut body) {
-                            Err(e) => Some((400, format!("reading the request body: {e}"))),
-                            Ok(n) if n > MAX_BODY_BYTES => {
-                                Some((413, format!("the body has more than the limit of {MAX_BODY_BYTES} bytes")))
-                            }
-                            Ok(_) => None,
-                        };
-                        let outcome = match refusal {
-                            Some((status, msg)) => {
+                        let outcome = match read_body(&mut request) {
+                            Err((status, msg)) => {
                                 load.withdraw();
                                 load.count(Outcome::Refused);
                                 respond_error(request, status, &msg)
                             }
-                            None => match queue.send(Job { request, kind, path: path.clone(), body }) {
+                            Ok(body) => match queue.send(Job { request, kind, path: path.clone(), body }) {
                                 Ok(()) => Ok(()),
                                 Err(unsent) => {
                                     load.withdraw();
@@ -354,7 +356,32 @@ impl Front {
                     respond_busy(request, &msg)
                 }
             },
-            (_, "/health" | "/v1/models" | "/metrics", _) | (_, _, Some(_)) => {
+            (Method::Post, "/tokenize" | "/detokenize", _) => {
+                let (tok, capacity, path) = (self.tokenizer, self.capacity, path.clone());
+                scope.spawn(move || {
+                    let mut request = request;
+                    let answer =
+                        read_body(&mut request).map_err(|(status, msg)| Refusal(status, msg)).and_then(|body| {
+                            if path == "/tokenize" {
+                                tokens::tokenize(tok, capacity, &body)
+                            } else {
+                                tokens::detokenize(tok, &body)
+                            }
+                        });
+                    let outcome = match answer {
+                        Ok(value) => respond_json(request, 200, &value),
+                        Err(Refusal(status, msg)) => {
+                            eprintln!("mdsd serve: POST {path}: {status} {msg}");
+                            respond_error(request, status, &msg)
+                        }
+                    };
+                    if let Err(e) = outcome {
+                        eprintln!("mdsd serve: POST {path}: answering failed: {e}");
+                    }
+                });
+                Ok(())
+            }
+            (_, "/health" | "/v1/models" | "/metrics" | "/tokenize" | "/detokenize", _) | (_, _, Some(_)) => {
                 respond_error(request, 405, &format!("{method} is not allowed on {path}"))
             }
             _ => respond_error(request, 404, &format!("no endpoint {path}")),
@@ -535,6 +562,20 @@ fn prompts(prompt: &Value, tok: &engine::tokenizer::TextTokenizer) -> Result<Vec
             list.iter().map(|l| ids(l.as_array().map_or(&[][..], Vec::as_slice)).map(Ok)).collect()
         }
         _ => refuse(400, "prompt: a string, an array of strings, an array of token ids, or an array of those"),
+    }
+}
+
+/// A request's body, at most [`MAX_BODY_BYTES`] (413 above), or the status and message that
+/// refuse it.
+fn read_body(request: &mut Request) -> Result<String, (u16, String)> {
+    let mut body = String::new();
+    let mut reader = std::io::Read::take(request.as_reader(), MAX_BODY_BYTES as u64 + 1);
+    match std::io::Read::read_to_string(&mut reader, &mut body) {
+        Err(e) => Err((400, format!("reading the request body: {e}"))),
+        Ok(n) if n > MAX_BODY_BYTES => {
+            Err((413, format!("the body has more than the limit of {MAX_BODY_BYTES} bytes")))
+        }
+        Ok(_) => Ok(body),
     }
 }
 

@@ -423,9 +423,14 @@ fn fetch_resolves_a_pair_and_converts_its_draft_once() {
 
 /// Runs `mdsd chat` with `args`, feeding `input` on stdin.
 fn chat(args: &[&str], input: &str) -> Output {
+    piped("chat", args, input)
+}
+
+/// Runs `mdsd COMMAND` with `args`, feeding `input` on stdin.
+fn piped(command: &str, args: &[&str], input: &str) -> Output {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_mdsd"))
-        .arg("chat")
+        .arg(command)
         .args(args)
         .env("MDSD_OFFLINE", "1")
         .env("MDSD_CACHE", common::test_cache())
@@ -433,8 +438,8 @@ fn chat(args: &[&str], input: &str) -> Output {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("run mdsd chat");
-    // A chat refused at start exits before reading its input: a broken pipe here is expected.
+        .expect("run mdsd");
+    // A command refused at start exits before reading its input: a broken pipe here is expected.
     let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
     child.wait_with_output().unwrap()
 }
@@ -613,4 +618,60 @@ fn an_unbounded_token_budget_stops_at_the_context() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("the draft's context (64 positions) is shorter than the target's (256)"), "{err}");
+}
+
+/// `mdsd tokenize`: the ids `generate` runs (its `prompt_tokens`, with and without `--chat`),
+/// from a GGUF file's header and from a model folder's tokenizer.json; `--decode` gives the
+/// text back; `--jsonl` tokenizes a line per text; bad input gets a clear error.
+#[test]
+fn tokenize_gives_the_ids_generate_runs() {
+    let dir = temp_dir("cli-tokenize");
+    let tiny = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(58) };
+    let gguf = tiny.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let folder = tiny.write_hf(&dir.join("hf"));
+    let run = |args: &[&str]| {
+        let out = mdsd(&[&["tokenize"][..], args].concat());
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The folder has no chat template (`write_hf` writes no tokenizer_config.json).
+    for (target, chats) in [(&gguf, &[&[][..], &["--chat"][..]][..]), (&folder, &[&[][..]][..])] {
+        for &chat in chats {
+            let args = [&["--target", s(target), "--prompt", "ABCDEFG"][..], chat].concat();
+            let v: serde_json::Value = serde_json::from_str(&run(&[&args[..], &["--json"]].concat())).unwrap();
+            let ids: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|i| i.as_u64().unwrap()).collect();
+            assert_eq!(v["count"].as_u64().unwrap() as usize, ids.len());
+            assert_eq!(v["tokens"].as_array().unwrap().len(), ids.len());
+            let g = generate_greedy_json(target, "ABCDEFG", "1", &[chat, &["--no-spec"]].concat());
+            assert_eq!(g["prompt_tokens"].as_u64().unwrap() as usize, ids.len(), "{target:?} {chat:?}");
+            let line: Vec<String> = ids.iter().map(u64::to_string).collect();
+            assert_eq!(run(&args), format!("{}\n", line.join(" ")));
+            if chat.is_empty() {
+                let text = run(&["--target", s(target), "--decode", &line.join(",")]);
+                assert_eq!(text, "ABCDEFG\n");
+            }
+        }
+    }
+    // One line of ids per text; blank lines are skipped.
+    let out = piped("tokenize", &["--target", s(&gguf), "--jsonl"], "\"ABC\"\n\n\"DE\"\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect();
+    let one = |t: &str| run(&["--target", s(&gguf), "--prompt", t]).trim().replace(' ', ",");
+    assert_eq!(lines, [format!("[{}]", one("ABC")), format!("[{}]", one("DE"))]);
+    let out = piped("tokenize", &["--target", s(&gguf), "--jsonl"], "\"ABC\"\nABC\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && err.contains("standard input, line 2: not a JSON string"), "{err}");
+    let target = ["tokenize", "--target", s(&gguf)];
+    for (extra, want) in [
+        (&[][..], "give a text with --prompt TEXT"),
+        (&["--decode", "1 x"][..], "--decode: `x` is not a token id"),
+        (&["--decode", "1,100000"][..], "--decode: token id 100000 is beyond the vocabulary of"),
+    ] {
+        let err = fails(&[&target[..], extra].concat());
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    let missing = dir.join("missing.gguf");
+    let err = fails(&["tokenize", "--target", s(&missing), "--prompt", "A"]);
+    assert!(err.contains("missing.gguf") && err.contains("no such model file"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

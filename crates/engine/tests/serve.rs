@@ -877,3 +877,76 @@ fn serve_keeps_auto_costs_across_temperatures() {
     assert!(costs[0] > 0.0 && costs[1] > 0.0, "the first request of each temperature measures: {costs:?}");
     assert_eq!(costs[2..], [0.0, 0.0], "costs measured again: {costs:?}");
 }
+
+/// `mdsd tokenize --json` with `extra` flags: its JSON object (the command must succeed).
+fn tokenize_json(extra: &[&str]) -> Value {
+    let out = mdsd(&[&["tokenize", "--json"][..], extra].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `/tokenize` gives the ids a completion's prompt (or a chat request's messages) runs as,
+/// those of `mdsd tokenize`, with their count equal to the completion's `prompt_tokens`;
+/// `/detokenize` gives their text back; bad requests get a 4xx and the server goes on, and
+/// with an API key both need it.
+#[test]
+fn serve_tokenizes_as_tokenize_does() {
+    let dir = temp_dir("serve-tokenize");
+    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(57) }.write_gguf(
+        &dir.join("target.gguf"),
+        GgmlDType::Q8_0,
+        &[],
+    );
+    let server = start_with(&["--target", s(&target), "--no-spec", "--context", "200"], &[("MDSD_API_KEY", "k")]);
+    let port = server.port;
+    let key = "Authorization: Bearer k\r\n";
+    let call = |path: &str, body: &Value| -> (u16, Value) {
+        let (status, text) = http_with(port, "POST", path, &body.to_string(), key);
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    };
+    let cli = tokenize_json(&["--target", s(&target), "--prompt", "ABCDEF"]);
+    let (status, v) = call("/tokenize", &json!({"prompt": "ABCDEF", "return_token_strs": true}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!((&v["tokens"], &v["token_strs"], &v["count"]), (&cli["ids"], &cli["tokens"], &cli["count"]), "{v}");
+    assert_eq!(v["max_model_len"], 200);
+    assert!(v["count"].as_u64().unwrap() > 1);
+    let (status, done) = call("/v1/completions", &json!({"prompt": "ABCDEF", "max_tokens": 1}));
+    assert_eq!((status, &done["usage"]["prompt_tokens"]), (200, &v["count"]), "{done}");
+
+    // Messages run through the chat template, as chat completions run them.
+    let chat = tokenize_json(&["--target", s(&target), "--chat", "--prompt", "hi"]);
+    let (status, v) = call("/tokenize", &json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!((status, &v["tokens"]), (200, &chat["ids"]), "{v}");
+    assert!(v.get("token_strs").is_none(), "{v}");
+    let (_, done) =
+        call("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}));
+    assert_eq!(done["usage"]["prompt_tokens"], v["count"], "{done}");
+
+    let (status, back) = call("/detokenize", &json!({"tokens": cli["ids"]}));
+    assert_eq!((status, back), (200, json!({"prompt": "ABCDEF"})));
+    let out = mdsd(&["tokenize", "--target", s(&target), "--decode", &cli["ids"].to_string().replace(['[', ']'], "")]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ABCDEF\n");
+
+    for (path, body, want) in [
+        ("/detokenize", json!({"tokens": [1, 1_000_000]}), "tokens: a list of token ids below"),
+        ("/detokenize", json!({"tokens": [1, "x"]}), "tokens: a list of token ids below"),
+        ("/detokenize", json!({}), "not a valid request"),
+        ("/tokenize", json!({}), "prompt or messages: missing"),
+        ("/tokenize", json!({"prompt": "a", "messages": [{"role": "user", "content": "a"}]}), "not both"),
+        ("/tokenize", json!({"messages": []}), "messages: empty"),
+        ("/tokenize", json!({"prompt": "a", "add_special_tokens": false}), "add_special_tokens"),
+        ("/tokenize", json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "text content"),
+    ] {
+        let (status, v) = call(path, &body);
+        assert_eq!(status, 400, "{path} {body}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(want), "{path} {body}: {v}");
+    }
+    let (status, text) = http_with(port, "POST", "/tokenize", "{not json", key);
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(http_with(port, "GET", "/tokenize", "", key).0, 405);
+    assert_eq!(http(port, "POST", "/tokenize", r#"{"prompt": "a"}"#).0, 401);
+    assert_eq!(http(port, "POST", "/detokenize", r#"{"tokens": [1]}"#).0, 401);
+    // Still serving.
+    assert_eq!(call("/v1/completions", &json!({"prompt": "AB", "max_tokens": 2})).0, 200);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,129 @@
+//! `mdsd tokenize`: the target's token ids for a text, a file, or JSON lines on standard input,
+//! and the text of token ids (`--decode`), with the tokenizer `generate` uses. Only the
+//! tokenizer is read (a GGUF file's header, or a folder's `tokenizer.json`), not the weights.
+//! Part of the `mdsd` binary (`main.rs`).
+
+use anyhow::{bail, Context};
+use clap::Args;
+use engine::load::load_tokenizer;
+use engine::provision::{resolve, resolve_cli, FetchOptions, PairManifest};
+use engine::tokenizer::TextTokenizer;
+use serde_json::{json, Value};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    /// The text to tokenize.
+    #[arg(long, conflicts_with_all = ["prompt_file", "jsonl", "decode"])]
+    prompt: Option<String>,
+    /// Read the text to tokenize from a file.
+    #[arg(long, conflicts_with_all = ["jsonl", "decode"])]
+    prompt_file: Option<PathBuf>,
+    /// Read texts from standard input, one JSON string per line, and write each one's token
+    /// ids as a JSON array on a line of its own.
+    #[arg(long, conflicts_with = "decode")]
+    jsonl: bool,
+    /// Token ids (separated by spaces or commas) to turn back into text, as `generate` prints
+    /// it (special tokens left out).
+    #[arg(long)]
+    decode: Option<String>,
+    /// Wrap the text in the model's chat template (one user turn), as `generate --chat` does.
+    #[arg(long, conflicts_with = "decode")]
+    chat: bool,
+    /// System prompt for --chat (default: the template's own).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Print one JSON object: `ids`, `tokens` (each id's text) and `count`; with --decode,
+    /// `text`.
+    #[arg(long, conflicts_with = "jsonl")]
+    json: bool,
+    /// Model pair (a manifest in models/) whose target's tokenizer is used, unless --target
+    /// is given.
+    #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
+    pair: String,
+    /// Target model: a .gguf file, a Hugging Face model folder, or a hub id, as for
+    /// `generate`.
+    #[arg(long)]
+    target: Option<String>,
+    /// A tokenizer.json overriding the target's.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Folder of the model-pair manifests.
+    #[arg(long)]
+    models_dir: Option<PathBuf>,
+}
+
+pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
+    if args.prompt.is_none() && args.prompt_file.is_none() && !args.jsonl && args.decode.is_none() {
+        bail!("give a text with --prompt TEXT or --prompt-file FILE, JSON lines on standard input with --jsonl, or ids with --decode IDS");
+    }
+    let fetch = FetchOptions::default();
+    let path = match &args.target {
+        Some(t) => resolve_cli(t, &fetch).with_context(|| format!("resolving `{t}`"))?,
+        None => {
+            let dir = args.models_dir.clone().unwrap_or_else(crate::default_models_dir);
+            let manifest = PairManifest::find(&args.pair, &dir)?;
+            resolve(&manifest.target, None, &fetch).with_context(|| format!("fetching the target of {}", args.pair))?
+        }
+    };
+    let tok = load_tokenizer(&path, args.tokenizer.as_deref())?;
+    let mut out = std::io::stdout().lock();
+    if let Some(ids) = &args.decode {
+        let ids = parse_ids(ids, tok.vocab().len())?;
+        let text = tok.decode(&ids)?;
+        if args.json {
+            writeln!(out, "{}", json!({ "text": text }))?;
+        } else {
+            writeln!(out, "{text}")?;
+        }
+        return Ok(());
+    }
+    if args.jsonl {
+        for (i, line) in std::io::stdin().lock().lines().enumerate() {
+            let line = line.context("reading standard input")?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let text: String = serde_json::from_str(&line)
+                .with_context(|| format!("standard input, line {}: not a JSON string", i + 1))?;
+            let ids = encode(&tok, &text, &args).with_context(|| format!("standard input, line {}", i + 1))?;
+            writeln!(out, "{}", Value::from(ids))?;
+        }
+        return Ok(());
+    }
+    let text = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        (None, None) => unreachable!("checked above"),
+    };
+    let ids = encode(&tok, &text, &args)?;
+    if args.json {
+        let tokens: Vec<String> = ids.iter().map(|&id| tok.token_text(id)).collect();
+        writeln!(out, "{}", json!({ "ids": ids, "tokens": tokens, "count": ids.len() }))?;
+    } else {
+        let line: Vec<String> = ids.iter().map(u32::to_string).collect();
+        writeln!(out, "{}", line.join(" "))?;
+    }
+    Ok(())
+}
+
+/// `text`'s ids, through the chat template with --chat.
+fn encode(tok: &TextTokenizer, text: &str, args: &TokenizeArgs) -> anyhow::Result<Vec<u32>> {
+    let text = if args.chat { tok.apply_chat_template(text, args.system.as_deref())? } else { text.to_string() };
+    Ok(tok.encode(&text)?)
+}
+
+/// Token ids separated by spaces or commas, each below `vocab`.
+fn parse_ids(s: &str, vocab: usize) -> anyhow::Result<Vec<u32>> {
+    s.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let id: u32 = p.parse().with_context(|| format!("--decode: `{p}` is not a token id"))?;
+            if id as usize >= vocab {
+                bail!("--decode: token id {id} is beyond the vocabulary of {vocab} tokens");
+            }
+            Ok(id)
+        })
+        .collect()
+}
