@@ -80,6 +80,12 @@ pub fn print_stats(s: &Stats, args: &GenerateArgs, verifier: Verifier, window: O
     if args.ngram == NgramMode::First && !args.no_spec {
         eprintln!("n-gram steps: {} of {}, {} tokens", s.ngram_steps, s.target_forwards, s.ngram_tokens);
     }
+    if s.undrafted_steps > 0 {
+        eprintln!(
+            "steps without drafts at the end of the context (or of the draft's): {} of {}",
+            s.undrafted_steps, s.target_forwards
+        );
+    }
     if !s.acceptance_per_depth.is_empty() {
         let per: Vec<String> =
             s.acceptance_per_depth.iter().enumerate().map(|(d, a)| format!("d{}={:.2}", d + 1, a)).collect();

@@ -607,17 +607,22 @@ fn an_unbounded_token_budget_stops_at_the_context() {
             }
             match (ngram, prompt.len() < 10) {
                 // Drafts (accepted: the target's weights) up to position 64, plain steps after.
-                ("off", true) => assert!(forwards < plain && forwards + 64 > plain && drafted > 0, "{w}"),
-                ("off", false) => assert_eq!(forwards, plain, "{w}"),
+                ("off", true) => {
+                    assert!(forwards < plain && forwards + 64 > plain && drafted > 0, "{w}");
+                    let undrafted = w["undrafted_steps"].as_u64().unwrap();
+                    assert!(undrafted + 64 >= plain && undrafted < forwards, "{w}");
+                }
+                ("off", false) => assert_eq!((forwards, w["undrafted_steps"].as_u64().unwrap()), (plain, plain), "{w}"),
                 _ => {}
             }
         }
     }
-    let args = ["generate", "--target", s(&target), "--prompt", "ABCD", "--max-new-tokens", "4"];
-    let out = mdsd(&[&args[..], &chain[..]].concat());
+    let args = ["generate", "--target", s(&target), "--prompt", &long[..250], "--max-new-tokens", "4"];
+    let out = mdsd(&[&args[..], &chain[..], &["--ngram", "off", "--temperature", "0"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("the draft's context (64 positions) is shorter than the target's (256)"), "{err}");
+    assert!(err.contains("steps without drafts at the end of the context (or of the draft's): 4 of 4"), "{err}");
 }
 
 /// `mdsd tokenize`: the ids `generate` runs (its `prompt_tokens`, with and without `--chat`),

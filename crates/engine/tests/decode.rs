@@ -560,6 +560,12 @@ fn trees_give_way_to_plain_steps_at_the_end_of_the_context() {
                     assert_eq!(stats.stop_reason, "context_length", "{what}");
                     runs += 1;
                     drafted += (stats.target_forwards < out.len()) as usize;
+                    // A fixed tree of 5 nodes or more never fits the 2 positions left after a
+                    // prompt at prompt + 3: its first step goes without drafts, and is counted.
+                    if capacity == PROMPT.len() + 3 && name != "auto" && !ngram {
+                        assert!(stats.undrafted_steps >= 1, "{what}: {stats:?}");
+                    }
+                    assert!(stats.undrafted_steps <= stats.target_forwards, "{what}: {stats:?}");
                 }
             }
         }
@@ -599,6 +605,11 @@ fn a_draft_with_a_shorter_context_stops_drafting_at_its_end() {
         assert!(stats.target_forwards < out.len(), "{what}: never drafted");
         // The draft's positions end at 24: the last drafted step starts below position 24.
         assert!(stats.target_forwards + 24 > out.len(), "{what}: drafted past the draft's context");
+        // Every step after the draft's end is counted as one without drafts.
+        assert!(
+            stats.undrafted_steps + 24 >= out.len() && stats.undrafted_steps < stats.target_forwards,
+            "{what}: {stats:?}"
+        );
     }
     let long: Vec<u32> = (0..30u32).map(|i| (i * 7 + 3) % 32).collect();
     let (long_reference, _) = plain.generate(&long, &base, |_| false, |_| Ok(())).unwrap();
@@ -611,6 +622,7 @@ fn a_draft_with_a_shorter_context_stops_drafting_at_its_end() {
         assert_eq!(stats.stop_reason, "context_length", "{what}");
         assert_eq!(stats.draft_prefill_tokens, 0, "{what}");
         assert_eq!((stats.target_forwards, stats.draft_forwards), (out.len(), 0), "{what}: drafted");
+        assert_eq!(stats.undrafted_steps, out.len(), "{what}");
         // The next prompt fits the draft's context again: it drafts.
         let (out, stats) = common::generate_streamed(&mut g, &PROMPT, &config, &what);
         assert_eq!(out, reference, "{what}, then the short prompt");

@@ -184,6 +184,9 @@ pub struct Stats {
     /// Tokens those steps emitted (accepted drafts plus the target's token), before any cut at
     /// a stop token or `max_new_tokens`.
     pub ngram_tokens: usize,
+    /// Steps that went without drafts because their tree did not fit: the positions left in
+    /// the context, or in a draft model's shorter one (plain steps through the same path).
+    pub undrafted_steps: usize,
     /// Why generation stopped: `max_new_tokens`, `stop_token` (`is_stop` held) or
     /// `context_length`; callers that match stop strings in `is_stop` say `stop_string`.
     pub stop_reason: String,

@@ -506,6 +506,7 @@ impl<'a> Generator<'a> {
                     // root alone, a plain step through the same path, so the text ends where
                     // `--no-spec`'s does (at temperature 0, with the same tokens).
                     let fits = tree.len() <= room && (lookup || self.draft_fits(tree, draft_pending.len())?);
+                    stats.undrafted_steps += (!fits && tree.len() > 1) as usize;
                     let (tree, auto, lookup) = if fits { (tree, auto, lookup) } else { (&root_only, None, false) };
                     stats.ngram_steps += lookup as usize;
                     let step = StepInput { tree, pending, warp: config.warp, lookup };
