@@ -8,10 +8,11 @@ special-token strings, control characters) twice: with `mdsd tokenize --jsonl` a
 tokenizer that Hugging Face transformers builds from the same GGUF file
 (`transformers.integrations.gguf`, its own reading of `tokenizer.ggml.*`). Prints, per
 model, the texts, the tokens, and the texts whose ids differ, with the first differences
-token by token. Both sides' ids always decode to the same text here; the check is on the
-split.
+token by token. Then the chat template: MT-Bench conversations (one user turn, with a system
+turn, and two user turns around an answer) rendered by ours (minijinja, through
+`mdsd tokenize --jsonl`) and by transformers' `apply_chat_template` (jinja2), as ids.
 
-Needs `pip install transformers gguf tokenizers` (PyTorch is not needed: only the
+Needs `pip install transformers gguf tokenizers jinja2` (PyTorch is not needed: only the
 tokenizer is read), and the models in the cache (`mdsd fetch`; SmolLM2 comes with the tests).
 
     python3 benches/tokenizer_crosscheck.py --mdsd target/release/mdsd \\
@@ -67,7 +68,21 @@ def reference_tokenizer(path):
     gguf_utils.is_torch_available = lambda: True
     parsed = gguf_utils.load_gguf_checkpoint(path, return_tensors=False)
     tokenizer, _ = convert_gguf_tokenizer(parsed["config"]["model_type"], parsed["tokenizer"])
-    return tokenizer, parsed["tokenizer"].get("pre_tokenizer_type")
+    return tokenizer, parsed["tokenizer"].get("pre_tokenizer_type"), parsed.get("tokenizer_config", {}).get("chat_template")
+
+
+def conversations(data):
+    """Every MT-Bench question as one user turn, with and without a system turn, and as two
+    turns with an assistant's answer between them."""
+    with open(os.path.join(data, "mt_bench_question.jsonl"), encoding="utf-8") as f:
+        turns = [json.loads(line)["turns"] for line in f if line.strip()]
+    system = {"role": "system", "content": "You are terse."}
+    out = []
+    for t in turns:
+        user = {"role": "user", "content": t[0]}
+        out += [[user], [system, user], [system, user, {"role": "assistant", "content": "Sure:\n1. one\n2. <b>two</b>"},
+                                        {"role": "user", "content": t[1]}]]
+    return out
 
 
 def main():
@@ -84,7 +99,7 @@ def main():
                              capture_output=True, check=True)
         ours = [json.loads(line) for line in run.stdout.decode().splitlines()]
         assert len(ours) == len(texts), (len(ours), len(texts))
-        ref, pre = reference_tokenizer(path)
+        ref, pre, template = reference_tokenizer(path)
         theirs = [ref.encode(t, add_special_tokens=False).ids for t in texts]
         differ = [i for i in range(len(texts)) if ours[i] != theirs[i]]
         same_text = sum(ref.decode(ours[i]) == ref.decode(theirs[i]) for i in differ)
@@ -113,6 +128,24 @@ def main():
                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
             again = sum(ours[i] != ref.encode(texts[i], add_special_tokens=False).ids for i in range(len(texts)))
             print(f"  the reference with the digits split first (llama.cpp's `{pre}`): {again} differ")
+        if template:
+            # The chat template: ours rendered by minijinja, the reference by jinja2 through
+            # transformers' apply_chat_template, both tokenized (the reference's tokenizer as
+            # corrected above where it differed).
+            from transformers import PreTrainedTokenizerFast
+
+            convs = conversations(args.data)
+            conv_lines = "".join(json.dumps(c) + "\n" for c in convs)
+            run = subprocess.run([args.mdsd, "tokenize", "--target", path, "--jsonl"], input=conv_lines.encode(),
+                                 capture_output=True, check=True)
+            conv_ours = [json.loads(line) for line in run.stdout.decode().splitlines()]
+            assert len(conv_ours) == len(convs), (len(conv_ours), len(convs))
+            fast = PreTrainedTokenizerFast(tokenizer_object=ref)
+            fast.chat_template = template
+            rendered = [fast.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in convs]
+            differ = sum(o != ref.encode(r, add_special_tokens=False).ids for o, r in zip(conv_ours, rendered))
+            print(f"  chat template: {len(convs)} conversations (1, 2 or 4 messages, with and without a system one), "
+                  f"{differ} differ")
     return 0
 
 

@@ -20,8 +20,9 @@ pub struct TokenizeArgs {
     /// Read the text to tokenize from a file.
     #[arg(long, conflicts_with_all = ["jsonl", "decode"])]
     prompt_file: Option<PathBuf>,
-    /// Read texts from standard input, one JSON string per line, and write each one's token
-    /// ids as a JSON array on a line of its own.
+    /// Read texts from standard input, one per line: a JSON string, or a conversation (a JSON
+    /// list of `{"role", "content"}` messages, rendered with the chat template and its
+    /// generation prompt); write each one's token ids as a JSON array on a line of its own.
     #[arg(long, conflicts_with = "decode")]
     jsonl: bool,
     /// Token ids (separated by spaces or commas) to turn back into text, as `generate` prints
@@ -85,9 +86,13 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            let text: String = serde_json::from_str(&line)
-                .with_context(|| format!("standard input, line {}: not a JSON string", i + 1))?;
-            let ids = encode(&tok, &text, &args).with_context(|| format!("standard input, line {}", i + 1))?;
+            let at = || format!("standard input, line {}", i + 1);
+            let ids = match serde_json::from_str::<Value>(&line) {
+                Ok(Value::String(text)) => encode(&tok, &text, &args),
+                Ok(Value::Array(messages)) => conversation(&tok, &messages),
+                _ => bail!("{}: not a JSON string nor a list of messages", at()),
+            }
+            .with_context(at)?;
             writeln!(out, "{}", Value::from(ids))?;
         }
         return Ok(());
@@ -112,6 +117,19 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
 fn encode(tok: &TextTokenizer, text: &str, args: &TokenizeArgs) -> anyhow::Result<Vec<u32>> {
     let text = if args.chat { tok.apply_chat_template(text, args.system.as_deref())? } else { text.to_string() };
     Ok(tok.encode(&text)?)
+}
+
+/// The ids of a conversation: `{"role": ..., "content": ...}` messages through the chat
+/// template, with the assistant's turn opened.
+fn conversation(tok: &TextTokenizer, messages: &[Value]) -> anyhow::Result<Vec<u32>> {
+    let turns = messages
+        .iter()
+        .map(|m| match (m["role"].as_str(), m["content"].as_str()) {
+            (Some(role), Some(content)) => Ok((role, content)),
+            _ => Err(anyhow::anyhow!("a message is not {{\"role\": TEXT, \"content\": TEXT}}: {m}")),
+        })
+        .collect::<anyhow::Result<Vec<(&str, &str)>>>()?;
+    Ok(tok.encode(&tok.apply_chat_conversation(&turns, None)?)?)
 }
 
 /// Token ids separated by spaces or commas, each below `vocab`.

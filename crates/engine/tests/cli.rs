@@ -666,6 +666,13 @@ fn tokenize_gives_the_ids_generate_runs() {
     let out = piped("tokenize", &["--target", s(&gguf), "--jsonl"], "\"ABC\"\nABC\n");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.code() == Some(1) && err.contains("standard input, line 2: not a JSON string"), "{err}");
+    // A conversation per line goes through the chat template, as `--chat` does for one message.
+    let conv = r#"[{"role": "user", "content": "ABC"}]"#;
+    let out = piped("tokenize", &["--target", s(&gguf), "--jsonl"], &format!("{conv}\n[{{\"role\": 1}}]\n"));
+    let chat = run(&["--target", s(&gguf), "--chat", "--prompt", "ABC"]).trim().replace(' ', ",");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("[{chat}]\n"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("standard input, line 2") && err.contains("a message is not"), "{err}");
     let target = ["tokenize", "--target", s(&gguf)];
     for (extra, want) in [
         (&[][..], "give a text with --prompt TEXT"),
