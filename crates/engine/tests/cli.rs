@@ -464,11 +464,7 @@ fn reused_per_turn(stderr: &str) -> Vec<usize> {
 #[test]
 fn chat_keeps_the_conversation_and_reuses_its_prefix() {
     let dir = temp_dir("cli-chat");
-    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(43) }.write_gguf(
-        &dir.join("target.gguf"),
-        GgmlDType::Q8_0,
-        &[],
-    );
+    let target = Tiny::chat_llama(43).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(44) }.write_hf(&dir.join("draft"));
     let flags = ["--target", s(&target), "--draft", s(&draft), "--temperature", "0", "--max-new-tokens", "8"];
     let flags = [&flags[..], &["--ignore-eos", "--tree", "chain-2"]].concat();
@@ -502,11 +498,7 @@ fn chat_keeps_the_conversation_and_reuses_its_prefix() {
 #[test]
 fn chat_errors() {
     let dir = temp_dir("cli-chat-errors");
-    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(45) }.write_gguf(
-        &dir.join("target.gguf"),
-        GgmlDType::Q8_0,
-        &[],
-    );
+    let target = Tiny::chat_llama(45).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let plain = Tiny::llama(45).write_gguf(&dir.join("plain.gguf"), GgmlDType::Q8_0, &[]);
     let flags = ["--target", s(&target), "--no-spec", "--temperature", "0", "--max-new-tokens", "4"];
     let long = "ABCDEFGHIJKLMNOP".repeat(3);
@@ -631,7 +623,7 @@ fn an_unbounded_token_budget_stops_at_the_context() {
 #[test]
 fn tokenize_gives_the_ids_generate_runs() {
     let dir = temp_dir("cli-tokenize");
-    let tiny = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(58) };
+    let tiny = Tiny::chat_llama(58);
     let gguf = tiny.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let folder = tiny.write_hf(&dir.join("hf"));
     let run = |args: &[&str]| {

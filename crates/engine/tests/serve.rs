@@ -127,14 +127,18 @@ fn events(port: u16, path: &str, body: &Value) -> Vec<Value> {
     data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
 }
 
-/// `mdsd generate --json` with `args`: its JSON object (the command must succeed).
-fn generate_json(args: &[&str]) -> Value {
-    let out = mdsd(&[&["generate", "--json"][..], args].concat());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+/// `mdsd COMMAND --json` with `args`: its JSON object (the command must succeed).
+fn command_json(command: &str, args: &[&str]) -> Value {
+    let out = mdsd(&[&[command, "--json"][..], args].concat());
+    assert!(out.status.success(), "{command} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// `mdsd ARGS`, offline, with the tests' cache.
+/// `mdsd generate --json` with `args`: its JSON object (the command must succeed).
+fn generate_json(args: &[&str]) -> Value {
+    command_json("generate", args)
+}
+
 /// `mdsd generate --json --temperature 0` of 8 tokens with `extra` flags: its text.
 fn generate_text(extra: &[&str]) -> String {
     let v = generate_json(&[&["--temperature", "0", "--max-new-tokens", "8", "--ignore-eos"][..], extra].concat());
@@ -147,11 +151,7 @@ fn generate_text(extra: &[&str]) -> String {
 #[test]
 fn serve_answers_as_generate_does() {
     let dir = temp_dir("serve");
-    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(51) }.write_gguf(
-        &dir.join("target.gguf"),
-        GgmlDType::Q8_0,
-        &[],
-    );
+    let target = Tiny::chat_llama(51).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(52) }.write_hf(&dir.join("draft"));
     let models = ["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2"];
     let server = start(&[&models[..], &["--temperature", "0"]].concat());
@@ -340,11 +340,7 @@ fn serve_stays_responsive_while_generating() {
 #[test]
 fn serve_refuses_bad_requests() {
     let dir = temp_dir("serve-bad");
-    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(53) }.write_gguf(
-        &dir.join("target.gguf"),
-        GgmlDType::Q8_0,
-        &[],
-    );
+    let target = Tiny::chat_llama(53).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
     let port = server.port;
     let cases: [(&str, &str, &str, u16, &str); 16] = [
@@ -568,11 +564,7 @@ fn close(a: &Value, b: &Value) -> bool {
 #[test]
 fn serve_returns_logprobs() {
     let dir = temp_dir("serve-logprobs");
-    let target = Tiny { chat_template: Some(common::TINY_CHAT), scale: 0.8, ..Tiny::llama(55) }.write_gguf(
-        &dir.join("target.gguf"),
-        GgmlDType::Q8_0,
-        &[],
-    );
+    let target = Tiny { scale: 0.8, ..Tiny::chat_llama(55) }.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(56) }.write_hf(&dir.join("draft"));
     let models = ["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2"];
     let (plain, records) = generate_logprobs(&[&models[..], &["--prompt", "ABC"]].concat());
@@ -878,13 +870,6 @@ fn serve_keeps_auto_costs_across_temperatures() {
     assert_eq!(costs[2..], [0.0, 0.0], "costs measured again: {costs:?}");
 }
 
-/// `mdsd tokenize --json` with `extra` flags: its JSON object (the command must succeed).
-fn tokenize_json(extra: &[&str]) -> Value {
-    let out = mdsd(&[&["tokenize", "--json"][..], extra].concat());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// `/tokenize` gives the ids a completion's prompt (or a chat request's messages) runs as,
 /// those of `mdsd tokenize`, with their count equal to the completion's `prompt_tokens`;
 /// `/detokenize` gives their text back; bad requests get a 4xx and the server goes on, and
@@ -892,11 +877,7 @@ fn tokenize_json(extra: &[&str]) -> Value {
 #[test]
 fn serve_tokenizes_as_tokenize_does() {
     let dir = temp_dir("serve-tokenize");
-    let target = Tiny { chat_template: Some(common::TINY_CHAT), ..Tiny::llama(57) }.write_gguf(
-        &dir.join("target.gguf"),
-        GgmlDType::Q8_0,
-        &[],
-    );
+    let target = Tiny::chat_llama(57).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let server = start_with(&["--target", s(&target), "--no-spec", "--context", "200"], &[("MDSD_API_KEY", "k")]);
     let port = server.port;
     let key = "Authorization: Bearer k\r\n";
@@ -904,7 +885,7 @@ fn serve_tokenizes_as_tokenize_does() {
         let (status, text) = http_with(port, "POST", path, &body.to_string(), key);
         (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
     };
-    let cli = tokenize_json(&["--target", s(&target), "--prompt", "ABCDEF"]);
+    let cli = command_json("tokenize", &["--target", s(&target), "--prompt", "ABCDEF"]);
     let (status, v) = call("/tokenize", &json!({"prompt": "ABCDEF", "return_token_strs": true}));
     assert_eq!(status, 200, "{v}");
     assert_eq!((&v["tokens"], &v["token_strs"], &v["count"]), (&cli["ids"], &cli["tokens"], &cli["count"]), "{v}");
@@ -914,7 +895,7 @@ fn serve_tokenizes_as_tokenize_does() {
     assert_eq!((status, &done["usage"]["prompt_tokens"]), (200, &v["count"]), "{done}");
 
     // Messages run through the chat template, as chat completions run them.
-    let chat = tokenize_json(&["--target", s(&target), "--chat", "--prompt", "hi"]);
+    let chat = command_json("tokenize", &["--target", s(&target), "--chat", "--prompt", "hi"]);
     let (status, v) = call("/tokenize", &json!({"messages": [{"role": "user", "content": "hi"}]}));
     assert_eq!((status, &v["tokens"]), (200, &chat["ids"]), "{v}");
     assert!(v.get("token_strs").is_none(), "{v}");

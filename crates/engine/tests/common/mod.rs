@@ -36,6 +36,11 @@ pub struct Tiny {
 }
 
 impl Tiny {
+    /// [`Self::llama`] with the chat template [`TINY_CHAT`].
+    pub fn chat_llama(seed: u64) -> Self {
+        Self { chat_template: Some(TINY_CHAT), ..Self::llama(seed) }
+    }
+
     pub fn llama(seed: u64) -> Self {
         Self {
             arch: "llama",
