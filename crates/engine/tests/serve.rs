@@ -509,6 +509,8 @@ fn serve_reports_metrics() {
         ("target_forwards_total", "target_forwards"),
         ("target_rows_total", "target_rows"),
         ("draft_forwards_total", "draft_forwards"),
+        ("ngram_steps_total", "ngram_steps"),
+        ("undrafted_steps_total", "undrafted_steps"),
     ] {
         assert_eq!(m[metric], sum(key), "{metric}");
     }

@@ -62,6 +62,7 @@ struct Totals {
     target_rows: u64,
     draft_forwards: u64,
     ngram_steps: u64,
+    undrafted_steps: u64,
     /// Steps that accepted at least `d` drafts, index `d - 1`.
     accepted_at_depth: Vec<u64>,
     prefill_s: f64,
@@ -129,6 +130,7 @@ impl Load {
         t.target_rows += s.target_rows as u64;
         t.draft_forwards += s.draft_forwards as u64;
         t.ngram_steps += s.ngram_steps as u64;
+        t.undrafted_steps += s.undrafted_steps as u64;
         if t.accepted_at_depth.len() < s.accepted_at_depth.len() {
             t.accepted_at_depth.resize(s.accepted_at_depth.len(), 0);
         }
@@ -167,6 +169,11 @@ impl Load {
             ("target_rows_total", "Rows the target ran after the prompts.", t.target_rows),
             ("draft_forwards_total", "Draft model or head forwards.", t.draft_forwards),
             ("ngram_steps_total", "Steps drafted by n-gram lookup.", t.ngram_steps),
+            (
+                "undrafted_steps_total",
+                "Steps without drafts because their tree did not fit the context left.",
+                t.undrafted_steps,
+            ),
         ] {
             metric(name, "counter", help, &one(value.to_string()));
         }
