@@ -303,6 +303,11 @@ fn serve_stays_responsive_while_generating() {
     let health: Value = serde_json::from_str(&health).unwrap();
     assert_eq!((status, health), (200, json!({"status": "ok", "running": 1, "waiting": 0})));
     assert_eq!(http(port, "GET", "/v1/models", "").0, 200);
+    // Tokenizing needs no generator, so it is answered too (with the queue full).
+    let (status, v) = post(port, "/tokenize", &json!({"prompt": "ABC"}));
+    assert!(status == 200 && v["count"].as_u64().unwrap() > 0, "{v}");
+    let (status, v) = post(port, "/detokenize", &json!({"tokens": v["tokens"]}));
+    assert_eq!((status, v), (200, json!({"prompt": "ABC"})));
     let mut busy = TcpStream::connect(("127.0.0.1", port)).unwrap();
     busy.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
     let small = json!({"prompt": "AB", "max_tokens": 1}).to_string();
