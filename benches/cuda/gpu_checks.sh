@@ -9,10 +9,18 @@
 #   bash benches/cuda/pack.sh       # stripped binaries (bins.tar.xz) and the default pair's
 #                                   # GGUF headers (t15.skel.gguf, d05.skel.gguf)
 # and on the GPU machine:
-#   bash benches/cuda/gpu_checks.sh .gpu OUT [steps]     steps: tests models gen cost features ab eagle
+#   bash benches/cuda/gpu_checks.sh .gpu OUT [steps]     steps: ship tests models gen cost features ab eagle
 # (`ab`: old against new binaries, with OLD=DIR given to pack.sh; `eagle`: a random EAGLE head's
 # steps against the target's forwards). TESTS, TEST_SPLIT, TEST_TIMEOUT, DEADLINE, DEV, B, M,
 # MODELS, NEW, EAGLE_TARGET and TEST_ONLY tune a run (see below).
+#
+# Real weights: SmolLM2-135M (98 MB) reaches the machine in parts (`SHIP=1 bash
+# benches/cuda/pack.sh` writes .ship/smollm2.gguf.part00-04, 20 MiB each). Call 1 carries .gpu and
+# part00, each later call two more parts (a warm machine keeps what earlier calls left; call
+# again within its 30 s), every command beginning `mkdir -p /root/ship && mv .ship/* /root/ship/;`.
+# The step `ship` joins them into $M/smollm2.gguf and checks its sha256; MODELS=smollm2 then runs
+# `gen` on it, the draft being its own first 24 of 30 blocks (SmolLM2 has no smaller sibling
+# here). Dry run on the CPU: DEV=cpu B=target/release SHIPPED=DIR MODELS=smollm2 NEW=16 ... 'ship gen'.
 #
 # Models there: random weights in real layouts. `t15`/`d05` (Hugging Face, bf16) come from
 # random_qwen2.py; `t15q`/`d05q` are the default pair's GGUF files (Qwen2.5-Coder 1.5B and 0.5B,
@@ -106,6 +114,18 @@ wait_tests() {
   stamp "tests done"
 }
 
+if has ship; then
+  stamp "ship start"
+  SHIPPED=${SHIPPED:-/root/ship}
+  if [ -f $M/smollm2.gguf ] || { ls $SHIPPED/smollm2.gguf.part* > /dev/null 2>&1 && cat $SHIPPED/smollm2.gguf.part* > $M/smollm2.gguf; }; then
+    echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $M/smollm2.gguf" | sha256sum -c >> "$E" 2>&1 \
+      || { echo "smollm2.gguf: parts missing or corrupt" >> "$E"; rm -f $M/smollm2.gguf; }
+  else
+    echo "ship: no parts in $SHIPPED" >> "$E"
+  fi
+  stamp "ship done"
+fi
+
 if has models; then
   stamp "models start"
   { [ -d $M/t15 ] || python3 benches/cuda/random_qwen2.py $M/t15 --shape 1.5b --out-std 0.0005
@@ -133,19 +153,27 @@ gen() { # label model prompt [mdsd flags]
 if has gen; then
   stamp "gen start"
   : > "$O/gen.jsonl"
-  gen warm-up $M/t15 "$WORDS" --no-spec --max-new-tokens 8 # CUDA context and kernel loading
+  WARM=$M/t15
+  [ -d $WARM ] || WARM=$M/smollm2.gguf
+  gen warm-up $WARM "$WORDS" --no-spec --max-new-tokens 8 # CUDA context and kernel loading
   for model in $MODELS; do
-    if [ $model = t15 ]; then P=$WORDS; F=$M/t15; D=$M/d05; else P=$TEXT; F=$M/t15q.gguf; D=$M/d05q.gguf; fi
+    # Speed: the target's first 4 blocks as the draft (q close to p with random weights).
+    case $model in
+      t15) P=$WORDS; F=$M/t15; DA=(--draft $M/d05); DL=4 ;;
+      # Real weights: the draft is the file's first 24 of 30 blocks (τ 1.56 on this prompt at
+      # T = 0 on the CPU; 10 blocks gave 1.07), so steps accept drafts now and then.
+      smollm2) [ -f $M/smollm2.gguf ] || continue; P=$TEXT; F=$M/smollm2.gguf; DA=(--draft $F --draft-layers 24); DL=24 ;;
+      *) P=$TEXT; F=$M/t15q.gguf; DA=(--draft $M/d05q.gguf); DL=4 ;;
+    esac
     N=(--max-new-tokens $NEW)
-    # Speed: the target's first 4 blocks as the draft (q close to p with these weights).
-    S=(--draft "$F" --draft-layers 4)
+    S=(--draft "$F" --draft-layers $DL)
     for temp in 0 0.7; do
       gen "$model speed T=$temp" "$F" "$P" "${N[@]}" --temperature $temp --no-spec
       gen "$model speed T=$temp" "$F" "$P" "${N[@]}" --temperature $temp "${S[@]}" --tree chain-4 --draft-sampling wr
       gen "$model speed T=$temp" "$F" "$P" "${N[@]}" --temperature $temp "${S[@]}" --tree mc_sim_7b_63 --draft-sampling wr
     done
     gen "$model speed T=0" "$F" "$P" "${N[@]}" --temperature 0 "${S[@]}" --tree drafts-2-depth-4 --draft-sampling greedy --draft-temperature 1
-    gen "$model speed T=0" "$F" "$P" "${N[@]}" --temperature 0 --draft "$D" --tree chain-4
+    gen "$model speed T=0" "$F" "$P" "${N[@]}" --temperature 0 "${DA[@]}" --tree chain-4
     # Exactness at T = 0: a repetition penalty keeps the text from looping on one token, so
     # equal texts say something. f32 (HF) and dequantized f32 (GGUF) are batch-invariant.
     if [ $model = t15 ]; then X=(--dtype f32); else X=(--target-weights f32 --draft-weights f32); fi
@@ -153,10 +181,10 @@ if has gen; then
     gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" --no-spec
     for tree in chain-4 mc_sim_7b_63; do
       for m in greedy wr topk; do
-        gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" --draft "$F" --draft-layers 4 --tree $tree --draft-sampling $m --draft-temperature 1
+        gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" "${S[@]}" --tree $tree --draft-sampling $m --draft-temperature 1
       done
     done
-    gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" --draft "$D" --tree drafts-2-depth-4 --draft-sampling wor --draft-temperature 1
+    gen "$model exact" "$F" "$P" "${N[@]}" "${XP[@]}" "${DA[@]}" --tree drafts-2-depth-4 --draft-sampling wor --draft-temperature 1
     # The same at the speed configuration (bf16 / stored quantized weights): batch-dependent
     # rounding may legitimately change the text; recorded, not required.
     XP=(--temperature 0 --repetition-penalty 1.5)
@@ -166,7 +194,7 @@ if has gen; then
     R=(--temperature 0.8 --seed 7 --reproducible --repetition-penalty 1.2)
     gen "$model reproducible" "$F" "$P" "${N[@]}" "${R[@]}" "${X[@]}" --no-spec
     gen "$model reproducible" "$F" "$P" "${N[@]}" "${R[@]}" "${X[@]}" "${S[@]}" --tree chain-4
-    gen "$model reproducible" "$F" "$P" "${N[@]}" "${R[@]}" "${X[@]}" --draft "$D" --tree mc_sim_7b_63
+    gen "$model reproducible" "$F" "$P" "${N[@]}" "${R[@]}" "${X[@]}" "${DA[@]}" --tree mc_sim_7b_63
   done
   python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" > "$O/gen.md" 2>>"$E"
   stamp "gen done"

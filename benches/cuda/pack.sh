@@ -27,5 +27,12 @@ CACHE=${MDSD_CACHE:-$HOME/.cache/mdsd}
 BENCH=${BENCH:-target/release/bench}
 [ -f $G/t15.skel.gguf ] || $BENCH random-gguf --like $CACHE/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --skeleton $G/t15.skel.gguf
 [ -f $G/d05.skel.gguf ] || $BENCH random-gguf --like $CACHE/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --skeleton $G/d05.skel.gguf
+# SHIP=1: SmolLM2-135M (real weights, 98 MB: more than one call carries) in parts of 20 MiB in
+# .ship/ (git-ignored), to carry one or two per call; gpu_checks.sh's `ship` step joins them.
+if [ -n "${SHIP:-}" ]; then
+  rm -rf .ship && mkdir -p .ship
+  split -b 20M -d -a 2 $CACHE/SmolLM2-135M-Instruct.Q4_1.gguf .ship/smollm2.gguf.part
+  ls -la .ship
+fi
 ls -la /tmp/mdsd-pack $G
 du -sh $G
