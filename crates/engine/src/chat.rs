@@ -71,9 +71,10 @@ pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     let plan = Plan::new(run)?;
     let first = match (&run.prompt, &run.prompt_file) {
         (Some(p), _) => Some(p.clone()),
-        (None, Some(f)) => {
-            Some(std::fs::read_to_string(f).with_context(|| format!("reading the prompt file {}", f.display()))?)
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            bail!("--prompt-file -: chat reads its messages from standard input; give the first one in a file or with --prompt")
         }
+        (None, Some(f)) => Some(crate::read_prompt_file(f)?),
         (None, None) => None,
     };
     let session = plan.load(run)?;

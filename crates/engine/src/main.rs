@@ -73,7 +73,7 @@ struct GenerateArgs {
     /// The prompt.
     #[arg(long, conflicts_with = "prompt_file")]
     prompt: Option<String>,
-    /// Read the prompt from a file.
+    /// Read the prompt from a file (`-`: standard input).
     #[arg(long)]
     prompt_file: Option<PathBuf>,
     /// Wrap the prompt in the model's chat template (one user turn).
@@ -318,9 +318,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let plan = Plan::new(&args)?;
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => {
-            std::fs::read_to_string(f).with_context(|| format!("reading the prompt file {}", f.display()))?
-        }
+        (None, Some(f)) => read_prompt_file(f)?,
         (None, None) => bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
     };
     let session = plan.load(&args)?;
@@ -483,6 +481,17 @@ impl GenerateArgs {
             None => DraftConstruction::Greedy,
         }
     }
+}
+
+/// The text of `--prompt-file`: the file's, or standard input's for `-`.
+fn read_prompt_file(f: &Path) -> anyhow::Result<String> {
+    if f == Path::new("-") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
+            .context("reading the prompt from standard input")?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(f).with_context(|| format!("reading the prompt file {}", f.display()))
 }
 
 fn note(args: &GenerateArgs, msg: &str) {

@@ -17,7 +17,7 @@ pub struct TokenizeArgs {
     /// The text to tokenize.
     #[arg(long, conflicts_with_all = ["prompt_file", "jsonl", "decode"])]
     prompt: Option<String>,
-    /// Read the text to tokenize from a file.
+    /// Read the text to tokenize from a file (`-`: standard input).
     #[arg(long, conflicts_with_all = ["jsonl", "decode"])]
     prompt_file: Option<PathBuf>,
     /// Read texts from standard input, one per line: a JSON string, or a conversation (a JSON
@@ -99,7 +99,7 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     }
     let text = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        (None, Some(f)) => crate::read_prompt_file(f)?,
         (None, None) => unreachable!("checked above"),
     };
     let ids = encode(&tok, &text, &args)?;

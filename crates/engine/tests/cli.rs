@@ -619,7 +619,8 @@ fn an_unbounded_token_budget_stops_at_the_context() {
 
 /// `mdsd tokenize`: the ids `generate` runs (its `prompt_tokens`, with and without `--chat`),
 /// from a GGUF file's header and from a model folder's tokenizer.json; `--decode` gives the
-/// text back; `--jsonl` tokenizes a line per text; bad input gets a clear error.
+/// text back; `--jsonl` tokenizes a line per text; `--prompt-file -` reads standard input (in
+/// `generate` too; `chat` refuses it); bad input gets a clear error.
 #[test]
 fn tokenize_gives_the_ids_generate_runs() {
     let dir = temp_dir("cli-tokenize");
@@ -661,8 +662,8 @@ fn tokenize_gives_the_ids_generate_runs() {
     // A conversation per line goes through the chat template, as `--chat` does for one message.
     let conv = r#"[{"role": "user", "content": "ABC"}]"#;
     let out = piped("tokenize", &["--target", s(&gguf), "--jsonl"], &format!("{conv}\n[{{\"role\": 1}}]\n"));
-    let chat = run(&["--target", s(&gguf), "--chat", "--prompt", "ABC"]).trim().replace(' ', ",");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("[{chat}]\n"));
+    let chat_ids = run(&["--target", s(&gguf), "--chat", "--prompt", "ABC"]).trim().replace(' ', ",");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("[{chat_ids}]\n"));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("standard input, line 2") && err.contains("a message is not"), "{err}");
     let target = ["tokenize", "--target", s(&gguf)];
@@ -674,6 +675,19 @@ fn tokenize_gives_the_ids_generate_runs() {
         let err = fails(&[&target[..], extra].concat());
         assert!(err.contains(want), "{extra:?}: {err}");
     }
+    // `--prompt-file -` reads standard input, in generate and tokenize; chat refuses it (its
+    // messages come on standard input).
+    let from_stdin = piped("tokenize", &["--target", s(&gguf), "--prompt-file", "-"], "ABCDEFG");
+    assert_eq!(String::from_utf8_lossy(&from_stdin.stdout), run(&["--target", s(&gguf), "--prompt", "ABCDEFG"]));
+    let flags = ["--target", s(&gguf), "--json", "--temperature", "0", "--max-new-tokens", "4", "--no-spec"];
+    let out = piped("generate", &[&flags[..], &["--prompt-file", "-"]].concat(), "ABCDEFG");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let piped_text: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let given = generate_greedy_json(&gguf, "ABCDEFG", "4", &["--no-spec"]);
+    assert_eq!((&piped_text["text"], &piped_text["prompt_tokens"]), (&given["text"], &given["prompt_tokens"]));
+    let out = chat(&["--target", s(&gguf), "--prompt-file", "-"], "hi\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && err.contains("chat reads its messages from standard input"), "{err}");
     let missing = dir.join("missing.gguf");
     let err = fails(&["tokenize", "--target", s(&missing), "--prompt", "A"]);
     assert!(err.contains("missing.gguf") && err.contains("no such model file"), "{err}");
