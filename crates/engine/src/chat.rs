@@ -62,8 +62,12 @@ fn block(
 
 pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
     let run = &mut args.run;
-    let json_only =
-        [("--json", run.json), ("--logprobs", run.logprobs.is_some()), ("--prompt-logprobs", run.prompt_logprobs)];
+    let json_only = [
+        ("--json", run.json),
+        ("--jsonl", run.jsonl),
+        ("--logprobs", run.logprobs.is_some()),
+        ("--prompt-logprobs", run.prompt_logprobs),
+    ];
     if let Some((flag, _)) = json_only.iter().find(|(_, given)| *given) {
         bail!("{flag} does not apply to chat (it streams every answer); use generate --json");
     }

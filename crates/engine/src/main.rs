@@ -14,6 +14,7 @@ use samplers::{DraftConstruction, Verifier};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+mod batch;
 mod chat;
 mod report;
 mod serve;
@@ -38,6 +39,7 @@ enum Command {
     #[command(
         mut_arg("chat", |a| a.hide(true)),
         mut_arg("json", |a| a.hide(true)),
+        mut_arg("jsonl", |a| a.hide(true)),
         mut_arg("logprobs", |a| a.hide(true)),
         mut_arg("prompt_logprobs", |a| a.hide(true))
     )]
@@ -50,6 +52,7 @@ enum Command {
         mut_arg("chat", |a| a.hide(true)),
         mut_arg("system", |a| a.hide(true)),
         mut_arg("json", |a| a.hide(true)),
+        mut_arg("jsonl", |a| a.hide(true)),
         mut_arg("logprobs", |a| a.hide(true)),
         mut_arg("prompt_logprobs", |a| a.hide(true))
     )]
@@ -76,6 +79,13 @@ struct GenerateArgs {
     /// Read the prompt from a file (`-`: standard input).
     #[arg(long)]
     prompt_file: Option<PathBuf>,
+    /// Generate for each line of standard input: a JSON string (a prompt; --chat wraps it in
+    /// the chat template) or a conversation (a JSON list of {"role", "content"} messages,
+    /// through the chat template). Each answer is one line of JSON on standard output, in
+    /// order, as --json prints it, with `line`; a line that fails gives `{"line", "error"}` and
+    /// the exit status 1. One generator serves them all, reusing the prefix texts share.
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_file"])]
+    jsonl: bool,
     /// Wrap the prompt in the model's chat template (one user turn).
     #[arg(long)]
     chat: bool,
@@ -316,6 +326,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     // Everything that can be checked without loading a model comes first.
     let plan = Plan::new(&args)?;
+    if args.jsonl {
+        return batch::generate_lines(&args, plan);
+    }
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => read_prompt_file(f)?,
@@ -348,28 +361,12 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     if stops.stopped() {
         stats.stop_reason = "stop_string".into();
     }
-    let window = session.window(&generator, &args);
     if json {
-        let report = report::Json {
-            text: if args.stop.is_empty() { tok.decode(&out)? } else { stops.answer() },
-            target: &session.target.path,
-            draft: session.draft_name(),
-            tree: &session.tree_name,
-            window,
-            verifier: session.verifier,
-        };
-        let mut value = report.into_value(&stats, &args)?;
-        if args.logprobs.is_some() {
-            value["logprobs"] = report::logprobs(tok, generator.logprobs());
-        }
-        if args.prompt_logprobs {
-            value["prompt_logprobs"] = report::logprobs(tok, generator.prompt_logprobs());
-        }
-        println!("{value}");
+        println!("{}", answer_json(&session, &generator, &args, &out, &stats, &stops)?);
     } else {
         print_flushed(&stops.ready(true));
         println!();
-        report::print_stats(&stats, &args, session.verifier, window);
+        report::print_stats(&stats, &args, session.verifier, session.window(&generator, &args));
     }
     // The process ends here: its memory goes back to the OS at once, instead of being freed
     // piece by piece (the tokenizers' hundreds of thousands of strings among it).
@@ -481,6 +478,35 @@ impl GenerateArgs {
             None => DraftConstruction::Greedy,
         }
     }
+}
+
+/// What `--json` prints for a generation: the text `out` (cut at a stop string), the settings
+/// and `stats`, and the log-probabilities asked for.
+fn answer_json(
+    session: &session::Session,
+    generator: &engine::decode::Generator,
+    args: &GenerateArgs,
+    out: &[u32],
+    stats: &engine::decode::Stats,
+    stops: &TextStops,
+) -> anyhow::Result<serde_json::Value> {
+    let tok = &session.target.tokenizer;
+    let report = report::Json {
+        text: if args.stop.is_empty() { tok.decode(out)? } else { stops.answer() },
+        target: &session.target.path,
+        draft: session.draft_name(),
+        tree: &session.tree_name,
+        window: session.window(generator, args),
+        verifier: session.verifier,
+    };
+    let mut value = report.into_value(stats, args)?;
+    if args.logprobs.is_some() {
+        value["logprobs"] = report::logprobs(tok, generator.logprobs());
+    }
+    if args.prompt_logprobs {
+        value["prompt_logprobs"] = report::logprobs(tok, generator.prompt_logprobs());
+    }
+    Ok(value)
 }
 
 /// The text of `--prompt-file`: the file's, or standard input's for `-`.

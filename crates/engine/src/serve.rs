@@ -175,6 +175,7 @@ pub fn serve(mut args: ServeArgs) -> anyhow::Result<()> {
         ("--prompt", run.prompt.is_some()),
         ("--prompt-file", run.prompt_file.is_some()),
         ("--json", run.json),
+        ("--jsonl", run.jsonl),
         ("--logprobs", run.logprobs.is_some()),
         ("--prompt-logprobs", run.prompt_logprobs),
     ] {

@@ -122,14 +122,18 @@ fn encode(tok: &TextTokenizer, text: &str, args: &TokenizeArgs) -> anyhow::Resul
 /// The ids of a conversation: `{"role": ..., "content": ...}` messages through the chat
 /// template, with the assistant's turn opened.
 fn conversation(tok: &TextTokenizer, messages: &[Value]) -> anyhow::Result<Vec<u32>> {
-    let turns = messages
+    Ok(tok.encode(&tok.apply_chat_conversation(&chat_turns(messages)?, None)?)?)
+}
+
+/// The `(role, content)` turns of a JSON list of `{"role": TEXT, "content": TEXT}` messages.
+pub(crate) fn chat_turns(messages: &[Value]) -> anyhow::Result<Vec<(&str, &str)>> {
+    messages
         .iter()
         .map(|m| match (m["role"].as_str(), m["content"].as_str()) {
             (Some(role), Some(content)) => Ok((role, content)),
             _ => Err(anyhow::anyhow!("a message is not {{\"role\": TEXT, \"content\": TEXT}}: {m}")),
         })
-        .collect::<anyhow::Result<Vec<(&str, &str)>>>()?;
-    Ok(tok.encode(&tok.apply_chat_conversation(&turns, None)?)?)
+        .collect()
 }
 
 /// Token ids separated by spaces or commas, each below `vocab`.

@@ -693,3 +693,49 @@ fn tokenize_gives_the_ids_generate_runs() {
     assert!(err.contains("missing.gguf") && err.contains("no such model file"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `generate --jsonl`: one answer per input line, in order, each what `generate --json` gives
+/// for that prompt alone (temperature 0; the lines share one generator and its cached
+/// prefixes); a conversation line goes through the chat template; a bad line gets an `error`
+/// answer, the others are still answered, and the exit status is 1. `chat` and `serve`
+/// refuse the flag.
+#[test]
+fn generate_jsonl_answers_each_line_as_generate_does() {
+    let dir = temp_dir("cli-jsonl");
+    let target = Tiny::chat_llama(59).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(60) }.write_hf(&dir.join("draft"));
+    let flags = ["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2", "--ignore-eos"];
+    let alone =
+        |prompt: &str, extra: &[&str]| generate_greedy_json(&target, prompt, "6", &[&flags[2..], extra].concat());
+    let input = "\"ABCD\"\n\n[{\"role\": \"user\", \"content\": \"ABC\"}]\n7\n\"ABCDEF\"\n";
+    let args = [&flags[..], &["--temperature", "0", "--max-new-tokens", "6", "--jsonl"]].concat();
+    for chat in [false, true] {
+        let args = if chat { [&args[..], &["--chat"]].concat() } else { args.clone() };
+        let out = piped("generate", &args, input);
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<serde_json::Value> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.iter().map(|l| l["line"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 3, 4, 5]);
+        let extra: &[&str] = if chat { &["--chat"] } else { &[] };
+        for (got, prompt) in [(&lines[0], "ABCD"), (&lines[3], "ABCDEF")] {
+            let want = alone(prompt, extra);
+            assert_eq!((&got["text"], &got["prompt_tokens"]), (&want["text"], &want["prompt_tokens"]), "{got}");
+        }
+        // The conversation of one user message is `--chat`'s rendering of that message.
+        let want = alone("ABC", &["--chat"]);
+        assert_eq!((&lines[1]["text"], &lines[1]["prompt_tokens"]), (&want["text"], &want["prompt_tokens"]));
+        assert_eq!(lines[2]["error"], "not a JSON string nor a list of messages");
+        // With the chat template, line 5 shares `>ABC` with the conversation before it, and
+        // reuses those rows.
+        if chat {
+            assert!(lines[3]["reused_tokens"].as_u64().unwrap() > 0, "{}", lines[3]);
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("1 of 4 lines failed"), "{err}");
+    }
+    let err = fails(&["chat", "--target", s(&target), "--jsonl"]);
+    assert!(err.contains("--jsonl does not apply to chat"), "{err}");
+    let err = fails(&["serve", "--target", s(&target), "--jsonl"]);
+    assert!(err.contains("--jsonl does not apply to serve"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
