@@ -32,8 +32,8 @@ impl Plan {
             bail!("--prompt-logprobs needs --logprobs N (the alternatives per token) and --json");
         }
         if let Some(n) = args.logprobs {
-            if !args.json {
-                bail!("--logprobs is part of the --json output: give --json too");
+            if !args.json && !args.jsonl {
+                bail!("--logprobs is part of the --json output: give --json (or --jsonl) too");
             }
             if n > engine::logprobs::MAX_TOP_LOGPROBS {
                 bail!("--logprobs {n}: at most {} alternatives per token", engine::logprobs::MAX_TOP_LOGPROBS);

@@ -733,6 +733,16 @@ fn generate_jsonl_answers_each_line_as_generate_does() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("1 of 4 lines failed"), "{err}");
     }
+    // Log-probabilities come with each line's answer, for that line's tokens alone.
+    let out = piped("generate", &[&args[..], &["--logprobs", "1", "--prompt-logprobs"]].concat(), "\"ABCD\"\n\"AB\"\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let count =
+            |key: &str| v[key].as_array().map(Vec::len).unwrap_or_else(|| v[key]["tokens"].as_array().unwrap().len());
+        assert_eq!(count("logprobs") as u64, v["new_tokens"].as_u64().unwrap(), "{v}");
+        assert_eq!(count("prompt_logprobs") as u64 + 1, v["prompt_tokens"].as_u64().unwrap(), "{v}");
+    }
     let err = fails(&["chat", "--target", s(&target), "--jsonl"]);
     assert!(err.contains("--jsonl does not apply to chat"), "{err}");
     let err = fails(&["serve", "--target", s(&target), "--jsonl"]);

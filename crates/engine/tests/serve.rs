@@ -749,7 +749,7 @@ fn serve_returns_logprobs() {
         assert!(status == 400 && msg.contains(expected), "{body}: {status} {v}");
     }
     for (flags, expected) in [
-        (&["--logprobs", "2"][..], "give --json too"),
+        (&["--logprobs", "2"][..], "give --json (or --jsonl) too"),
         (&["--json", "--logprobs", "21"][..], "at most 20"),
         (&["--json", "--prompt-logprobs"][..], "needs --logprobs"),
         (&["--logit-bias", "5=300"][..], "from -100 to 100"),
