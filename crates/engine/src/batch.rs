@@ -7,7 +7,7 @@ use crate::session::Plan;
 use crate::{answer_json, GenerateArgs};
 use anyhow::{anyhow, Context};
 use engine::stop::TextStops;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::io::BufRead;
 
 /// Reads every line of standard input, then generates for each: `{"line": N, ...}` with what
@@ -34,8 +34,7 @@ pub fn generate_lines(args: &GenerateArgs, plan: Plan) -> anyhow::Result<()> {
         })
         .collect();
     let longest = prompts.iter().filter_map(|(_, p)| p.as_ref().ok()).map(Vec::len).max().unwrap_or(1);
-    let capacity =
-        (longest.saturating_add(args.max_new_tokens).saturating_add(2 * session.tree_len() + 1)).min(session.context);
+    let capacity = session.capacity(longest, args.max_new_tokens);
     let mut generator = session.generator(args, capacity)?;
     generator.set_logprobs(args.logprobs);
     generator.set_prompt_logprobs(args.prompt_logprobs);
@@ -85,18 +84,10 @@ pub fn generate_lines(args: &GenerateArgs, plan: Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ids of one input line: a JSON string (through the chat template, with `--system`, when
-/// `--chat`), or a list of `{"role", "content"}` messages (through the chat template).
+/// The ids of one input line ([`crate::tokenize::line_text`]: a prompt, or a conversation).
 fn prompt_ids(session: &crate::session::Session, args: &GenerateArgs, line: &str) -> anyhow::Result<Vec<u32>> {
     let tok = &session.target.tokenizer;
-    let text = match serde_json::from_str::<Value>(line) {
-        Ok(Value::String(prompt)) if args.chat => tok.apply_chat_template(&prompt, args.system.as_deref())?,
-        Ok(Value::String(prompt)) => prompt,
-        // A conversation's system turn, if any, is among its messages.
-        Ok(Value::Array(messages)) => tok.apply_chat_conversation(&crate::tokenize::chat_turns(&messages)?, None)?,
-        _ => anyhow::bail!("not a JSON string nor a list of messages"),
-    };
-    let ids = tok.encode(&text)?;
+    let ids = tok.encode(&crate::tokenize::line_text(tok, line, args.chat, args.system.as_deref())?)?;
     if ids.is_empty() {
         anyhow::bail!("the prompt has no tokens");
     }

@@ -8,7 +8,7 @@ use engine::draft_window::DraftWindow;
 use engine::model::gguf::WeightFormat;
 use engine::ngram::NgramFlags;
 use engine::penalties::{Penalties, PenaltyFlags};
-use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, PairManifest};
+use engine::provision::{resolve, resolve_cli, FetchOptions, ModelKind, ModelSource, PairManifest};
 use engine::stop::TextStops;
 use samplers::{DraftConstruction, Verifier};
 use std::io::Write;
@@ -301,17 +301,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(*args),
         Command::Tokenize(args) => tokenize::tokenize(*args),
         Command::Fetch { pair, models_dir } => {
-            let dir = models_dir.unwrap_or_else(default_models_dir);
-            let manifest = PairManifest::find(&pair, &dir)?;
-            let opts = FetchOptions::default();
+            let manifest = pair_manifest(&pair, models_dir.as_deref())?;
             for (role, source) in [("target", &manifest.target), ("draft", &manifest.draft)] {
-                let path = resolve(source, None, &opts).with_context(|| format!("fetching the {role} of {pair}"))?;
+                let path = manifest_model(source, role, &pair)?;
                 println!("{role}: {}", path.display());
                 // A GGUF draft is loaded `fast-cpu` by default: convert it now, not at the
                 // first `generate` (see `engine::model::converted`).
                 if role == "draft" && source.kind == ModelKind::Model && engine::load::is_gguf_file(&path) {
                     let mut file = engine::model::gguf::GgufFile::open(&path)?;
-                    if let Some(copy) = engine::model::converted::ensure(&mut file, &opts.cache)
+                    if let Some(copy) = engine::model::converted::ensure(&mut file, &engine::provision::cache_dir())
                         .with_context(|| format!("converting the draft {} for the CPU", path.display()))?
                     {
                         println!("draft, converted for the CPU: {}", copy.display());
@@ -339,8 +337,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let text = if args.chat { tok.apply_chat_template(&prompt, args.system.as_deref())? } else { prompt };
     let ids = tok.encode(&text)?;
     session.check_fits(ids.len(), session.context, "prompt")?;
-    let capacity =
-        (ids.len().saturating_add(args.max_new_tokens).saturating_add(2 * session.tree_len() + 1)).min(session.context);
+    let capacity = session.capacity(ids.len(), args.max_new_tokens);
     let mut generator = session.generator(&args, capacity)?;
     generator.set_logprobs(args.logprobs);
     generator.set_prompt_logprobs(args.prompt_logprobs);
@@ -414,34 +411,43 @@ enum DraftFiles {
 /// The target and draft files: explicit paths (or hub ids) first, the pair's manifest for
 /// the rest.
 fn model_paths(args: &GenerateArgs, need_draft: bool) -> anyhow::Result<(PathBuf, Option<DraftFiles>)> {
-    let fetch = FetchOptions::default();
-    let cli = |spec: &str| resolve_cli(spec, &fetch).with_context(|| format!("resolving `{spec}`"));
     let explicit_draft = args.draft.is_some() || args.eagle.is_some();
     let manifest = if args.target.is_none() || (need_draft && !explicit_draft) {
-        let dir = args.models_dir.clone().unwrap_or_else(default_models_dir);
-        Some(PairManifest::find(&args.pair, &dir)?)
+        Some(pair_manifest(&args.pair, args.models_dir.as_deref())?)
     } else {
         None
     };
-    let from_manifest = |source: &engine::provision::ModelSource, role: &str| -> anyhow::Result<PathBuf> {
-        resolve(source, None, &fetch).with_context(|| format!("fetching the {role} of {}", args.pair))
-    };
     let target = match (&args.target, &manifest) {
-        (Some(t), _) => cli(t)?,
-        (None, Some(m)) => from_manifest(&m.target, "target")?,
+        (Some(t), _) => cli_model(t)?,
+        (None, Some(m)) => manifest_model(&m.target, "target", &args.pair)?,
         (None, None) => unreachable!("a manifest is read when --target is missing"),
     };
     let draft = match (need_draft, &args.draft, &args.eagle, &manifest) {
         (false, ..) => None,
-        (true, Some(d), _, _) => Some(DraftFiles::Model(cli(d)?)),
-        (true, None, Some(e), _) => Some(DraftFiles::Eagle(cli(e)?)),
+        (true, Some(d), _, _) => Some(DraftFiles::Model(cli_model(d)?)),
+        (true, None, Some(e), _) => Some(DraftFiles::Eagle(cli_model(e)?)),
         (true, None, None, Some(m)) => {
-            let path = from_manifest(&m.draft, "draft")?;
+            let path = manifest_model(&m.draft, "draft", &args.pair)?;
             Some(if m.draft.kind == ModelKind::EagleHead { DraftFiles::Eagle(path) } else { DraftFiles::Model(path) })
         }
         (true, None, None, None) => unreachable!("a manifest is read when no draft is given"),
     };
     Ok((target, draft))
+}
+
+/// A model given on the command line: a path, or a hub id fetched ([`resolve_cli`]).
+fn cli_model(spec: &str) -> anyhow::Result<PathBuf> {
+    resolve_cli(spec, &FetchOptions::default()).with_context(|| format!("resolving `{spec}`"))
+}
+
+/// The manifest of model pair `pair` in `models_dir` (default: [`default_models_dir`]).
+fn pair_manifest(pair: &str, models_dir: Option<&Path>) -> anyhow::Result<PairManifest> {
+    Ok(PairManifest::find(pair, &models_dir.map_or_else(default_models_dir, Path::to_path_buf))?)
+}
+
+/// The `role` model of pair `pair`'s manifest: from the cache, else fetched ([`resolve`]).
+fn manifest_model(source: &ModelSource, role: &str, pair: &str) -> anyhow::Result<PathBuf> {
+    resolve(source, None, &FetchOptions::default()).with_context(|| format!("fetching the {role} of {pair}"))
 }
 
 impl GenerateArgs {

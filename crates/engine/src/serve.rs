@@ -116,6 +116,18 @@ impl ChatMessage {
     }
 }
 
+/// The text `messages` run as: through the chat template, the assistant's turn opened.
+fn chat_text(tok: &TextTokenizer, messages: &[ChatMessage]) -> Result<String, Refusal> {
+    let texts = messages.iter().map(ChatMessage::text).collect::<Result<Vec<String>, Refusal>>()?;
+    let turns: Vec<(&str, &str)> = messages.iter().zip(&texts).map(|(m, t)| (m.role.as_str(), t.as_str())).collect();
+    tok.apply_chat_conversation(&turns, None).map_err(|e| Refusal(400, format!("messages: {e}")))
+}
+
+/// Token ids from a JSON list, each below `vocab` (`None` if one is not).
+fn token_ids(list: &[Value], vocab: usize) -> Option<Vec<u32>> {
+    list.iter().map(|v| v.as_u64().filter(|&id| (id as usize) < vocab).map(|id| id as u32)).collect()
+}
+
 /// What a checked request asks beyond its prompt and generation settings.
 struct Checked {
     stream: bool,
@@ -494,15 +506,7 @@ impl State<'_, '_> {
                 prompts(p, tok)?.into_iter().map(|p| p.map_or_else(encode, Ok)).collect::<Result<Vec<_>, _>>()?
             }
             (Kind::Text, None, _) => return refuse(400, "prompt: missing"),
-            (Kind::Chat, _, Some(m)) if !m.is_empty() => {
-                let texts = m.iter().map(ChatMessage::text).collect::<Result<Vec<String>, Refusal>>()?;
-                let turns: Vec<(&str, &str)> =
-                    m.iter().zip(&texts).map(|(m, t)| (m.role.as_str(), t.as_str())).collect();
-                match tok.apply_chat_conversation(&turns, None) {
-                    Ok(t) => vec![encode(t)?],
-                    Err(e) => return refuse(400, format!("messages: {e}")),
-                }
-            }
+            (Kind::Chat, _, Some(m)) if !m.is_empty() => vec![encode(chat_text(tok, m)?)?],
             (Kind::Chat, _, _) => return refuse(400, "messages: missing or empty"),
         };
         if prompts.len() * n > MAX_PROMPTS {
@@ -542,9 +546,7 @@ impl State<'_, '_> {
 fn prompts(prompt: &Value, tok: &engine::tokenizer::TextTokenizer) -> Result<Vec<Result<Prompt, String>>, Refusal> {
     let vocab = tok.vocab().len();
     let ids = |list: &[Value]| -> Result<Prompt, Refusal> {
-        let ids: Option<Vec<u32>> =
-            list.iter().map(|v| v.as_u64().filter(|&id| (id as usize) < vocab).map(|id| id as u32)).collect();
-        match ids {
+        match token_ids(list, vocab) {
             Some(ids) if !ids.is_empty() => {
                 let text = tok.decode(&ids).map_err(|e| Refusal(400, format!("prompt: {e}")))?;
                 Ok(Prompt { ids, text })

@@ -170,6 +170,12 @@ impl Session {
         self.config.speculative.as_ref().map_or(1, |s| s.max_tree_len(self.config.warp))
     }
 
+    /// Cache positions for prompts of up to `prompt_tokens` and `max_new_tokens` new tokens:
+    /// with room for two of the largest trees besides, at most the context.
+    pub fn capacity(&self, prompt_tokens: usize, max_new_tokens: usize) -> usize {
+        prompt_tokens.saturating_add(max_new_tokens).saturating_add(2 * self.tree_len() + 1).min(self.context)
+    }
+
     /// A generator with caches of `capacity` positions and the `--draft-window`.
     pub fn generator(&self, args: &GenerateArgs, capacity: usize) -> anyhow::Result<Generator<'_>> {
         let mut generator = match &self.eagle {

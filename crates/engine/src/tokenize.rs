@@ -6,7 +6,6 @@
 use anyhow::{bail, Context};
 use clap::Args;
 use engine::load::load_tokenizer;
-use engine::provision::{resolve, resolve_cli, FetchOptions, PairManifest};
 use engine::tokenizer::TextTokenizer;
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
@@ -59,13 +58,11 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     if args.prompt.is_none() && args.prompt_file.is_none() && !args.jsonl && args.decode.is_none() {
         bail!("give a text with --prompt TEXT or --prompt-file FILE, JSON lines on standard input with --jsonl, or ids with --decode IDS");
     }
-    let fetch = FetchOptions::default();
     let path = match &args.target {
-        Some(t) => resolve_cli(t, &fetch).with_context(|| format!("resolving `{t}`"))?,
+        Some(t) => crate::cli_model(t)?,
         None => {
-            let dir = args.models_dir.clone().unwrap_or_else(crate::default_models_dir);
-            let manifest = PairManifest::find(&args.pair, &dir)?;
-            resolve(&manifest.target, None, &fetch).with_context(|| format!("fetching the target of {}", args.pair))?
+            let manifest = crate::pair_manifest(&args.pair, args.models_dir.as_deref())?;
+            crate::manifest_model(&manifest.target, "target", &args.pair)?
         }
     };
     let tok = load_tokenizer(&path, args.tokenizer.as_deref())?;
@@ -86,13 +83,9 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            let at = || format!("standard input, line {}", i + 1);
-            let ids = match serde_json::from_str::<Value>(&line) {
-                Ok(Value::String(text)) => encode(&tok, &text, &args),
-                Ok(Value::Array(messages)) => conversation(&tok, &messages),
-                _ => bail!("{}: not a JSON string nor a list of messages", at()),
-            }
-            .with_context(at)?;
+            let ids = line_text(&tok, &line, args.chat, args.system.as_deref())
+                .and_then(|text| Ok(tok.encode(&text)?))
+                .with_context(|| format!("standard input, line {}", i + 1))?;
             writeln!(out, "{}", Value::from(ids))?;
         }
         return Ok(());
@@ -119,14 +112,21 @@ fn encode(tok: &TextTokenizer, text: &str, args: &TokenizeArgs) -> anyhow::Resul
     Ok(tok.encode(&text)?)
 }
 
-/// The ids of a conversation: `{"role": ..., "content": ...}` messages through the chat
-/// template, with the assistant's turn opened.
-fn conversation(tok: &TextTokenizer, messages: &[Value]) -> anyhow::Result<Vec<u32>> {
-    Ok(tok.encode(&tok.apply_chat_conversation(&chat_turns(messages)?, None)?)?)
+/// The text of one `--jsonl` line (of `tokenize` and `generate`): a JSON string, through the
+/// chat template with `system` when `chat`; or a conversation, a JSON list of `{"role",
+/// "content"}` messages, through the chat template with the assistant's turn opened (its
+/// system turn, if any, is among its messages).
+pub(crate) fn line_text(tok: &TextTokenizer, line: &str, chat: bool, system: Option<&str>) -> anyhow::Result<String> {
+    match serde_json::from_str::<Value>(line) {
+        Ok(Value::String(text)) if chat => Ok(tok.apply_chat_template(&text, system)?),
+        Ok(Value::String(text)) => Ok(text),
+        Ok(Value::Array(messages)) => Ok(tok.apply_chat_conversation(&chat_turns(&messages)?, None)?),
+        _ => bail!("not a JSON string nor a list of messages"),
+    }
 }
 
 /// The `(role, content)` turns of a JSON list of `{"role": TEXT, "content": TEXT}` messages.
-pub(crate) fn chat_turns(messages: &[Value]) -> anyhow::Result<Vec<(&str, &str)>> {
+fn chat_turns(messages: &[Value]) -> anyhow::Result<Vec<(&str, &str)>> {
     messages
         .iter()
         .map(|m| match (m["role"].as_str(), m["content"].as_str()) {

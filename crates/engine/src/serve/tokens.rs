@@ -2,7 +2,7 @@
 //! prompt (or a chat request's messages, through the chat template) runs as, and the text of
 //! token ids. Answered off the generator's thread: they need the tokenizer alone.
 
-use super::{refuse, ChatMessage, Refusal};
+use super::{chat_text, refuse, token_ids, ChatMessage, Refusal};
 use engine::tokenizer::TextTokenizer;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -33,11 +33,7 @@ pub(super) fn tokenize(tok: &TextTokenizer, capacity: usize, body: &str) -> Resu
     }
     let text = match (&req.prompt, &req.messages) {
         (Some(p), None) => p.clone(),
-        (None, Some(m)) if !m.is_empty() => {
-            let texts = m.iter().map(ChatMessage::text).collect::<Result<Vec<String>, Refusal>>()?;
-            let turns: Vec<(&str, &str)> = m.iter().zip(&texts).map(|(m, t)| (m.role.as_str(), t.as_str())).collect();
-            tok.apply_chat_conversation(&turns, None).map_err(|e| Refusal(400, format!("messages: {e}")))?
-        }
+        (None, Some(m)) if !m.is_empty() => chat_text(tok, m)?,
         (None, Some(_)) => return refuse(400, "messages: empty"),
         (Some(_), Some(_)) => return refuse(400, "give prompt or messages, not both"),
         (None, None) => return refuse(400, "prompt or messages: missing"),
@@ -61,9 +57,7 @@ pub(super) fn detokenize(tok: &TextTokenizer, body: &str) -> Result<Value, Refus
     let req: DetokenizeRequest =
         serde_json::from_str(body).map_err(|e| Refusal(400, format!("the body is not a valid request: {e}")))?;
     let vocab = tok.vocab().len();
-    let ids: Option<Vec<u32>> =
-        req.tokens.iter().map(|v| v.as_u64().filter(|&id| (id as usize) < vocab).map(|id| id as u32)).collect();
-    let Some(ids) = ids else {
+    let Some(ids) = token_ids(&req.tokens, vocab) else {
         return refuse(400, format!("tokens: a list of token ids below {vocab}"));
     };
     let text = tok.decode(&ids).map_err(|e| Refusal(400, format!("tokens: {e}")))?;
