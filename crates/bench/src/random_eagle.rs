@@ -170,6 +170,7 @@ mod tests {
             head_dim: 16,
             rms_norm_eps: 1e-6,
             rope_theta: 1e6,
+            rope_scaling: Default::default(),
             context_length: 512,
             rope_interleaved: false,
         };
@@ -179,7 +180,7 @@ mod tests {
         assert_eq!(shapes["layers.0.self_attn.v_proj.bias"], [32]);
         assert_eq!(shapes["layers.0.mlp.down_proj.weight"], [64, 96]);
         assert_eq!(shapes["embed_tokens.weight"], [100, 64]);
-        let llama = ModelConfig { architecture: Architecture::Llama, ..c };
+        let llama = ModelConfig { architecture: Architecture::Llama, ..c.clone() };
         assert!(tensor_shapes(&llama, false).iter().all(|(n, _)| !n.ends_with("bias") || n == "fc.bias"));
         assert_eq!(config_json(&c, "bf16")["qkv_bias"], true);
         assert!(config_json(&llama, "f32").get("qkv_bias").is_none());

@@ -104,7 +104,9 @@ impl EagleHead {
         let c = &config;
         let h = c.hidden_size;
         let fc = dense_linear(&vb.pp("fc"), h, 2 * h, vb.contains_tensor("fc.bias"))?;
-        let layer = layer(&vb.pp("layers.0"), c, hf.qkv_bias(), false)?;
+        // EAGLE's heads (`cnets.py`) put biases on q, k and v at most.
+        let biases = super::hf::Biases { qkv: hf.qkv_bias(), ..Default::default() };
+        let layer = layer(&vb.pp("layers.0"), c, biases, false)?;
         let embed = if vb.contains_tensor("embed_tokens.weight") {
             Some(vb.get((c.vocab_size, h), "embed_tokens.weight")?)
         } else {

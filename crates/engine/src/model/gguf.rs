@@ -12,6 +12,7 @@
 //! the map, by every core (the default target loads in 0.9-1.0 s instead of 1.4-2.6 s,
 //! `benches/RESULTS.md`). Without a map (or for a misaligned tensor) the file is read.
 
+use super::rope_scaling::RopeScaling;
 use super::weight_format::fast_cpu_converts_on_cpu;
 pub use super::weight_format::WeightFormat;
 use super::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
@@ -308,6 +309,8 @@ impl GgufFile {
                 None => return Err(err(&self.path, "missing tensor `token_embd.weight`")),
             },
         };
+        let rope_scaling = self.rope_scaling(&arch_name)?;
+        let declared_context = self.uint(&a("context_length"))?.map(|n| n as usize).unwrap_or(4096);
         let config = ModelConfig {
             architecture,
             vocab_size,
@@ -319,13 +322,101 @@ impl GgufFile {
             head_dim,
             rms_norm_eps: self.float(&a("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
             rope_theta: self.float(&a("rope.freq_base"))?.unwrap_or(10_000.0),
-            context_length: self.uint(&a("context_length"))?.map(|n| n as usize).unwrap_or(4096),
+            context_length: rope_scaling.context_length(declared_context),
+            rope_scaling,
             // llama.cpp's converter permutes LLaMA's q/k rows into interleaved pairs; Qwen2
             // keeps the Hugging Face (NeoX) layout.
             rope_interleaved: architecture == Architecture::Llama,
         };
         config.validate(&self.path.display().to_string())?;
         Ok(config)
+    }
+}
+
+impl GgufFile {
+    /// The rotary scaling llama.cpp's converter records: the tensor `rope_freqs.weight`
+    /// (LLaMA 3.1's frequency divisors), or `{arch}.rope.scaling.type` `linear` or `yarn` with
+    /// its `factor`, `original_context_length` and YaRN's betas (the older
+    /// `{arch}.rope.scale_linear` too). Other types, and YaRN factors this engine does not apply
+    /// (`attn_factor`, `yarn_log_multiplier`, an `ext_factor` or `yarn_attn_factor` other than
+    /// 1), are refused, naming the file.
+    fn rope_scaling(&self, arch_name: &str) -> Result<RopeScaling> {
+        let a = |k: &str| format!("{arch_name}.rope.{k}");
+        let kind = self.string(&a("scaling.type"))?;
+        let factor = self.float(&a("scaling.factor"))?;
+        let divisors = self.small_f32_tensor("rope_freqs.weight")?;
+        let refuse = |what: String| Err(err(&self.path, what));
+        for key in ["scaling.attn_factor", "scaling.yarn_log_multiplier"] {
+            if let Some(v) = self.meta(&a(key)) {
+                return refuse(format!("`{}` ({v:?}) is not supported", a(key)));
+            }
+        }
+        for key in ["scaling.yarn_ext_factor", "scaling.yarn_attn_factor"] {
+            if let Some(v) = self.float(&a(key))?.filter(|v| *v != 1.0 && *v >= 0.0) {
+                return refuse(format!("`{}` = {v} is not supported (only 1)", a(key)));
+            }
+        }
+        let scaling = match (kind.as_deref(), factor, divisors) {
+            (None | Some("none"), _, None) => match self.float(&a("scale_linear"))? {
+                Some(f) if f != 1.0 => RopeScaling::Linear { factor: f },
+                _ => RopeScaling::None,
+            },
+            (None | Some("none"), _, Some(d)) => RopeScaling::FreqFactors(d),
+            (Some(_), _, Some(_)) => {
+                return refuse(format!("`rope_freqs.weight` together with `{}` is not supported", a("scaling.type")))
+            }
+            (Some("linear"), Some(f), None) => RopeScaling::Linear { factor: f },
+            (Some("yarn"), Some(f), None) => RopeScaling::Yarn {
+                factor: f,
+                original_context: match self.uint(&a("scaling.original_context_length"))? {
+                    Some(n) => n as f64,
+                    None => self.require_uint(&format!("{arch_name}.context_length"))? as f64,
+                },
+                beta_fast: self.float(&a("scaling.yarn_beta_fast"))?.filter(|b| *b != 0.0).unwrap_or(32.0),
+                beta_slow: self.float(&a("scaling.yarn_beta_slow"))?.filter(|b| *b != 0.0).unwrap_or(1.0),
+                // llama.cpp: `attn_factor * (1 + 0.1 ln(1 / freq_scale))`, as transformers' `get_mscale`.
+                attention_factor: if f > 1.0 { 0.1 * f.ln() + 1.0 } else { 1.0 },
+                truncate: true,
+            },
+            (Some(kind @ ("linear" | "yarn")), None, None) => {
+                return refuse(format!("`{}` is `{kind}` but `{}` is missing", a("scaling.type"), a("scaling.factor")))
+            }
+            (Some(other), _, None) => {
+                return refuse(format!(
+                    "`{}` = `{other}` is not supported (supported: none, linear, yarn)",
+                    a("scaling.type")
+                ))
+            }
+        };
+        Ok(scaling)
+    }
+
+    /// A small f32 vector tensor (at most 65,536 values), read without `&mut` (from the map, or
+    /// through a second handle on the file); `None` when the file has no tensor `name`.
+    fn small_f32_tensor(&self, name: &str) -> Result<Option<Vec<f32>>> {
+        use candle_core::quantized::GgmlDType;
+        use std::io::{Read, Seek, SeekFrom};
+        let Some(info) = self.content.tensor_infos.get(name) else { return Ok(None) };
+        let dims = info.shape.dims();
+        let n: usize = dims.iter().product();
+        if info.ggml_dtype != GgmlDType::F32 || dims.len() != 1 || n > 65_536 {
+            return Err(err(
+                &self.path,
+                format!("`{name}` is {:?} of shape {dims:?}, expected a vector of f32", info.ggml_dtype),
+            ));
+        }
+        let bytes = match self.mapped_bytes(info.ggml_dtype, dims, info.offset) {
+            Some(raw) => raw.to_vec(),
+            None => {
+                let mut f = File::open(&self.path).map_err(|e| err(&self.path, e))?;
+                let mut raw = vec![0u8; 4 * n];
+                f.seek(SeekFrom::Start(self.content.tensor_data_offset + info.offset))
+                    .and_then(|_| f.read_exact(&mut raw))
+                    .map_err(|e| err(&self.path, format!("tensor `{name}`: {e}")))?;
+                raw
+            }
+        };
+        Ok(Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
     }
 }
 
@@ -453,7 +544,6 @@ fn load_file(
     if file.has_tensor("output.weight") {
         file.expect_shape("output.weight", &[vocab, hidden])?;
     }
-    let qkv_bias = c.architecture == Architecture::Qwen2;
     for i in 0..c.num_layers {
         for (name, shape) in [
             ("attn_norm.weight", vec![hidden]),
@@ -468,9 +558,17 @@ fn load_file(
         ] {
             file.expect_shape(&format!("blk.{i}.{name}"), &shape)?;
         }
-        for (name, rows) in [("attn_q.bias", q_rows), ("attn_k.bias", kv_rows), ("attn_v.bias", kv_rows)] {
+        for (name, rows) in [
+            ("attn_q.bias", q_rows),
+            ("attn_k.bias", kv_rows),
+            ("attn_v.bias", kv_rows),
+            ("attn_output.bias", hidden),
+            ("ffn_gate.bias", c.intermediate_size),
+            ("ffn_up.bias", c.intermediate_size),
+            ("ffn_down.bias", hidden),
+        ] {
             let name = format!("blk.{i}.{name}");
-            if qkv_bias && file.has_tensor(&name) {
+            if file.has_tensor(&name) {
                 file.expect_shape(&name, &[rows])?;
             }
         }
@@ -481,10 +579,12 @@ fn load_file(
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         let p = |s: &str| format!("blk.{i}.{s}");
-        let linear = |file: &mut GgufFile, name: &str, with_bias: bool| -> Result<Linear> {
+        // A bias is applied wherever the file has one, as llama.cpp does (Qwen2's q, k and v;
+        // a LLaMA's with `attention_bias` or `mlp_bias`).
+        let linear = |file: &mut GgufFile, name: &str| -> Result<Linear> {
             let weight_name = p(&format!("{name}.weight"));
             let bias_name = p(&format!("{name}.bias"));
-            let b = if with_bias && file.has_tensor(&bias_name) {
+            let b = if file.has_tensor(&bias_name) {
                 Some(file.tensor(&bias_name, device)?.dequantize(device)?)
             } else {
                 None
@@ -495,17 +595,16 @@ fn load_file(
             let w = Arc::new(file.tensor(&weight_name, device)?);
             stored_linear(file, &weight_name, w, b, format, device)
         };
-        let qkv_bias = config.architecture == Architecture::Qwen2;
         layers.push(Layer {
             attn_norm: Some(dense(&mut file, &p("attn_norm.weight"))?),
-            q: linear(&mut file, "attn_q", qkv_bias)?,
-            k: linear(&mut file, "attn_k", qkv_bias)?,
-            v: linear(&mut file, "attn_v", qkv_bias)?,
-            o: linear(&mut file, "attn_output", false)?,
+            q: linear(&mut file, "attn_q")?,
+            k: linear(&mut file, "attn_k")?,
+            v: linear(&mut file, "attn_v")?,
+            o: linear(&mut file, "attn_output")?,
             mlp_norm: dense(&mut file, &p("ffn_norm.weight"))?,
-            gate: linear(&mut file, "ffn_gate", false)?,
-            up: linear(&mut file, "ffn_up", false)?,
-            down: linear(&mut file, "ffn_down", false)?,
+            gate: linear(&mut file, "ffn_gate")?,
+            up: linear(&mut file, "ffn_up")?,
+            down: linear(&mut file, "ffn_down")?,
         });
     }
     let norm = dense(&mut file, "output_norm.weight")?;

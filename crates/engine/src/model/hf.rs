@@ -32,24 +32,28 @@ pub struct HfConfig {
     pub head_dim: Option<usize>,
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
-    #[serde(default = "default_theta")]
-    pub rope_theta: f64,
+    /// transformers v4's spelling; v5 writes it inside `rope_parameters`.
+    pub rope_theta: Option<serde_json::Value>,
     #[serde(default = "default_ctx")]
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: bool,
+    /// LLaMA: biases on the q, k, v and o projections.
     pub attention_bias: Option<bool>,
+    /// LLaMA: biases on the gate, up and down projections.
+    pub mlp_bias: Option<bool>,
     /// EAGLE heads' name for `attention_bias` (their Qwen2 heads say `model_type: llama`).
     pub qkv_bias: Option<bool>,
+    /// transformers v4's rotary scaling (`type` or `rope_type`, `factor`, ...).
     pub rope_scaling: Option<serde_json::Value>,
+    /// transformers v5's rotary parameters: `rope_theta`, `rope_type` and the scaling's own.
+    pub rope_parameters: Option<serde_json::Value>,
+    pub partial_rotary_factor: Option<serde_json::Value>,
     pub hidden_act: Option<String>,
 }
 
 fn default_eps() -> f64 {
     1e-6
-}
-fn default_theta() -> f64 {
-    10_000.0
 }
 fn default_ctx() -> usize {
     2048
@@ -71,11 +75,15 @@ impl HfConfig {
                 return Err(err(path, format!("unsupported model_type `{other}` (supported: llama, mistral, qwen2)")))
             }
         };
-        if let Some(s) = &self.rope_scaling {
-            if !s.is_null() {
-                return Err(err(path, format!("rope_scaling {s} is not supported yet")));
-            }
-        }
+        let rope_fields = serde_json::json!({
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "rope_parameters": self.rope_parameters,
+            "partial_rotary_factor": self.partial_rotary_factor,
+        });
+        let (rope_theta, rope_scaling) =
+            super::rope_scaling::from_hf_config(&rope_fields, self.max_position_embeddings)
+                .map_err(|e| err(path, e))?;
         if let Some(act) = &self.hidden_act {
             if act != "silu" {
                 return Err(err(path, format!("hidden_act `{act}` is not supported (only silu)")));
@@ -91,8 +99,9 @@ impl HfConfig {
             num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
             head_dim: self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1)),
             rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
-            context_length: self.max_position_embeddings,
+            rope_theta,
+            context_length: rope_scaling.context_length(self.max_position_embeddings),
+            rope_scaling,
             rope_interleaved: false,
         };
         config.validate(&path.display().to_string())?;
@@ -101,6 +110,17 @@ impl HfConfig {
 
     pub fn qkv_bias(&self) -> bool {
         self.attention_bias.or(self.qkv_bias).unwrap_or(self.model_type == "qwen2")
+    }
+
+    /// The projections with biases, as transformers builds them: Qwen2 on q, k and v; LLaMA
+    /// with `attention_bias` on q, k, v and o, with `mlp_bias` on gate, up and down.
+    pub fn biases(&self) -> Biases {
+        let llama = self.model_type == "llama";
+        Biases {
+            qkv: self.qkv_bias(),
+            o: llama && self.attention_bias == Some(true),
+            mlp: llama && self.mlp_bias == Some(true),
+        }
     }
 }
 
@@ -206,21 +226,29 @@ pub(crate) fn dense_linear(vb: &VarBuilder, out: usize, inp: usize, bias: bool) 
     Linear::new(QMatMul::Tensor(w), b)
 }
 
+/// Which projections of a layer have biases ([`HfConfig::biases`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Biases {
+    pub qkv: bool,
+    pub o: bool,
+    pub mlp: bool,
+}
+
 /// One decoder layer under transformers' names (`self_attn.*`, `mlp.*`, the norms) from `l`;
 /// without `input_layernorm` when `input_norm` is false (EAGLE heads).
-pub(crate) fn layer(l: &VarBuilder, c: &ModelConfig, qkv_bias: bool, input_norm: bool) -> Result<Layer> {
+pub(crate) fn layer(l: &VarBuilder, c: &ModelConfig, biases: Biases, input_norm: bool) -> Result<Layer> {
     let (h, kv, q) = (c.hidden_size, c.num_kv_heads * c.head_dim, c.num_heads * c.head_dim);
     let (a, f) = (l.pp("self_attn"), l.pp("mlp"));
     Ok(Layer {
         attn_norm: if input_norm { Some(l.get(h, "input_layernorm.weight")?) } else { None },
-        q: dense_linear(&a.pp("q_proj"), q, h, qkv_bias)?,
-        k: dense_linear(&a.pp("k_proj"), kv, h, qkv_bias)?,
-        v: dense_linear(&a.pp("v_proj"), kv, h, qkv_bias)?,
-        o: dense_linear(&a.pp("o_proj"), h, q, false)?,
+        q: dense_linear(&a.pp("q_proj"), q, h, biases.qkv)?,
+        k: dense_linear(&a.pp("k_proj"), kv, h, biases.qkv)?,
+        v: dense_linear(&a.pp("v_proj"), kv, h, biases.qkv)?,
+        o: dense_linear(&a.pp("o_proj"), h, q, biases.o)?,
         mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
-        gate: dense_linear(&f.pp("gate_proj"), c.intermediate_size, h, false)?,
-        up: dense_linear(&f.pp("up_proj"), c.intermediate_size, h, false)?,
-        down: dense_linear(&f.pp("down_proj"), h, c.intermediate_size, false)?,
+        gate: dense_linear(&f.pp("gate_proj"), c.intermediate_size, h, biases.mlp)?,
+        up: dense_linear(&f.pp("up_proj"), c.intermediate_size, h, biases.mlp)?,
+        down: dense_linear(&f.pp("down_proj"), h, c.intermediate_size, biases.mlp)?,
     })
 }
 
@@ -233,7 +261,7 @@ fn build(hf: &HfConfig, config: ModelConfig, vb: VarBuilder, dtype: DType, devic
     // abort on the allocation before the first missing layer is reported.
     let mut layers = Vec::new();
     for i in 0..c.num_layers {
-        layers.push(layer(&m.pp(format!("layers.{i}")), c, hf.qkv_bias(), true)?);
+        layers.push(layer(&m.pp(format!("layers.{i}")), c, hf.biases(), true)?);
     }
     let norm = m.get(h, "norm.weight")?;
     let lm_head = if hf.tie_word_embeddings && !vb.contains_tensor("lm_head.weight") {

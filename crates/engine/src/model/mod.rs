@@ -32,6 +32,7 @@ pub mod q8k_activations;
 pub mod qgemv;
 #[cfg(test)]
 mod repack_test_support;
+pub mod rope_scaling;
 pub mod rotary;
 mod torch_bin;
 pub mod weight_format;
@@ -62,6 +63,8 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    /// How the rotary frequencies are scaled for long contexts ([`rope_scaling::RopeScaling`]).
+    pub rope_scaling: rope_scaling::RopeScaling,
     /// Longest sequence (prompt plus generated tokens) the model supports.
     pub context_length: usize,
     /// Rotary embedding on interleaved pairs (GGUF LLaMA files, whose q/k rows are permuted by
@@ -98,6 +101,7 @@ impl ModelConfig {
         if !positive(self.rope_theta) || !positive(self.rms_norm_eps) {
             return Err(bad(format!("rope theta {} or RMS-norm epsilon {}", self.rope_theta, self.rms_norm_eps)));
         }
+        self.rope_scaling.validate(self.head_dim).map_err(bad)?;
         Ok(())
     }
 }

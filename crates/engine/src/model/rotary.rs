@@ -10,11 +10,14 @@
 use super::ModelConfig;
 use candle_core::{DType, Device, Result, Tensor};
 
-/// The inverse frequencies `theta^(-2i / head_dim)`, `i < head_dim / 2`, of one model.
+/// The inverse frequencies of one model: `theta^(-2i / head_dim)`, `i < head_dim / 2`, as its
+/// rotary scaling changes them ([`super::rope_scaling`]).
 #[derive(Debug, Clone)]
 pub struct Rotary {
     /// `[1, head_dim / 2]`, f32.
     inv_freq: Tensor,
+    /// YaRN's factor on cos and sin (1: none).
+    attention_factor: f32,
     /// The dtype cos and sin are returned in (the model's activations).
     dtype: DType,
 }
@@ -22,9 +25,8 @@ pub struct Rotary {
 impl Rotary {
     pub fn new(c: &ModelConfig, dtype: DType, device: &Device) -> Result<Self> {
         let half = c.head_dim / 2;
-        let inv_freq: Vec<f32> =
-            (0..half).map(|i| (1.0 / c.rope_theta.powf(2.0 * i as f64 / c.head_dim as f64)) as f32).collect();
-        Ok(Self { inv_freq: Tensor::from_vec(inv_freq, (1, half), device)?, dtype })
+        let (inv_freq, attention_factor) = c.rope_scaling.frequencies(c.rope_theta, c.head_dim);
+        Ok(Self { inv_freq: Tensor::from_vec(inv_freq, (1, half), device)?, attention_factor, dtype })
     }
 
     /// cos and sin `[t, head_dim / 2]` of the angles `positions[r] * inv_freq[i]`, for the u32
@@ -32,7 +34,14 @@ impl Rotary {
     pub fn at(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = positions.dim(0)?;
         let angles = positions.to_dtype(DType::F32)?.reshape((t, 1))?.broadcast_mul(&self.inv_freq)?;
-        Ok((angles.cos()?.to_dtype(self.dtype)?, angles.sin()?.to_dtype(self.dtype)?))
+        let (cos, sin) = (angles.cos()?, angles.sin()?);
+        let (cos, sin) = if self.attention_factor == 1.0 {
+            (cos, sin)
+        } else {
+            let a = self.attention_factor as f64;
+            ((cos * a)?, (sin * a)?)
+        };
+        Ok((cos.to_dtype(self.dtype)?, sin.to_dtype(self.dtype)?))
     }
 }
 
@@ -56,6 +65,7 @@ mod tests {
             head_dim: 64,
             rms_norm_eps: 1e-5,
             rope_theta: 1_000_000.0,
+            rope_scaling: Default::default(),
             context_length: 40_000,
             rope_interleaved: false,
         };

@@ -48,6 +48,29 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
+/// The `eos_token_id` (a number or a list) of a model folder's `generation_config.json`, as
+/// transformers' `generate` stops on them (LLaMA 3.1 Instruct lists `<|end_of_text|>`,
+/// `<|eom_id|>` and `<|eot_id|>`); none without the file. Ids outside the vocabulary of
+/// `vocab` tokens are an error naming the file.
+fn generation_eos_ids(path: &Path, vocab: usize) -> Result<Vec<u32>> {
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| err(path, e))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| err(path, format!("not valid JSON: {e}")))?;
+    let ids: Vec<&Value> = match json.get("eos_token_id") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list.iter().collect(),
+        Some(one) => vec![one],
+    };
+    ids.into_iter()
+        .map(|v| match v.as_u64() {
+            Some(id) if (id as usize) < vocab => Ok(id as u32),
+            _ => Err(err(path, format!("`eos_token_id` {v} is not a token id of the {vocab}-token vocabulary"))),
+        })
+        .collect()
+}
+
 impl TextTokenizer {
     /// Builds the tokenizer stored in a GGUF file's metadata.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
@@ -77,7 +100,12 @@ impl TextTokenizer {
             _ => false,
         };
         let chat_template = file.string("tokenizer.chat_template")?;
-        Ok(Self::finish(inner, tokens, chat_template, bos, eos, add_bos, path))
+        // llama.cpp's end-of-turn and end-of-message tokens end generation as its EOS does.
+        let mut also_stop = Vec::new();
+        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            also_stop.extend(id_token(key)?.map(|(id, _)| id));
+        }
+        Ok(Self::finish(inner, tokens, chat_template, bos, eos, add_bos, also_stop, path))
     }
 
     /// Loads `tokenizer.json` and, beside it, `tokenizer_config.json` (chat template, BOS/EOS,
@@ -127,9 +155,12 @@ impl TextTokenizer {
         };
         let add_bos = config.get("add_bos_token").and_then(|b| b.as_bool()).unwrap_or(false);
         let (bos, eos) = (special("bos_token"), special("eos_token"));
-        Ok(Self::finish(Arc::new(inner), vocab, chat_template, bos, eos, add_bos, path))
+        let also_stop = generation_eos_ids(&path.with_file_name("generation_config.json"), vocab.len())?;
+        Ok(Self::finish(Arc::new(inner), vocab, chat_template, bos, eos, add_bos, also_stop, path))
     }
 
+    /// `also_stop`: ids the files name as ending generation besides the EOS token.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         inner: Arc<tokenizers::Tokenizer>,
         vocab: Vec<String>,
@@ -137,15 +168,15 @@ impl TextTokenizer {
         bos: Option<(u32, String)>,
         eos: Option<(u32, String)>,
         add_bos: bool,
+        also_stop: Vec<u32>,
         source: &Path,
     ) -> Self {
         // End-of-turn tokens of the common chat formats stop generation too.
         let mut stop_ids: Vec<u32> = eos.iter().map(|(id, _)| *id).collect();
-        for t in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"] {
-            if let Some(id) = inner.token_to_id(t) {
-                if !stop_ids.contains(&id) {
-                    stop_ids.push(id);
-                }
+        let named = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>"];
+        for id in also_stop.into_iter().chain(named.iter().filter_map(|t| inner.token_to_id(t))) {
+            if !stop_ids.contains(&id) {
+                stop_ids.push(id);
             }
         }
         let byte_level = inner

@@ -33,6 +33,8 @@ pub struct Tiny {
     pub scale: f32,
     /// `tokenizer.chat_template` written into GGUF files.
     pub chat_template: Option<&'static str>,
+    /// LLaMA with `attention_bias` and `mlp_bias`: biases on all seven projections.
+    pub llama_biases: bool,
 }
 
 impl Tiny {
@@ -55,6 +57,7 @@ impl Tiny {
             seed,
             scale: 0.3,
             chat_template: None,
+            llama_biases: false,
         }
     }
 
@@ -85,10 +88,16 @@ impl Tiny {
             w.insert(format!("{p}.self_attn.k_proj.weight"), t(&[kv, h], s, 0.0));
             w.insert(format!("{p}.self_attn.v_proj.weight"), t(&[kv, h], s, 0.0));
             w.insert(format!("{p}.self_attn.o_proj.weight"), t(&[h, h], s, 0.0));
-            if self.arch == "qwen2" {
+            if self.arch == "qwen2" || self.llama_biases {
                 w.insert(format!("{p}.self_attn.q_proj.bias"), t(&[h], s, 0.0));
                 w.insert(format!("{p}.self_attn.k_proj.bias"), t(&[kv], s, 0.0));
                 w.insert(format!("{p}.self_attn.v_proj.bias"), t(&[kv], s, 0.0));
+            }
+            if self.llama_biases {
+                w.insert(format!("{p}.self_attn.o_proj.bias"), t(&[h], s, 0.0));
+                w.insert(format!("{p}.mlp.gate_proj.bias"), t(&[self.intermediate], s, 0.0));
+                w.insert(format!("{p}.mlp.up_proj.bias"), t(&[self.intermediate], s, 0.0));
+                w.insert(format!("{p}.mlp.down_proj.bias"), t(&[h], s, 0.0));
             }
             w.insert(format!("{p}.mlp.gate_proj.weight"), t(&[self.intermediate, h], s, 0.0));
             w.insert(format!("{p}.mlp.up_proj.weight"), t(&[self.intermediate, h], s, 0.0));
@@ -102,6 +111,15 @@ impl Tiny {
     }
 
     pub fn config_json(&self) -> serde_json::Value {
+        let mut config = self.base_config_json();
+        if self.llama_biases {
+            config["attention_bias"] = true.into();
+            config["mlp_bias"] = true.into();
+        }
+        config
+    }
+
+    fn base_config_json(&self) -> serde_json::Value {
         serde_json::json!({
             "architectures": [if self.arch == "qwen2" { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
             "model_type": self.arch,
@@ -131,8 +149,21 @@ impl Tiny {
 
     /// Writes `config.json`, `model.safetensors` and `tokenizer.json` into `dir`.
     pub fn write_hf(&self, dir: &Path) -> PathBuf {
+        self.write_hf_with(dir, serde_json::json!({}))
+    }
+
+    /// [`Self::write_hf`] with `config.json` patched: each key of `patch` replaces the
+    /// config's, and a `null` removes it.
+    pub fn write_hf_with(&self, dir: &Path, patch: serde_json::Value) -> PathBuf {
         std::fs::create_dir_all(dir).unwrap();
-        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&self.config_json()).unwrap()).unwrap();
+        let mut config = self.config_json();
+        for (k, v) in patch.as_object().expect("patch is an object") {
+            match v {
+                serde_json::Value::Null => config.as_object_mut().unwrap().remove(k),
+                v => config.as_object_mut().unwrap().insert(k.clone(), v.clone()),
+            };
+        }
+        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
         candle_core::safetensors::save(&self.weights(), dir.join("model.safetensors")).unwrap();
         let vocab: serde_json::Map<String, serde_json::Value> =
             self.tokens().into_iter().enumerate().map(|(i, t)| (t, serde_json::json!(i))).collect();
@@ -154,6 +185,19 @@ impl Tiny {
     /// permuted for interleaved rotary embedding), weights stored as `dtype`, leaving out the
     /// tensors named in `skip`.
     pub fn write_gguf(&self, path: &Path, dtype: GgmlDType, skip: &[&str]) -> PathBuf {
+        self.write_gguf_with(path, dtype, skip, Vec::new(), Vec::new())
+    }
+
+    /// [`Self::write_gguf`] with metadata `extra_meta` (replacing entries of the same key) and
+    /// tensors `extra_tensors` added.
+    pub fn write_gguf_with(
+        &self,
+        path: &Path,
+        dtype: GgmlDType,
+        skip: &[&str],
+        extra_meta: Vec<(String, Value)>,
+        extra_tensors: Vec<(String, QTensor)>,
+    ) -> PathBuf {
         let w = self.weights();
         let arch = self.arch;
         let quant = |t: &Tensor, dt: GgmlDType| QTensor::quantize(t, dt).unwrap();
@@ -181,11 +225,25 @@ impl Tiny {
             tensors.push((g("attn_k.weight"), quant(&permute(&hf("self_attn.k_proj.weight"), self.kv_heads), dtype)));
             tensors.push((g("attn_v.weight"), quant(&hf("self_attn.v_proj.weight"), dtype)));
             tensors.push((g("attn_output.weight"), quant(&hf("self_attn.o_proj.weight"), dtype)));
-            if arch == "qwen2" {
-                for (a, b) in
-                    [("attn_q.bias", "q_proj.bias"), ("attn_k.bias", "k_proj.bias"), ("attn_v.bias", "v_proj.bias")]
-                {
-                    tensors.push((g(a), quant(&hf(&format!("self_attn.{b}")), GgmlDType::F32)));
+            if arch == "qwen2" || self.llama_biases {
+                // LLaMA's q and k biases are permuted as their rows are.
+                let bias = |name: &str, heads: usize| {
+                    let b = hf(&format!("self_attn.{name}"));
+                    let n = b.dims1().unwrap();
+                    permute(&b.reshape((n, 1)).unwrap(), heads).reshape(n).unwrap()
+                };
+                tensors.push((g("attn_q.bias"), quant(&bias("q_proj.bias", self.heads), GgmlDType::F32)));
+                tensors.push((g("attn_k.bias"), quant(&bias("k_proj.bias", self.kv_heads), GgmlDType::F32)));
+                tensors.push((g("attn_v.bias"), quant(&hf("self_attn.v_proj.bias"), GgmlDType::F32)));
+            }
+            if self.llama_biases {
+                for (a, b) in [
+                    ("attn_output.bias", "self_attn.o_proj.bias"),
+                    ("ffn_gate.bias", "mlp.gate_proj.bias"),
+                    ("ffn_up.bias", "mlp.up_proj.bias"),
+                    ("ffn_down.bias", "mlp.down_proj.bias"),
+                ] {
+                    tensors.push((g(a), quant(&hf(b), GgmlDType::F32)));
                 }
             }
             tensors.push((g("ffn_gate.weight"), quant(&hf("mlp.gate_proj.weight"), dtype)));
@@ -196,6 +254,7 @@ impl Tiny {
         if !self.tied {
             tensors.push(("output.weight".into(), quant(&w["lm_head.weight"], dtype)));
         }
+        tensors.extend(extra_tensors);
         tensors.retain(|(n, _)| !skip.contains(&n.as_str()));
         let a = |k: &str| format!("{arch}.{k}");
         let tokens: Vec<Value> = self.tokens().into_iter().map(Value::String).collect();
@@ -220,6 +279,10 @@ impl Tiny {
         ];
         if let Some(t) = self.chat_template {
             meta.push(("tokenizer.chat_template".into(), Value::String(t.into())));
+        }
+        for (k, v) in extra_meta {
+            meta.retain(|(old, _)| *old != k);
+            meta.push((k, v));
         }
         let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();

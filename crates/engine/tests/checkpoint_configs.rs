@@ -1,0 +1,346 @@
+//! What checkpoints' configurations ask of the forward beyond the plain architecture: rotary
+//! scaling (LLaMA 3.1's `llama3`, YaRN, linear), transformers v5's `rope_parameters`, and
+//! LLaMA's `attention_bias` and `mlp_bias`. Our forward against candle-transformers' LLaMA, the
+//! Hugging Face and GGUF spellings of each against each other, the refusals, and (opt-in)
+//! against transformers' own models.
+
+mod common;
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use common::{load_cpu, max_diff, temp_dir, Tiny};
+use engine::model::rope_scaling::RopeScaling;
+use engine::model::{causal_bias, DecoderModel};
+use serde_json::json;
+use std::path::Path;
+
+/// 200 positions: past every original context below, so each scaling moves the logits.
+fn prompt(vocab: usize) -> Vec<u32> {
+    (0..200).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
+}
+
+fn logits_all(model: &DecoderModel, tokens: &[u32]) -> Tensor {
+    let mut cache = model.new_cache(tokens.len()).unwrap();
+    let bias = causal_bias(0, tokens.len(), model.dtype(), model.device()).unwrap();
+    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+    let h = model.forward(tokens, &pos, &bias, &mut cache).unwrap();
+    model.logits(&h).unwrap()
+}
+
+fn llama3() -> serde_json::Value {
+    json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 64})
+}
+
+fn load_error(path: &Path) -> String {
+    match engine::load::load(path, &Device::Cpu, &engine::load::LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// LLaMA 3.1's scaling equals candle-transformers' LLaMA (which implements it) at all 200
+/// positions of a chain, the reference run token by token, to 1e-4; without the scaling the
+/// same weights give logits that differ by more than 0.01.
+#[test]
+fn llama3_scaling_matches_candle_transformers() {
+    let tiny = Tiny::llama(11);
+    let ids = prompt(tiny.vocab);
+    let dir = tiny.write_hf_with(&temp_dir("llama3"), json!({"rope_scaling": llama3()}));
+    let ours = load_cpu(&dir);
+    assert!(matches!(ours.config().rope_scaling, RopeScaling::Llama3 { .. }), "{:?}", ours.config());
+    let all = logits_all(&ours, &ids);
+
+    use candle_transformers::models::llama;
+    let cfg: llama::LlamaConfig =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert!(cfg.rope_scaling.is_some());
+    let cfg = cfg.into_config(false);
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
+            .unwrap()
+    };
+    let model = llama::Llama::load(vb, &cfg).unwrap();
+    let mut cache = llama::Cache::new(true, DType::F32, &cfg, &Device::Cpu).unwrap();
+    for (i, &t) in ids.iter().enumerate() {
+        let x = Tensor::new(&[[t]], &Device::Cpu).unwrap();
+        let reference = model.forward(&x, i, &mut cache).unwrap().squeeze(0).unwrap();
+        let d = max_diff(&all.narrow(0, i, 1).unwrap().squeeze(0).unwrap(), &reference);
+        assert!(d < 1e-4, "position {i}: max |diff| = {d}");
+    }
+
+    let plain = load_cpu(&tiny.write_hf(&temp_dir("llama3-plain")));
+    let d = max_diff(&logits_all(&plain, &ids), &all);
+    assert!(d > 1e-2, "the scaling should change the logits, moved them by {d}");
+}
+
+/// llama.cpp's converter writes LLaMA 3.1's scaling as `rope_freqs.weight`
+/// (`convert_hf_to_gguf.py`: 1 below the high-frequency wavelength, `factor` above the
+/// low-frequency one, `1 / ((1 - smooth) / factor + smooth)` between).
+fn llama_cpp_rope_freqs(tiny: &Tiny, theta: f64) -> QTensor {
+    let (factor, low, high, old) = (8.0f64, 1.0f64, 4.0f64, 64.0f64);
+    let d = tiny.head_dim();
+    let divisors: Vec<f32> = (0..d / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf(2.0 * i as f64 / d as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < old / high {
+                1.0
+            } else if wavelen > old / low {
+                factor as f32
+            } else {
+                let smooth = (old / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect();
+    assert!(divisors.iter().any(|&x| x != 1.0 && x != factor as f32), "some frequency should be blended");
+    let t = Tensor::from_vec(divisors, d / 2, &Device::Cpu).unwrap();
+    QTensor::quantize(&t, GgmlDType::F32).unwrap()
+}
+
+/// Each scaling spelt as llama.cpp's GGUF metadata gives the logits of the same weights spelt
+/// as a Hugging Face folder (f32 weights, 1e-4): `rope_freqs.weight` for `llama3`,
+/// `rope.scaling.type` `linear` (and the older `rope.scale_linear`), and `yarn` with its
+/// original context. transformers v5's `rope_parameters` (with `rope_theta` inside, none at the
+/// top) reads as v4's `rope_theta` plus `rope_scaling`, bit for bit. The context is YaRN's
+/// `factor` times its original one, linear scaling's `factor` times the declared one.
+#[test]
+fn gguf_and_config_json_spellings_agree() {
+    let root = temp_dir("rope-spellings");
+    let f = |k: &str, x: f32| (k.to_string(), Value::F32(x));
+    let s = |k: &str, x: &str| (k.to_string(), Value::String(x.into()));
+    let u = |k: &str, x: u32| (k.to_string(), Value::U32(x));
+    let yarn = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 100});
+
+    let llama = Tiny::llama(12);
+    let qwen = Tiny::qwen2(13);
+    let ids = prompt(llama.vocab);
+    // (what, folder, GGUF file)
+    let cases: Vec<(&str, std::path::PathBuf, std::path::PathBuf)> = vec![
+        (
+            "llama3 / rope_freqs",
+            llama.write_hf_with(&root.join("llama3"), json!({"rope_scaling": llama3()})),
+            llama.write_gguf_with(
+                &root.join("llama3.gguf"),
+                GgmlDType::F32,
+                &[],
+                vec![],
+                vec![("rope_freqs.weight".into(), llama_cpp_rope_freqs(&llama, 10_000.0))],
+            ),
+        ),
+        (
+            "linear",
+            llama.write_hf_with(&root.join("linear"), json!({"rope_scaling": {"type": "linear", "factor": 3.0}})),
+            llama.write_gguf_with(
+                &root.join("linear.gguf"),
+                GgmlDType::F32,
+                &[],
+                vec![s("llama.rope.scaling.type", "linear"), f("llama.rope.scaling.factor", 3.0)],
+                vec![],
+            ),
+        ),
+        (
+            "linear, older key",
+            root.join("linear"),
+            llama.write_gguf_with(
+                &root.join("scale_linear.gguf"),
+                GgmlDType::F32,
+                &[],
+                vec![f("llama.rope.scale_linear", 3.0)],
+                vec![],
+            ),
+        ),
+        (
+            "yarn",
+            qwen.write_hf_with(&root.join("yarn"), json!({"rope_scaling": yarn})),
+            qwen.write_gguf_with(
+                &root.join("yarn.gguf"),
+                GgmlDType::F32,
+                &[],
+                vec![
+                    s("qwen2.rope.scaling.type", "yarn"),
+                    f("qwen2.rope.scaling.factor", 4.0),
+                    u("qwen2.rope.scaling.original_context_length", 100),
+                ],
+                vec![],
+            ),
+        ),
+    ];
+    for (what, dir, gguf) in &cases {
+        let hf = load_cpu(dir);
+        let g = load_cpu(gguf);
+        assert_ne!(hf.config().rope_scaling, RopeScaling::None, "{what}");
+        let expect = logits_all(&hf, &ids);
+        let d = max_diff(&logits_all(&g, &ids), &expect);
+        assert!(d < 1e-4, "{what}: GGUF against config.json: {d}");
+        let tiny = if what.starts_with("yarn") { qwen } else { llama };
+        let plain = load_cpu(&tiny.write_hf(&root.join(format!("plain-{}", tiny.arch))));
+        let moved = max_diff(&logits_all(&plain, &ids), &expect);
+        assert!(moved > 1e-2, "{what}: the scaling should move the logits, moved them by {moved}");
+        // YaRN: factor x original context; linear: factor x the declared one; llama3: declared.
+        let context = match *what {
+            "yarn" => 400,
+            w if w.starts_with("linear") => 3 * tiny.context,
+            _ => tiny.context,
+        };
+        assert_eq!((hf.config().context_length, g.config().context_length), (context, context), "{what}");
+    }
+
+    // transformers v5's spelling.
+    let v5 = qwen.write_hf_with(
+        &root.join("yarn-v5"),
+        json!({"rope_theta": null, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0,
+               "original_max_position_embeddings": 100}}),
+    );
+    let d = max_diff(&logits_all(&load_cpu(&v5), &ids), &logits_all(&load_cpu(&root.join("yarn")), &ids));
+    assert_eq!(d, 0.0, "v5 yarn against v4 yarn");
+    let theta_v4 = llama.write_hf_with(&root.join("theta-v4"), json!({"rope_theta": 1e6}));
+    let theta_v5 = llama.write_hf_with(
+        &root.join("theta-v5"),
+        json!({"rope_theta": null, "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}),
+    );
+    let v4_logits = logits_all(&load_cpu(&theta_v4), &ids);
+    assert_eq!(max_diff(&logits_all(&load_cpu(&theta_v5), &ids), &v4_logits), 0.0, "v5 theta against v4 theta");
+    let default_theta = logits_all(&load_cpu(&llama.write_hf(&root.join("theta-default"))), &ids);
+    assert!(max_diff(&default_theta, &v4_logits) > 1e-2, "theta 1e6 should differ from the default 10,000");
+}
+
+/// Scalings this engine does not apply are refused at load, naming the file, rather than run
+/// with the default frequencies.
+#[test]
+fn unsupported_scalings_are_refused() {
+    let root = temp_dir("rope-refused");
+    let tiny = Tiny::llama(14);
+    for (name, patch, needle) in [
+        ("dynamic", json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}), "`dynamic` is not supported"),
+        (
+            "longrope",
+            json!({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}}),
+            "`longrope` is not supported",
+        ),
+        ("no-factor", json!({"rope_scaling": {"rope_type": "llama3"}}), "has no `factor`"),
+        (
+            "partial",
+            json!({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}),
+            "part of each head",
+        ),
+    ] {
+        let dir = tiny.write_hf_with(&root.join(name), patch);
+        let e = load_error(&dir);
+        assert!(e.contains("config.json") && e.contains(needle), "{name}: {e}");
+    }
+    let s = |k: &str, x: &str| (k.to_string(), Value::String(x.into()));
+    let f = |k: &str, x: f32| (k.to_string(), Value::F32(x));
+    let short = QTensor::quantize(&Tensor::new(&[1f32, 2.0, 4.0], &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
+    let zero = QTensor::quantize(&Tensor::new(&[1f32, 0.0, 4.0, 8.0], &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
+    for (name, meta, tensors, needle) in [
+        ("longrope.gguf", vec![s("llama.rope.scaling.type", "longrope")], vec![], "`longrope` is not supported"),
+        (
+            "no-factor.gguf",
+            vec![s("llama.rope.scaling.type", "yarn")],
+            vec![],
+            "`llama.rope.scaling.factor` is missing",
+        ),
+        (
+            "attn-factor.gguf",
+            vec![
+                s("llama.rope.scaling.type", "yarn"),
+                f("llama.rope.scaling.factor", 4.0),
+                f("llama.rope.scaling.attn_factor", 0.5),
+            ],
+            vec![],
+            "attn_factor",
+        ),
+        ("short-freqs.gguf", vec![], vec![("rope_freqs.weight".to_string(), short)], "need 4"),
+        ("zero-freqs.gguf", vec![], vec![("rope_freqs.weight".to_string(), zero)], "must be positive"),
+    ] {
+        let path = tiny.write_gguf_with(&root.join(name), GgmlDType::F32, &[], meta, tensors);
+        let e = load_error(&path);
+        assert!(e.contains(name) && e.contains(needle), "{name}: {e}");
+    }
+}
+
+/// A LLaMA with `attention_bias` and `mlp_bias` (biases on all seven projections) gives the
+/// same logits from its folder and from a GGUF file holding the biases (q's and k's permuted as
+/// their rows are), to 1e-4; the biases count: read without them (the same folder with both
+/// flags false, as transformers would read it) the logits differ by more than 0.01.
+#[test]
+fn llama_biases_are_applied() {
+    let root = temp_dir("llama-biases");
+    let tiny = Tiny { llama_biases: true, ..Tiny::llama(15) };
+    let ids = prompt(tiny.vocab);
+    let hf = load_cpu(&tiny.write_hf(&root.join("hf")));
+    let expect = logits_all(&hf, &ids);
+    let gguf = load_cpu(&tiny.write_gguf(&root.join("biases.gguf"), GgmlDType::F32, &[]));
+    let d = max_diff(&logits_all(&gguf, &ids), &expect);
+    assert!(d < 1e-4, "GGUF against config.json: {d}");
+    let without = tiny.write_hf_with(&root.join("without"), json!({"attention_bias": false, "mlp_bias": false}));
+    let moved = max_diff(&logits_all(&load_cpu(&without), &ids), &expect);
+    assert!(moved > 1e-2, "the biases should move the logits, moved them by {moved}");
+}
+
+/// Opt-in: the tiny models `benches/transformers_crosscheck.py --models DIR` builds and saves with
+/// transformers (default rotary, a large theta, llama3, linear, YaRN, YaRN with mscale, a LLaMA
+/// with attention and MLP biases), each
+/// in transformers' own current `config.json` spelling, give the logits transformers computed,
+/// at all 200 positions, to 1e-4 of the largest logit.
+/// `MDSD_TRANSFORMERS_REFERENCE=DIR cargo test --release -p engine --test checkpoint_configs -- --ignored`.
+#[test]
+#[ignore = "needs MDSD_TRANSFORMERS_REFERENCE from benches/transformers_crosscheck.py --models"]
+fn transformers_reference_models() {
+    let root = std::env::var("MDSD_TRANSFORMERS_REFERENCE").expect("MDSD_TRANSFORMERS_REFERENCE=DIR");
+    let mut dirs: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
+    dirs.sort();
+    assert!(dirs.len() >= 7, "expected the seven models of transformers_crosscheck.py in {root}");
+    for dir in dirs {
+        let expected: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+        let ids: Vec<u32> = expected["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let rows: Vec<Vec<f32>> = expected["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+            .collect();
+        let vocab = rows[0].len();
+        let reference = Tensor::from_vec(rows.concat(), (ids.len(), vocab), &Device::Cpu).unwrap();
+        let model = engine::model::hf::load(&dir, DType::F32, &Device::Cpu, None).unwrap();
+        let d = max_diff(&logits_all(&model, &ids), &reference);
+        let scale = reference.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        println!("{}: {:?}, max |diff| {d:.2e}, logits up to {scale:.2}", dir.display(), model.config().rope_scaling);
+        assert!(d < 1e-4 * scale.max(1.0), "{}: max |diff| {d} for logits up to {scale}", dir.display());
+    }
+}
+
+/// Ids that end generation besides the EOS token: a folder's `generation_config.json`
+/// `eos_token_id` (a list, as LLaMA 3.1 Instruct's, or one number) and GGUF's
+/// `tokenizer.ggml.eot_token_id` and `eom_token_id`. An id outside the vocabulary is refused,
+/// naming the file.
+#[test]
+fn generation_config_and_gguf_name_more_stop_ids() {
+    let root = temp_dir("stop-ids");
+    let tiny = Tiny::llama(16);
+    let dir = tiny.write_hf(&root.join("hf"));
+    let tokenizer = |dir: &Path| engine::load::load_tokenizer(dir, None);
+    let plain = tokenizer(&dir).unwrap();
+    // This folder has no tokenizer_config.json, so no EOS of its own.
+    assert!(!plain.is_stop(2) && !plain.is_stop(5) && !plain.is_stop(7));
+    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [2, 5, 7]}"#).unwrap();
+    let t = tokenizer(&dir).unwrap();
+    assert!(t.is_stop(2) && t.is_stop(5) && t.is_stop(7) && !t.is_stop(6));
+    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": 9, "do_sample": true}"#).unwrap();
+    assert!(tokenizer(&dir).unwrap().is_stop(9));
+    std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [2, 4800]}"#).unwrap();
+    let e = format!("{:#}", tokenizer(&dir).unwrap_err());
+    assert!(e.contains("generation_config.json") && e.contains("4800"), "{e}");
+
+    let u = |k: &str, x: u32| (k.to_string(), Value::U32(x));
+    let meta = vec![u("tokenizer.ggml.eot_token_id", 5), u("tokenizer.ggml.eom_token_id", 7)];
+    let gguf = tiny.write_gguf_with(&root.join("eot.gguf"), GgmlDType::F32, &[], meta, vec![]);
+    let t = tokenizer(&gguf).unwrap();
+    assert!(t.is_stop(2) && t.is_stop(5) && t.is_stop(7) && !t.is_stop(6));
+    let plain = tokenizer(&tiny.write_gguf(&root.join("plain.gguf"), GgmlDType::F32, &[])).unwrap();
+    assert!(!plain.is_stop(5) && !plain.is_stop(7));
+}
