@@ -344,3 +344,51 @@ fn generation_config_and_gguf_name_more_stop_ids() {
     let plain = tokenizer(&tiny.write_gguf(&root.join("plain.gguf"), GgmlDType::F32, &[])).unwrap();
     assert!(!plain.is_stop(5) && !plain.is_stop(7));
 }
+
+/// A model whose layers slide keeps its text inside the window, where sliding attention is
+/// full attention: the context is the window. Sliding layers as transformers decides them:
+/// Mistral's `sliding_window`; Qwen2's with `use_sliding_window` from `max_window_layers` on
+/// (v4), or where `layer_types` says `sliding_attention` (v5); never LLaMA's. A quantized
+/// checkpoint (`quantization_config`, whose weights this loader would misread) is refused,
+/// naming the file.
+#[test]
+fn sliding_windows_bound_the_context_and_quantized_checkpoints_are_refused() {
+    let root = temp_dir("sliding");
+    let (llama, qwen) = (Tiny::llama(17), Tiny::qwen2(18));
+    let full = llama.context;
+    for (name, tiny, patch, context) in [
+        ("mistral", llama, json!({"model_type": "mistral", "sliding_window": 100}), 100),
+        ("mistral-null", llama, json!({"model_type": "mistral", "sliding_window": null}), full),
+        ("llama", llama, json!({"sliding_window": 64}), full),
+        ("qwen2-v4", qwen, json!({"use_sliding_window": true, "sliding_window": 64, "max_window_layers": 1}), 64),
+        (
+            "qwen2-v4-no-layer",
+            qwen,
+            json!({"use_sliding_window": true, "sliding_window": 64, "max_window_layers": 2}),
+            full,
+        ),
+        ("qwen2-v4-off", qwen, json!({"use_sliding_window": false, "sliding_window": 64}), full),
+        (
+            "qwen2-v5",
+            qwen,
+            json!({"use_sliding_window": null, "sliding_window": 64,
+                   "layer_types": ["full_attention", "sliding_attention"]}),
+            64,
+        ),
+        (
+            "qwen2-v5-full",
+            qwen,
+            json!({"sliding_window": 64, "layer_types": ["full_attention", "full_attention"]}),
+            full,
+        ),
+    ] {
+        let model = load_cpu(&tiny.write_hf_with(&root.join(name), patch));
+        assert_eq!(model.config().context_length, context, "{name}");
+    }
+    let quantized = llama.write_hf_with(
+        &root.join("fp8"),
+        json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}),
+    );
+    let e = load_error(&quantized);
+    assert!(e.contains("config.json") && e.contains("quant_method `fp8`"), "{e}");
+}

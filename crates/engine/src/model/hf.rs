@@ -50,6 +50,15 @@ pub struct HfConfig {
     pub rope_parameters: Option<serde_json::Value>,
     pub partial_rotary_factor: Option<serde_json::Value>,
     pub hidden_act: Option<String>,
+    /// Mistral: every layer's window; Qwen2: the window of the layers that slide.
+    pub sliding_window: Option<usize>,
+    /// Qwen2 (transformers v4): whether layers from `max_window_layers` on slide.
+    pub use_sliding_window: Option<bool>,
+    pub max_window_layers: Option<usize>,
+    /// transformers v5: `full_attention` or `sliding_attention` per layer.
+    pub layer_types: Option<Vec<String>>,
+    /// GPTQ, AWQ, FP8 and the like: weights this loader would misread, so refused.
+    pub quantization_config: Option<serde_json::Value>,
 }
 
 fn default_eps() -> f64 {
@@ -89,6 +98,17 @@ impl HfConfig {
                 return Err(err(path, format!("hidden_act `{act}` is not supported (only silu)")));
             }
         }
+        if let Some(q) = self.quantization_config.as_ref().filter(|q| !q.is_null()) {
+            let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("unnamed");
+            return Err(err(
+                path,
+                format!(
+                    "a quantized checkpoint (quant_method `{method}`) is not supported: use its GGUF file, or the \
+                     unquantized weights"
+                ),
+            ));
+        }
+        let context = rope_scaling.context_length(self.max_position_embeddings);
         let config = ModelConfig {
             architecture,
             vocab_size: self.vocab_size,
@@ -100,12 +120,33 @@ impl HfConfig {
             head_dim: self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1)),
             rms_norm_eps: self.rms_norm_eps,
             rope_theta,
-            context_length: rope_scaling.context_length(self.max_position_embeddings),
+            // Within its window a sliding layer attends as a full one does: the text stays inside it.
+            context_length: self.sliding_window().map_or(context, |w| context.min(w)),
             rope_scaling,
             rope_interleaved: false,
         };
         config.validate(&path.display().to_string())?;
         Ok(config)
+    }
+
+    /// The attention window when any layer slides, as transformers decides it: Mistral's
+    /// `sliding_window` for every layer; Qwen2's for the layers `layer_types` marks
+    /// `sliding_attention` (v5), else, with `use_sliding_window`, those from `max_window_layers`
+    /// on (v4). LLaMA has none.
+    pub fn sliding_window(&self) -> Option<usize> {
+        let window = self.sliding_window.filter(|&w| w > 0)?;
+        let slides = match self.model_type.as_str() {
+            "mistral" => true,
+            "qwen2" => match &self.layer_types {
+                Some(types) => types.iter().any(|t| t == "sliding_attention"),
+                None => {
+                    self.use_sliding_window == Some(true)
+                        && self.max_window_layers.unwrap_or(0) < self.num_hidden_layers
+                }
+            },
+            _ => false,
+        };
+        slides.then_some(window)
     }
 
     pub fn qkv_bias(&self) -> bool {
