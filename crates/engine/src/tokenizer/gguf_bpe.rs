@@ -23,15 +23,25 @@ fn byte_level(regex: bool) -> Value {
 fn pre_tokenizer_spec(pre: &str) -> Option<Value> {
     let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
     Some(match pre {
-        "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
-        "llama-bpe" | "llama3" => {
+        "qwen2" | "deepseek-r1-qwen" | "megrez" => {
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]})
+        }
+        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" => {
             json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
         }
         "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-        "default" | "gpt2" | "gpt-2" => byte_level(true),
+        "default" | "gpt2" | "gpt-2" | "phi-2" => byte_level(true),
         _ => return None,
     })
+}
+
+/// Whether pre-tokenizer `pre`'s words that are whole tokens are taken as they are, before any
+/// merge: llama.cpp's `ignore_merges` for its LLaMA-3 family, as LLaMA 3's own `tokenizer.json`
+/// says (`"ignore_merges": true`). A word that is in the vocabulary but that the merges do not
+/// reach in rank order is then one token, as the model was trained.
+fn ignores_merges(pre: &str) -> bool {
+    matches!(pre, "llama-bpe" | "llama3" | "llama-v3" | "falcon3")
 }
 
 /// The GGUF metadata a byte-level BPE tokenizer is built from: `tokenizer.ggml.pre`, `tokens`,
@@ -61,6 +71,7 @@ fn build_bpe(
     merges: &[String],
     types: &[i64],
     pre_tokenizer: Value,
+    ignore_merges: bool,
 ) -> std::result::Result<tokenizers::Tokenizer, String> {
     use tokenizers::models::bpe::{Vocab, BPE};
     let mut vocab = Vocab::with_capacity(tokens.len());
@@ -82,7 +93,11 @@ fn build_bpe(
             _ => Err(format!("merge {} (`{m}`) is not two tokens separated by one space", rank + 1)),
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| e.to_string())?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| e.to_string())?;
     let pre: tokenizers::PreTokenizerWrapper = serde_json::from_value(pre_tokenizer).map_err(|e| e.to_string())?;
     let decoder: tokenizers::DecoderWrapper = serde_json::from_value(byte_level(true)).map_err(|e| e.to_string())?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
@@ -98,7 +113,8 @@ pub(super) fn shared(key: GgufBpe, path: &Path) -> Result<(Arc<tokenizers::Token
         return Err(err(
             path,
             format!(
-                "GGUF pre-tokenizer `{}` is not supported (qwen2, llama-bpe, smollm, starcoder, gpt2); \
+                "GGUF pre-tokenizer `{}` is not supported (qwen2, deepseek-r1-qwen, llama-bpe, smollm, starcoder, \
+                 gpt2); \
                  pass the model's tokenizer.json with --tokenizer",
                 key.pre
             ),
@@ -109,7 +125,7 @@ pub(super) fn shared(key: GgufBpe, path: &Path) -> Result<(Arc<tokenizers::Token
     match &*last {
         Some((k, inner)) if *k == key => Ok((inner.clone(), key.tokens)),
         _ => {
-            let built = build_bpe(&key.tokens, &key.merges, &key.types, pre_tokenizer)
+            let built = build_bpe(&key.tokens, &key.merges, &key.types, pre_tokenizer, ignores_merges(&key.pre))
                 .map_err(|e| err(path, format!("cannot build the tokenizer from the GGUF metadata: {e}")))?;
             let inner = Arc::new(built);
             let tokens = key.tokens.clone();
@@ -126,7 +142,13 @@ mod tests {
 
     /// The tokenizer of GGUF metadata through a `tokenizer.json` text, as `from_gguf` built it
     /// before [`build_bpe`]: the reference that `build_bpe` must equal.
-    fn bpe_via_json(tokens: &[String], merges: &[String], types: &[i64], pre: Value) -> tokenizers::Tokenizer {
+    fn bpe_via_json(
+        tokens: &[String],
+        merges: &[String],
+        types: &[i64],
+        pre: Value,
+        ignore_merges: bool,
+    ) -> tokenizers::Tokenizer {
         let mut vocab = serde_json::Map::new();
         let mut added = Vec::new();
         for (id, tok) in tokens.iter().enumerate() {
@@ -141,7 +163,7 @@ mod tests {
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
             "pre_tokenizer": pre, "post_processor": null, "decoder": byte_level(true),
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
                 "vocab": vocab, "merges": merges},
         });
         tokenizers::Tokenizer::from_bytes(spec.to_string().as_bytes()).unwrap()
@@ -151,8 +173,8 @@ mod tests {
     /// added tokens, encodings (with and without special tokens) and decodings of `texts`.
     fn assert_same_tokenizer(tokens: &[String], merges: &[String], types: &[i64], pre: &str, texts: &[String]) {
         let spec = pre_tokenizer_spec(pre).unwrap();
-        let direct = build_bpe(tokens, merges, types, spec.clone()).unwrap();
-        let reference = bpe_via_json(tokens, merges, types, spec);
+        let direct = build_bpe(tokens, merges, types, spec.clone(), ignores_merges(pre)).unwrap();
+        let reference = bpe_via_json(tokens, merges, types, spec, ignores_merges(pre));
         assert_eq!(direct.get_vocab(true), reference.get_vocab(true), "{pre}: vocabularies");
         let added = |t: &tokenizers::Tokenizer| {
             let mut a: Vec<(u32, String, bool)> =
@@ -222,8 +244,33 @@ mod tests {
             assert_same_tokenizer(&tokens, &merges, &types, pre, &texts);
         }
         // A merge that is not two tokens is an error, not a panic.
-        let bad = build_bpe(&tokens, &["a b c".to_string()], &types, byte_level(true));
+        let bad = build_bpe(&tokens, &["a b c".to_string()], &types, byte_level(true), false);
         assert!(bad.unwrap_err().contains("merge 1"));
+    }
+
+    /// LLaMA 3's pre-tokenizers take a word that is a whole token as it is (llama.cpp's
+    /// `ignore_merges` for them, and LLaMA 3's own `tokenizer.json`); the others build every
+    /// word by merges. Vocabulary: three bytes, `ab` (merge `a b`) and `abc`, which no merge
+    /// reaches.
+    #[test]
+    fn llama3_takes_whole_word_tokens_before_merges() {
+        let tokens: Vec<String> = ["a", "b", "c", "ab", "abc"].map(String::from).to_vec();
+        let merges = vec!["a b".to_string()];
+        let types = vec![1i64; tokens.len()];
+        for (pre, expect) in [
+            ("llama-bpe", vec![4u32]),
+            ("llama3", vec![4]),
+            ("falcon3", vec![4]),
+            ("qwen2", vec![3, 2]),
+            ("deepseek-r1-qwen", vec![3, 2]),
+            ("gpt2", vec![3, 2]),
+        ] {
+            let spec = pre_tokenizer_spec(pre).unwrap();
+            let t = build_bpe(&tokens, &merges, &types, spec, ignores_merges(pre)).unwrap();
+            assert_eq!(t.encode("abc", false).unwrap().get_ids(), expect, "{pre}");
+            // A word that is not a token is built by merges either way.
+            assert_eq!(t.encode("abcab", false).unwrap().get_ids(), [3, 2, 3], "{pre}");
+        }
     }
 
     /// The same on the real GGUF tokenizers (the default pair's target and SmolLM2) and the 80
