@@ -392,3 +392,37 @@ fn sliding_windows_bound_the_context_and_quantized_checkpoints_are_refused() {
     let e = load_error(&quantized);
     assert!(e.contains("config.json") && e.contains("quant_method `fp8`"), "{e}");
 }
+
+/// A folder whose `tokenizer_config.json` does not say `add_bos_token` gets its BOS first when
+/// the tokenizer's own post-processor adds it (LLaMA 3's `TemplateProcessing`), as transformers
+/// does for a plain text; `add_bos_token: false` wins. A GGUF file with a LLaMA 3 pre-tokenizer
+/// and no `tokenizer.ggml.add_bos_token` gets its BOS too (llama.cpp's default); `false` wins
+/// there as well.
+#[test]
+fn bos_as_the_tokenizer_adds_it() {
+    let root = temp_dir("bos");
+    let tiny = Tiny::llama(19);
+    let first = |path: &Path| engine::load::load_tokenizer(path, None).unwrap().encode("ABC").unwrap()[0];
+    let dir = tiny.write_hf(&root.join("hf"));
+    let config = |text: &str| std::fs::write(dir.join("tokenizer_config.json"), text).unwrap();
+    config(r#"{"bos_token": "!"}"#);
+    assert_ne!(first(&dir), 0, "no post-processor: no BOS");
+    let path = dir.join("tokenizer.json");
+    let mut tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let bos = json!({"SpecialToken": {"id": "!", "type_id": 0}});
+    tok["post_processor"] = json!({"type": "TemplateProcessing",
+        "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"!": {"id": "!", "ids": [0], "tokens": ["!"]}}});
+    std::fs::write(&path, tok.to_string()).unwrap();
+    assert_eq!(first(&dir), 0, "the post-processor adds the BOS");
+    config(r#"{"bos_token": "!", "add_bos_token": false}"#);
+    assert_ne!(first(&dir), 0, "add_bos_token false");
+
+    let s = |k: &str, x: &str| (k.to_string(), Value::String(x.into()));
+    let gguf = |name: &str, meta| tiny.write_gguf_with(&root.join(name), GgmlDType::F32, &[], meta, vec![]);
+    assert_eq!(first(&gguf("llama3.gguf", vec![s("tokenizer.ggml.pre", "llama-bpe")])), 1);
+    let no = vec![s("tokenizer.ggml.pre", "llama-bpe"), ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false))];
+    assert_ne!(first(&gguf("llama3-no-bos.gguf", no)), 1);
+    assert_ne!(first(&gguf("default.gguf", vec![])), 1, "GPT-2's pre-tokenizer: no BOS unless asked");
+}

@@ -44,6 +44,12 @@ fn ignores_merges(pre: &str) -> bool {
     matches!(pre, "llama-bpe" | "llama3" | "llama-v3" | "falcon3")
 }
 
+/// Whether llama.cpp puts the BOS first for pre-tokenizer `pre` when the file does not say
+/// (`tokenizer.ggml.add_bos_token`): for its LLaMA 3 family.
+pub(super) fn adds_bos_by_default(pre: &str) -> bool {
+    ignores_merges(pre)
+}
+
 /// The GGUF metadata a byte-level BPE tokenizer is built from: `tokenizer.ggml.pre`, `tokens`,
 /// `merges` and `token_type`.
 #[derive(PartialEq)]

@@ -89,15 +89,17 @@ impl TextTokenizer {
         let merges = file.strings("tokenizer.ggml.merges")?.ok_or_else(|| err(path, "no `tokenizer.ggml.merges`"))?;
         let types = file.ints("tokenizer.ggml.token_type")?.unwrap_or_else(|| vec![1; tokens.len()]);
         let pre = file.string("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".into());
+        let bos_by_default = gguf_bpe::adds_bos_by_default(&pre);
         let (inner, tokens) = gguf_bpe::shared(GgufBpe { pre, tokens, merges, types }, path)?;
         let id_token = |key: &str| -> Result<Option<(u32, String)>> {
             Ok(file.uint(key)?.and_then(|id| tokens.get(id as usize).map(|t| (id as u32, t.clone()))))
         };
         let bos = id_token("tokenizer.ggml.bos_token_id")?;
         let eos = id_token("tokenizer.ggml.eos_token_id")?;
+        // Without the key, llama.cpp adds the BOS for its LLaMA 3 pre-tokenizers.
         let add_bos = match file.meta("tokenizer.ggml.add_bos_token") {
             Some(candle_core::quantized::gguf_file::Value::Bool(b)) => *b,
-            _ => false,
+            _ => bos_by_default,
         };
         let chat_template = file.string("tokenizer.chat_template")?;
         // llama.cpp's end-of-turn and end-of-message tokens end generation as its EOS does.
@@ -153,8 +155,15 @@ impl TextTokenizer {
                 .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
             _ => None,
         };
-        let add_bos = config.get("add_bos_token").and_then(|b| b.as_bool()).unwrap_or(false);
         let (bos, eos) = (special("bos_token"), special("eos_token"));
+        // Without `add_bos_token`, the BOS is added when the tokenizer's own post-processor adds
+        // it, as transformers does for a plain text (LLaMA 3's `TemplateProcessing`).
+        let add_bos = match config.get("add_bos_token").and_then(|b| b.as_bool()) {
+            Some(b) => b,
+            None => bos
+                .as_ref()
+                .is_some_and(|(id, _)| inner.encode("a", true).is_ok_and(|e| e.get_ids().first() == Some(id))),
+        };
         let also_stop = generation_eos_ids(&path.with_file_name("generation_config.json"), vocab.len())?;
         Ok(Self::finish(Arc::new(inner), vocab, chat_template, bos, eos, add_bos, also_stop, path))
     }
