@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod gguf_bpe;
+mod strftime;
 
 use gguf_bpe::GgufBpe;
 
@@ -345,6 +346,7 @@ pub fn render_chat(
     env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
     });
+    env.add_function("strftime_now", |format: String| strftime::strftime(&format, strftime::now_unix()));
     env.add_template("chat", template).map_err(|e| e.to_string())?;
     let tmpl = env.get_template("chat").map_err(|e| e.to_string())?;
     tmpl.render(minijinja::context! {
@@ -517,5 +519,17 @@ mod tests {
         assert_eq!(tok.token_bytes(1), b"\n");
         assert_eq!(tok.token_bytes(2), [0xE2]);
         assert_eq!(tok.token_bytes(3), b"x");
+    }
+
+    /// LLaMA 3.2's date line: with `strftime_now` (transformers gives templates this function)
+    /// today's date, not the template's fallback.
+    #[test]
+    fn chat_templates_get_today_from_strftime_now() {
+        let template = r#"{%- if strftime_now is defined %}{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}{%- set date_string = "26 Jul 2024" %}{%- endif %}Today Date: {{ date_string }}"#;
+        let before = strftime::strftime("%d %b %Y", strftime::now_unix());
+        let text = render_chat(template, &[], None, None).unwrap();
+        let after = strftime::strftime("%d %b %Y", strftime::now_unix());
+        assert!(text == format!("Today Date: {before}") || text == format!("Today Date: {after}"), "{text}");
+        assert_ne!(text, "Today Date: 26 Jul 2024");
     }
 }
