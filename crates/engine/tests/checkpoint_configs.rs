@@ -426,3 +426,45 @@ fn bos_as_the_tokenizer_adds_it() {
     assert_ne!(first(&gguf("llama3-no-bos.gguf", no)), 1);
     assert_ne!(first(&gguf("default.gguf", vec![])), 1, "GPT-2's pre-tokenizer: no BOS unless asked");
 }
+
+/// Speculative decoding of scaled models at temperature 0 equals plain decoding of the target,
+/// token for token, past the original context: a YaRN Qwen2 target (original context 64) with
+/// a one-layer `llama3` draft, a 150-token prompt and 60 new tokens, for three trees and every
+/// valid construction/verifier pair. Tree rows get the scaled rotary at their own positions.
+#[test]
+fn scaled_models_decode_speculatively_as_plainly() {
+    use engine::decode::Generator;
+    use engine::DraftTree;
+    let root = temp_dir("scaled-decoding");
+    let yarn = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64});
+    let target = Tiny { scale: 0.8, ..Tiny::qwen2(23) };
+    let target = load_cpu(&target.write_hf_with(&root.join("target"), json!({"rope_scaling": yarn})));
+    let draft = Tiny { scale: 0.8, layers: 1, ..Tiny::llama(24) };
+    let draft = load_cpu(&draft.write_hf_with(&root.join("draft"), json!({"rope_scaling": llama3()})));
+    let prompt: Vec<u32> = prompt(48)[..150].to_vec();
+    let base = common::greedy(60, 1);
+    let (reference, _) =
+        Generator::new(&target, None, 256).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(reference.len(), 60);
+    let mut generator = Generator::new(&target, Some(&draft), 256).unwrap();
+    let mut accepted = 0;
+    for name in ["chain-4", "drafts-2-depth-3", "mc_sim_7b_63"] {
+        let tree = DraftTree::preset(name).unwrap();
+        for &(c, v) in samplers::VALID_PAIRS {
+            let two_or_none = (0..tree.len()).all(|i| [0, 2].contains(&tree.children(i).len()));
+            if c == samplers::DraftConstruction::SpecHub && !two_or_none {
+                continue; // SpecHub drafts two children per node
+            }
+            let warp = Some(samplers::dist::Warp::temperature(1.0));
+            let config = engine::decode::GenerationConfig {
+                speculative: Some(common::spec(tree.clone(), c, v, warp, 0.0)),
+                ..base.clone()
+            };
+            let what = format!("{name} {c}+{v}");
+            let (out, stats) = common::generate_streamed(&mut generator, &prompt, &config, &what);
+            assert_eq!(out, reference, "{what}");
+            accepted += usize::from(stats.tau > 1.0);
+        }
+    }
+    assert!(accepted > 0, "no configuration accepted a draft");
+}
