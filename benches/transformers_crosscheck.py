@@ -10,7 +10,7 @@ Two uses:
       `engine::model::rope_scaling`'s unit test compares with.
 
   python benches/transformers_crosscheck.py --models DIR
-      Builds tiny random LLaMA and Qwen2 models with transformers, one per
+      Builds tiny random LLaMA, Qwen2 and Qwen3 models with transformers, one per
       configuration below, saves each with `save_pretrained` (so `config.json` is in transformers'
       own current spelling) under DIR/NAME, and writes the logits of a fixed 200-token prompt
       (float32, eager attention) to DIR/NAME/expected.json. Then
@@ -27,7 +27,8 @@ import os
 import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 # (description, config.json fields, head_dim). Real checkpoints' values where named.
@@ -104,6 +105,10 @@ MODELS = [
                                                      "original_max_position_embeddings": 32, "mscale": 1.0,
                                                      "mscale_all_dim": 0.5, "beta_fast": 8.0, "beta_slow": 2.0}}),
     ("llama-biases", "llama", {"rope_theta": 10000.0, "attention_bias": True, "mlp_bias": True}),
+    ("qwen3", "qwen3", {"rope_theta": 1000000.0, "head_dim": 32}),
+    ("qwen3-yarn", "qwen3", {"rope_theta": 1000000.0, "head_dim": 32,
+                             "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 64}}),
 ]
 
 
@@ -118,8 +123,10 @@ def build_models(out):
                       rms_norm_eps=1e-6, initializer_range=0.2, tie_word_embeddings=False, **rope)
         if arch == "llama":
             model = LlamaForCausalLM(LlamaConfig(**common, attn_implementation="eager"))
-        else:
+        elif arch == "qwen2":
             model = Qwen2ForCausalLM(Qwen2Config(**common, attn_implementation="eager"))
+        else:
+            model = Qwen3ForCausalLM(Qwen3Config(**common, attn_implementation="eager"))
         model = model.float().eval()
         with torch.no_grad():  # transformers initialises biases to zero; give them values
             for pname, param in model.named_parameters():

@@ -283,7 +283,8 @@ fn llama_biases_are_applied() {
 
 /// Opt-in: the tiny models `benches/transformers_crosscheck.py --models DIR` builds and saves with
 /// transformers (default rotary, a large theta, llama3, linear, YaRN, YaRN with mscale, a LLaMA
-/// with attention and MLP biases), each
+/// with attention and MLP biases, Qwen3 with heads wider than `hidden / heads`, with and without
+/// YaRN), each
 /// in transformers' own current `config.json` spelling, give the logits transformers computed,
 /// at all 200 positions, to 1e-4 of the largest logit.
 /// `MDSD_TRANSFORMERS_REFERENCE=DIR cargo test --release -p engine --test checkpoint_configs -- --ignored`.
@@ -293,7 +294,7 @@ fn transformers_reference_models() {
     let root = std::env::var("MDSD_TRANSFORMERS_REFERENCE").expect("MDSD_TRANSFORMERS_REFERENCE=DIR");
     let mut dirs: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).collect();
     dirs.sort();
-    assert!(dirs.len() >= 7, "expected the seven models of transformers_crosscheck.py in {root}");
+    assert!(dirs.len() >= 9, "expected the nine models of transformers_crosscheck.py in {root}");
     for dir in dirs {
         let expected: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
@@ -429,7 +430,7 @@ fn bos_as_the_tokenizer_adds_it() {
 
 /// Speculative decoding of scaled models at temperature 0 equals plain decoding of the target,
 /// token for token, past the original context: a YaRN Qwen2 target (original context 64) with
-/// a one-layer `llama3` draft, a 150-token prompt and 60 new tokens, for three trees and every
+/// a one-layer Qwen3 draft under `llama3` scaling, a 150-token prompt and 60 new tokens, for three trees and every
 /// valid construction/verifier pair. Tree rows get the scaled rotary at their own positions.
 #[test]
 fn scaled_models_decode_speculatively_as_plainly() {
@@ -439,7 +440,7 @@ fn scaled_models_decode_speculatively_as_plainly() {
     let yarn = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64});
     let target = Tiny { scale: 0.8, ..Tiny::qwen2(23) };
     let target = load_cpu(&target.write_hf_with(&root.join("target"), json!({"rope_scaling": yarn})));
-    let draft = Tiny { scale: 0.8, layers: 1, ..Tiny::llama(24) };
+    let draft = Tiny { scale: 0.8, layers: 1, ..Tiny::qwen3(24) };
     let draft = load_cpu(&draft.write_hf_with(&root.join("draft"), json!({"rope_scaling": llama3()})));
     let prompt: Vec<u32> = prompt(48)[..150].to_vec();
     let base = common::greedy(60, 1);

@@ -26,11 +26,11 @@ fn last_logits(model: &DecoderModel, tokens: &[u32]) -> Tensor {
 
 const PROMPT: [u32; 7] = [3, 17, 5, 40, 22, 9, 31];
 
-/// Our forward equals candle-transformers' LLaMA and Qwen2 at every position of a chain
+/// Our forward equals candle-transformers' LLaMA, Qwen2 and Qwen3 at every position of a chain
 /// (the reference run token by token with its own cache), to 1e-4.
 #[test]
 fn chain_forward_matches_candle_transformers() {
-    for tiny in [Tiny::llama(1), Tiny::qwen2(2)] {
+    for tiny in [Tiny::llama(1), Tiny::qwen2(2), Tiny::qwen3(5)] {
         let dir = tiny.write_hf(&temp_dir(&format!("ref-{}", tiny.arch)));
         let ours = load_cpu(&dir);
         let all = logits_all(&ours, &PROMPT);
@@ -49,6 +49,15 @@ fn chain_forward_matches_candle_transformers() {
             for (i, &t) in PROMPT.iter().enumerate() {
                 let x = Tensor::new(&[[t]], &Device::Cpu).unwrap();
                 reference.push(model.forward(&x, i, &mut cache).unwrap().squeeze(0).unwrap());
+            }
+        } else if tiny.arch == "qwen3" {
+            use candle_transformers::models::qwen3;
+            let cfg: qwen3::Config = serde_json::from_str(&cfg_text).unwrap();
+            assert_ne!(cfg.head_dim * cfg.num_attention_heads, cfg.hidden_size, "heads wider than hidden / heads");
+            let mut model = qwen3::ModelForCausalLM::new(&cfg, vb).unwrap();
+            for (i, &t) in PROMPT.iter().enumerate() {
+                let x = Tensor::new(&[[t]], &Device::Cpu).unwrap();
+                reference.push(model.forward(&x, i).unwrap().squeeze(0).unwrap().squeeze(0).unwrap());
             }
         } else {
             use candle_transformers::models::qwen2;
@@ -79,7 +88,7 @@ fn chain_forward_matches_candle_transformers() {
 /// in f32, and within 5% of the largest logit in Q8_0 (weights and activations quantized).
 #[test]
 fn gguf_and_safetensors_loaders_agree() {
-    for tiny in [Tiny::llama(3), Tiny::qwen2(4)] {
+    for tiny in [Tiny::llama(3), Tiny::qwen2(4), Tiny::qwen3(6)] {
         let dir = temp_dir(&format!("gguf-{}", tiny.arch));
         let hf = load_cpu(&tiny.write_hf(&dir.join("hf")));
         let expect = logits_all(&hf, &PROMPT);
@@ -93,6 +102,28 @@ fn gguf_and_safetensors_loaders_agree() {
         let d = max_diff(&logits_all(&g, &PROMPT), &expect);
         let scale = expect.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
         assert!(d < 0.05 * scale, "{} Q8_0 GGUF: max |diff| {d} for logits up to {scale}", tiny.arch);
+    }
+}
+
+/// A Qwen3 GGUF file (llama.cpp's names: `attn_q_norm`, `attn_k_norm`, `attention.key_length`)
+/// gives the logits of candle-transformers' own `quantized_qwen3` on the same file, run token
+/// by token, at every position of a chain (f32 weights, 1e-4).
+#[test]
+fn qwen3_gguf_matches_candle_transformers_quantized_qwen3() {
+    use candle_transformers::models::quantized_qwen3;
+    let tiny = Tiny::qwen3(7);
+    // `general.dtype` 0: the reference's rotary table in f32 (without it, f16).
+    let dtype = vec![("general.dtype".to_string(), candle_core::quantized::gguf_file::Value::U32(0))];
+    let path = tiny.write_gguf_with(&temp_dir("qwen3-gguf").join("f32.gguf"), GgmlDType::F32, &[], dtype, vec![]);
+    let all = logits_all(&load_cpu(&path), &PROMPT);
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let mut reference = quantized_qwen3::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+    for (i, &t) in PROMPT.iter().enumerate() {
+        let x = Tensor::new(&[[t]], &Device::Cpu).unwrap();
+        let r = reference.forward(&x, i).unwrap().flatten_all().unwrap();
+        let d = max_diff(&all.narrow(0, i, 1).unwrap().flatten_all().unwrap(), &r);
+        assert!(d < 1e-4, "position {i}: max |diff| = {d}");
     }
 }
 

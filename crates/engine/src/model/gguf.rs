@@ -277,10 +277,11 @@ impl GgufFile {
         let architecture = match arch_name.as_str() {
             "llama" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
             other => {
                 return Err(err(
                     &self.path,
-                    format!("unsupported GGUF architecture `{other}` (supported: llama, qwen2)"),
+                    format!("unsupported GGUF architecture `{other}` (supported: llama, qwen2, qwen3)"),
                 ))
             }
         };
@@ -293,7 +294,13 @@ impl GgufFile {
             None if num_heads > 0 => hidden_size / num_heads,
             None => 0,
         };
-        // LLaMA and Qwen2 rotate the whole head; a file rotating part of it is another model.
+        if let Some(v) = self.uint(&a("attention.value_length"))?.filter(|&v| v as usize != head_dim) {
+            return Err(err(
+                &self.path,
+                format!("`{arch_name}.attention.value_length` is {v}, but the keys are {head_dim} wide: value heads of another width are not supported"),
+            ));
+        }
+        // LLaMA and Qwen rotate the whole head; a file rotating part of it is another model.
         if let Some(d) = self.uint(&a("rope.dimension_count"))? {
             if d as usize != head_dim {
                 return Err(err(
@@ -558,6 +565,11 @@ fn load_file(
         ] {
             file.expect_shape(&format!("blk.{i}.{name}"), &shape)?;
         }
+        if c.architecture == Architecture::Qwen3 {
+            for name in ["attn_q_norm.weight", "attn_k_norm.weight"] {
+                file.expect_shape(&format!("blk.{i}.{name}"), &[c.head_dim])?;
+            }
+        }
         for (name, rows) in [
             ("attn_q.bias", q_rows),
             ("attn_k.bias", kv_rows),
@@ -577,6 +589,7 @@ fn load_file(
     let embed_q = Arc::new(file.tensor("token_embd.weight", device)?);
     let dense = |file: &mut GgufFile, name: &str| -> Result<Tensor> { file.tensor(name, device)?.dequantize(device) };
     let mut layers = Vec::with_capacity(config.num_layers);
+    let qwen3 = config.architecture == Architecture::Qwen3;
     for i in 0..config.num_layers {
         let p = |s: &str| format!("blk.{i}.{s}");
         // A bias is applied wherever the file has one, as llama.cpp does (Qwen2's q, k and v;
@@ -601,6 +614,8 @@ fn load_file(
             k: linear(&mut file, "attn_k")?,
             v: linear(&mut file, "attn_v")?,
             o: linear(&mut file, "attn_output")?,
+            q_norm: if qwen3 { Some(dense(&mut file, &p("attn_q_norm.weight"))?) } else { None },
+            k_norm: if qwen3 { Some(dense(&mut file, &p("attn_k_norm.weight"))?) } else { None },
             mlp_norm: dense(&mut file, &p("ffn_norm.weight"))?,
             gate: linear(&mut file, "ffn_gate")?,
             up: linear(&mut file, "ffn_up")?,

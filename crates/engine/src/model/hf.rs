@@ -9,7 +9,7 @@
 
 use super::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
 use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Error, Result};
+use candle_core::{DType, Device, Error, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -80,8 +80,12 @@ impl HfConfig {
         let architecture = match self.model_type.as_str() {
             "llama" | "mistral" => Architecture::Llama,
             "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
             other => {
-                return Err(err(path, format!("unsupported model_type `{other}` (supported: llama, mistral, qwen2)")))
+                return Err(err(
+                    path,
+                    format!("unsupported model_type `{other}` (supported: llama, mistral, qwen2, qwen3)"),
+                ))
             }
         };
         let rope_fields = serde_json::json!({
@@ -137,7 +141,7 @@ impl HfConfig {
         let window = self.sliding_window.filter(|&w| w > 0)?;
         let slides = match self.model_type.as_str() {
             "mistral" => true,
-            "qwen2" => match &self.layer_types {
+            "qwen2" | "qwen3" => match &self.layer_types {
                 Some(types) => types.iter().any(|t| t == "sliding_attention"),
                 None => {
                     self.use_sliding_window == Some(true)
@@ -154,12 +158,13 @@ impl HfConfig {
     }
 
     /// The projections with biases, as transformers builds them: Qwen2 on q, k and v; LLaMA
-    /// with `attention_bias` on q, k, v and o, with `mlp_bias` on gate, up and down.
+    /// and Qwen3 with `attention_bias` on q, k, v and o; LLaMA with `mlp_bias` on gate, up and
+    /// down.
     pub fn biases(&self) -> Biases {
         let llama = self.model_type == "llama";
         Biases {
             qkv: self.qkv_bias(),
-            o: llama && self.attention_bias == Some(true),
+            o: (llama || self.model_type == "qwen3") && self.attention_bias == Some(true),
             mlp: llama && self.mlp_bias == Some(true),
         }
     }
@@ -267,6 +272,15 @@ pub(crate) fn dense_linear(vb: &VarBuilder, out: usize, inp: usize, bias: bool) 
     Linear::new(QMatMul::Tensor(w), b)
 }
 
+/// Qwen3's per-head RMS-norm weight `name` (`[head_dim]`) under `a`; `None` for the other
+/// architectures.
+fn head_norm(a: &VarBuilder, c: &ModelConfig, name: &str) -> Result<Option<Tensor>> {
+    match c.architecture {
+        Architecture::Qwen3 => Ok(Some(a.get(c.head_dim, &format!("{name}.weight"))?)),
+        _ => Ok(None),
+    }
+}
+
 /// Which projections of a layer have biases ([`HfConfig::biases`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Biases {
@@ -286,6 +300,8 @@ pub(crate) fn layer(l: &VarBuilder, c: &ModelConfig, biases: Biases, input_norm:
         k: dense_linear(&a.pp("k_proj"), kv, h, biases.qkv)?,
         v: dense_linear(&a.pp("v_proj"), kv, h, biases.qkv)?,
         o: dense_linear(&a.pp("o_proj"), h, q, biases.o)?,
+        q_norm: head_norm(&a, c, "q_norm")?,
+        k_norm: head_norm(&a, c, "k_norm")?,
         mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
         gate: dense_linear(&f.pp("gate_proj"), c.intermediate_size, h, biases.mlp)?,
         up: dense_linear(&f.pp("up_proj"), c.intermediate_size, h, biases.mlp)?,

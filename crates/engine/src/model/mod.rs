@@ -48,6 +48,9 @@ pub enum Architecture {
     Llama,
     /// Qwen2 and Qwen2.5: bias on the q, k and v projections.
     Qwen2,
+    /// Qwen3 (dense): an RMS norm over each query and key head before the rotary embedding,
+    /// no biases.
+    Qwen3,
 }
 
 /// Plain, resolved model hyper-parameters (from `config.json` or the GGUF metadata).
@@ -115,6 +118,10 @@ pub struct Layer {
     pub k: Linear,
     pub v: Linear,
     pub o: Linear,
+    /// Qwen3: the RMS-norm weights (`[head_dim]`) applied to every query and key head before
+    /// the rotary embedding; `None` elsewhere.
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
     pub mlp_norm: Tensor,
     pub gate: Linear,
     pub up: Linear,
@@ -311,8 +318,14 @@ pub(crate) fn block(
             y.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()
         };
         let qkv = forward_many(&[&layer.q, &layer.k, &layer.v], &h)?;
-        let q = heads(&qkv[0], c.num_heads)?;
-        let k = heads(&qkv[1], c.num_kv_heads)?;
+        let head_norm = |y: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
+            match w {
+                Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
+                None => Ok(y),
+            }
+        };
+        let q = head_norm(heads(&qkv[0], c.num_heads)?, &layer.q_norm)?;
+        let k = head_norm(heads(&qkv[1], c.num_kv_heads)?, &layer.k_norm)?;
         let v = heads(&qkv[2], c.num_kv_heads)?;
         let (q, k) = if c.rope_interleaved {
             (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?)

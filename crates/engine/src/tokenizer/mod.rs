@@ -532,4 +532,54 @@ mod tests {
         assert!(text == format!("Today Date: {before}") || text == format!("Today Date: {after}"), "{text}");
         assert_ne!(text, "Today Date: 26 Jul 2024");
     }
+
+    /// The Jinja constructs of Qwen3-style templates (reverse slicing, `namespace` attributes set
+    /// in a loop, `loop.index0`, `is string`, Python's `startswith`, `endswith`, `split`,
+    /// `strip`, `lstrip`, `rstrip`, `dict.get`, an undefined `enable_thinking`) render as
+    /// jinja2 3.1.6 renders them (the expected text was printed by jinja2 with transformers'
+    /// settings, `trim_blocks` and `lstrip_blocks`).
+    #[test]
+    fn qwen3_style_templates_render_as_jinja2_does() {
+        let template = r#"{%- set ns = namespace(last_user=messages|length - 1, seen=false) %}
+{%- for m in messages[::-1] %}
+    {%- set i = (messages|length - 1) - loop.index0 %}
+    {%- if not ns.seen and m.role == "user" and m.content is string and not (m.content.startswith('<tool>') and m.content.endswith('</tool>')) %}
+        {%- set ns.seen = true %}
+        {%- set ns.last_user = i %}
+    {%- endif %}
+{%- endfor %}
+{%- for m in messages %}
+    {%- set content = m.get('content', '') %}
+    {%- if m.role == 'assistant' and '</think>' in content %}
+        {%- set thought = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- if loop.index0 > ns.last_user %}
+            {{- '<|im_start|>' + m.role + '\n<think>\n' + thought.strip('\n') + '\n</think>\n\n' + content + '<|im_end|>\n' }}
+        {%- else %}
+            {{- '<|im_start|>' + m.role + '\n' + content + '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + m.role + '\n' + content|trim + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"#;
+        let messages: Vec<Value> = [
+            ("system", "Be brief."),
+            ("user", "  Hi  "),
+            ("assistant", "<think>\nold thought\n</think>\n\nHello."),
+            ("user", "Sum 2+2?"),
+            ("assistant", "<think>\n\nadd them\n\n</think>\n\n4"),
+            ("user", "<tool>x</tool>"),
+        ]
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+        let jinja2 = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nSum 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4<|im_end|>\n<|im_start|>user\n<tool>x</tool><|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(render_chat(template, &messages, None, None).unwrap(), jinja2);
+    }
 }

@@ -35,6 +35,8 @@ pub struct Tiny {
     pub chat_template: Option<&'static str>,
     /// LLaMA with `attention_bias` and `mlp_bias`: biases on all seven projections.
     pub llama_biases: bool,
+    /// Heads of this width instead of `hidden / heads` (written as `head_dim`).
+    pub explicit_head_dim: Option<usize>,
 }
 
 impl Tiny {
@@ -58,6 +60,7 @@ impl Tiny {
             scale: 0.3,
             chat_template: None,
             llama_biases: false,
+            explicit_head_dim: None,
         }
     }
 
@@ -65,8 +68,14 @@ impl Tiny {
         Self { arch: "qwen2", tied: true, ..Self::llama(seed) }
     }
 
+    /// Qwen3: per-head q and k norms, no biases, and (as Qwen3-0.6B's 16 heads of 128 under a
+    /// hidden size of 1024) heads wider than `hidden / heads`.
+    pub fn qwen3(seed: u64) -> Self {
+        Self { arch: "qwen3", tied: true, explicit_head_dim: Some(16), ..Self::llama(seed) }
+    }
+
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads
+        self.explicit_head_dim.unwrap_or(self.hidden / self.heads)
     }
 
     /// Random weights under Hugging Face names.
@@ -78,18 +87,23 @@ impl Tiny {
             Tensor::from_vec(data, dims, &Device::Cpu).unwrap()
         };
         let (h, kv, s) = (self.hidden, self.kv_heads * self.head_dim(), self.scale);
+        let qd = self.heads * self.head_dim();
         let mut w = HashMap::new();
         w.insert("model.embed_tokens.weight".into(), t(&[self.vocab, h], 1.0, 0.0));
         for i in 0..self.layers {
             let p = format!("model.layers.{i}");
             w.insert(format!("{p}.input_layernorm.weight"), t(&[h], 0.2, 1.0));
             w.insert(format!("{p}.post_attention_layernorm.weight"), t(&[h], 0.2, 1.0));
-            w.insert(format!("{p}.self_attn.q_proj.weight"), t(&[h, h], s, 0.0));
+            w.insert(format!("{p}.self_attn.q_proj.weight"), t(&[qd, h], s, 0.0));
             w.insert(format!("{p}.self_attn.k_proj.weight"), t(&[kv, h], s, 0.0));
             w.insert(format!("{p}.self_attn.v_proj.weight"), t(&[kv, h], s, 0.0));
-            w.insert(format!("{p}.self_attn.o_proj.weight"), t(&[h, h], s, 0.0));
+            w.insert(format!("{p}.self_attn.o_proj.weight"), t(&[h, qd], s, 0.0));
+            if self.arch == "qwen3" {
+                w.insert(format!("{p}.self_attn.q_norm.weight"), t(&[self.head_dim()], 0.2, 1.0));
+                w.insert(format!("{p}.self_attn.k_norm.weight"), t(&[self.head_dim()], 0.2, 1.0));
+            }
             if self.arch == "qwen2" || self.llama_biases {
-                w.insert(format!("{p}.self_attn.q_proj.bias"), t(&[h], s, 0.0));
+                w.insert(format!("{p}.self_attn.q_proj.bias"), t(&[qd], s, 0.0));
                 w.insert(format!("{p}.self_attn.k_proj.bias"), t(&[kv], s, 0.0));
                 w.insert(format!("{p}.self_attn.v_proj.bias"), t(&[kv], s, 0.0));
             }
@@ -116,12 +130,22 @@ impl Tiny {
             config["attention_bias"] = true.into();
             config["mlp_bias"] = true.into();
         }
+        if let Some(d) = self.explicit_head_dim {
+            config["head_dim"] = d.into();
+        }
+        if self.arch == "qwen3" {
+            config["attention_bias"] = false.into();
+        }
         config
     }
 
     fn base_config_json(&self) -> serde_json::Value {
         serde_json::json!({
-            "architectures": [if self.arch == "qwen2" { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+            "architectures": [match self.arch {
+                "qwen2" => "Qwen2ForCausalLM",
+                "qwen3" => "Qwen3ForCausalLM",
+                _ => "LlamaForCausalLM",
+            }],
             "model_type": self.arch,
             "vocab_size": self.vocab,
             "hidden_size": self.hidden,
@@ -225,6 +249,10 @@ impl Tiny {
             tensors.push((g("attn_k.weight"), quant(&permute(&hf("self_attn.k_proj.weight"), self.kv_heads), dtype)));
             tensors.push((g("attn_v.weight"), quant(&hf("self_attn.v_proj.weight"), dtype)));
             tensors.push((g("attn_output.weight"), quant(&hf("self_attn.o_proj.weight"), dtype)));
+            if arch == "qwen3" {
+                tensors.push((g("attn_q_norm.weight"), quant(&hf("self_attn.q_norm.weight"), GgmlDType::F32)));
+                tensors.push((g("attn_k_norm.weight"), quant(&hf("self_attn.k_norm.weight"), GgmlDType::F32)));
+            }
             if arch == "qwen2" || self.llama_biases {
                 // LLaMA's q and k biases are permuted as their rows are.
                 let bias = |name: &str, heads: usize| {
@@ -269,6 +297,8 @@ impl Tiny {
             (a("attention.head_count_kv"), Value::U32(self.kv_heads as u32)),
             (a("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
             (a("rope.freq_base"), Value::F32(10000.0)),
+            (a("attention.key_length"), Value::U32(self.head_dim() as u32)),
+            (a("attention.value_length"), Value::U32(self.head_dim() as u32)),
             ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
             ("tokenizer.ggml.pre".into(), Value::String("default".into())),
             ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
