@@ -161,6 +161,15 @@ fn shipped_manifests_parse_and_unknown_pairs_are_named() {
         ("huggyllama/llama-7b", "JackFram/llama-68m")
     );
     assert!(llama.target.file.is_empty() && llama.draft.kind == ModelKind::Model);
+    // Pairs beyond the paper's: LLaMA 3.x (rope scaling `llama3`) and Qwen3, hub folders too.
+    for (name, target, draft) in [
+        ("llama-3.1-8b-3.2-1b", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"),
+        ("qwen3-8b-0.6b", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
+    ] {
+        let m = PairManifest::find(name, models).unwrap();
+        assert_eq!((m.target.hub_repo.as_str(), m.draft.hub_repo.as_str()), (target, draft), "{name}");
+        assert!(m.target.file.is_empty() && m.draft.kind == ModelKind::Model, "{name}");
+    }
     for name in ["vicuna-7b-eagle", "qwen2-7b-eagle"] {
         let m = PairManifest::find(name, models).unwrap();
         assert_eq!(m.draft.kind, ModelKind::EagleHead, "{name}");
