@@ -305,12 +305,20 @@ pub fn resolve_cli(spec: &str, opts: &FetchOptions) -> Result<PathBuf, Provision
     }
 }
 
-/// The hub client, caching under `$MDSD_CACHE/hub`; an error when the hub is disabled.
+/// The hub client, caching under `$MDSD_CACHE/hub`; an error when the hub is disabled. As
+/// huggingface_hub does: `$HF_ENDPOINT` (a mirror) and the token of `$HF_TOKEN`, else of
+/// `huggingface-cli login` (`$HF_HOME/token`), for gated repositories.
 fn hub_api(opts: &FetchOptions) -> Result<hf_hub::api::sync::Api, String> {
     if !opts.hub {
         return Err("the hub is disabled ($MDSD_OFFLINE or $HF_HUB_OFFLINE is set)".into());
     }
-    hf_hub::api::sync::ApiBuilder::new()
+    let builder = hf_hub::api::sync::ApiBuilder::from_env();
+    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty()).map(|t| t.trim().to_string());
+    let builder = match token {
+        Some(t) => builder.with_token(Some(t)),
+        None => builder,
+    };
+    builder
         .with_cache_dir(opts.cache.join("hub"))
         .with_progress(opts.progress)
         .build()
