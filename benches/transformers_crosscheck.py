@@ -17,6 +17,11 @@ Two uses:
           MDSD_TRANSFORMERS_REFERENCE=DIR cargo test --release -p engine --test checkpoint_configs -- --ignored
       loads each folder with mdsd's loader and compares its logits (1e-4).
 
+  python benches/transformers_crosscheck.py --models DIR --gguf LLAMA_CPP_DIR
+      Also converts each model to DIR/NAME/model.gguf (f32) with llama.cpp's own
+      convert_hf_to_gguf.py (LLAMA_CPP_DIR: e.g. vendor/llama.cpp of the llama-cpp-python sdist,
+      `curl` it from PyPI); the same test then loads the GGUF files too.
+
 Needs torch and transformers (`pip install torch transformers`); nothing here runs in CI.
 """
 
@@ -143,14 +148,49 @@ def build_models(out):
         print(f"{name}: config.json rope keys {keys}, logits {tuple(logits.shape)}", file=sys.stderr)
 
 
+def add_tokenizer(folder, vocab):
+    """A byte-level BPE tokenizer of `vocab` single characters (no merges), saved as transformers
+    saves one: what llama.cpp's converter needs beside the weights."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    # The last id is `<|endoftext|>`, which Qwen's tokenizer classes add when it is missing.
+    chars = sorted(pre_tokenizers.ByteLevel.alphabet())[:vocab - 1] + ["<|endoftext|>"]
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(folder)
+
+
+def convert_to_gguf(out, converter):
+    """Converts every model under `out` to `model.gguf` (f32) with llama.cpp's own
+    `convert_hf_to_gguf.py` (the directory holding it, with `conversion/` and `gguf-py/`, e.g.
+    `vendor/llama.cpp` of the llama-cpp-python sdist). Its tokenizer fingerprint does not know
+    our tiny tokenizer, so it is told the pre-tokenizer (`default`)."""
+    import runpy
+    sys.path[:0] = [converter, os.path.join(converter, "gguf-py")]
+    import conversion.base
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"
+    for name, _, _ in MODELS:
+        folder = os.path.join(out, name)
+        add_tokenizer(folder, 96)
+        sys.argv = ["convert_hf_to_gguf.py", folder, "--outfile", os.path.join(folder, "model.gguf"),
+                    "--outtype", "f32"]
+        runpy.run_path(os.path.join(converter, "convert_hf_to_gguf.py"), run_name="__main__")
+        print(f"{name}: model.gguf written by llama.cpp's converter", file=sys.stderr)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--print-frequencies", action="store_true")
     p.add_argument("--models", metavar="DIR")
+    p.add_argument("--gguf", metavar="LLAMA_CPP_DIR",
+                   help="with --models: also convert each model with llama.cpp's convert_hf_to_gguf.py in this directory")
     a = p.parse_args()
     if a.print_frequencies:
         print_frequencies()
     if a.models:
         build_models(a.models)
+        if a.gguf:
+            convert_to_gguf(a.models, a.gguf)
     if not (a.print_frequencies or a.models):
         p.error("give --print-frequencies or --models DIR")

@@ -318,11 +318,7 @@ fn hub_api(opts: &FetchOptions) -> Result<hf_hub::api::sync::Api, String> {
         Some(t) => builder.with_token(Some(t)),
         None => builder,
     };
-    builder
-        .with_cache_dir(opts.cache.join("hub"))
-        .with_progress(opts.progress)
-        .build()
-        .map_err(|e| e.to_string())
+    builder.with_cache_dir(opts.cache.join("hub")).with_progress(opts.progress).build().map_err(|e| e.to_string())
 }
 
 fn stamp_path(file: &Path) -> PathBuf {

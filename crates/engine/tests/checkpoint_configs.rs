@@ -286,7 +286,8 @@ fn llama_biases_are_applied() {
 /// with attention and MLP biases, Qwen3 with heads wider than `hidden / heads`, with and without
 /// YaRN), each
 /// in transformers' own current `config.json` spelling, give the logits transformers computed,
-/// at all 200 positions, to 1e-4 of the largest logit.
+/// at all 200 positions, to 1e-4 of the largest logit; and so do the GGUF files llama.cpp's own
+/// converter made of them, when the script was given `--gguf`.
 /// `MDSD_TRANSFORMERS_REFERENCE=DIR cargo test --release -p engine --test checkpoint_configs -- --ignored`.
 #[test]
 #[ignore = "needs MDSD_TRANSFORMERS_REFERENCE from benches/transformers_crosscheck.py --models"]
@@ -307,11 +308,37 @@ fn transformers_reference_models() {
             .collect();
         let vocab = rows[0].len();
         let reference = Tensor::from_vec(rows.concat(), (ids.len(), vocab), &Device::Cpu).unwrap();
-        let model = engine::model::hf::load(&dir, DType::F32, &Device::Cpu, None).unwrap();
-        let d = max_diff(&logits_all(&model, &ids), &reference);
         let scale = reference.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-        println!("{}: {:?}, max |diff| {d:.2e}, logits up to {scale:.2}", dir.display(), model.config().rope_scaling);
-        assert!(d < 1e-4 * scale.max(1.0), "{}: max |diff| {d} for logits up to {scale}", dir.display());
+        let model = engine::model::hf::load(&dir, DType::F32, &Device::Cpu, None).unwrap();
+        // With `--gguf`, llama.cpp's converter's file of the same model too.
+        let gguf = dir.join("model.gguf");
+        // The weights only: the converter writes no `tokenizer.ggml.merges` for a tokenizer
+        // without merges, which llama.cpp and our tokenizer refuse.
+        let as_stored = engine::model::weight_format::WeightFormat::AsStored;
+        let gguf =
+            gguf.is_file().then(|| engine::model::gguf::load(&gguf, &Device::Cpu, None, None, as_stored).unwrap().0);
+        for (what, model) in [("config.json", Some(model)), ("model.gguf", gguf)] {
+            let Some(model) = model else { continue };
+            // llama.cpp's converter keeps YaRN's factor, original context and betas but drops
+            // `mscale` and `mscale_all_dim` (it maps them for DeepSeek only): its file of this
+            // model is another model, which llama.cpp runs, as we do, with the attention
+            // factor 0.1 ln(factor) + 1.
+            if what == "model.gguf" && dir.ends_with("qwen2-yarn-mscale") {
+                let RopeScaling::Yarn { factor, attention_factor, .. } = model.config().rope_scaling else {
+                    panic!("{}: {:?}", dir.display(), model.config().rope_scaling)
+                };
+                assert_eq!(attention_factor, 0.1 * factor.ln() + 1.0);
+                println!("{} {what}: the converter dropped mscale; not compared", dir.display());
+                continue;
+            }
+            let d = max_diff(&logits_all(&model, &ids), &reference);
+            println!(
+                "{} {what}: {:?}, max |diff| {d:.2e}, logits up to {scale:.2}",
+                dir.display(),
+                model.config().rope_scaling
+            );
+            assert!(d < 1e-4 * scale.max(1.0), "{} {what}: max |diff| {d} for logits up to {scale}", dir.display());
+        }
     }
 }
 
