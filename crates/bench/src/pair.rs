@@ -43,6 +43,7 @@ impl DraftFile {
 }
 
 /// The draft of a pair, loaded.
+#[allow(clippy::large_enum_variant)] // one per run; both variants are a few hundred bytes
 pub enum LoadedDraft {
     Model(LoadedModel),
     EagleHead(EagleHead),
