@@ -82,10 +82,10 @@ impl Plan {
         note(
             args,
             &format!(
-                "target {} loaded in {:.1} s ({} layers)",
+                "target {} loaded in {:.1} s ({})",
                 target_path.display(),
                 t0.elapsed().as_secs_f64(),
-                target.model.num_layers()
+                model_summary(&target.model)
             ),
         );
         let eagle = match &draft_path {
@@ -117,10 +117,10 @@ impl Plan {
                 note(
                     args,
                     &format!(
-                        "draft {} loaded in {:.1} s ({} layers)",
+                        "draft {} loaded in {:.1} s ({})",
                         p.display(),
                         t0.elapsed().as_secs_f64(),
-                        d.model.num_layers()
+                        model_summary(&d.model)
                     ),
                 );
                 Some(d)
@@ -277,4 +277,17 @@ fn spec_config(args: &GenerateArgs, tree_name: &str, verifier: Verifier) -> anyh
         confidence_cutoff: args.draft_confidence,
         source: draft_source(args)?,
     })
+}
+
+/// `N layers`, and the context and rotary scaling when the model scales its rotary embedding.
+fn model_summary(model: &engine::model::DecoderModel) -> String {
+    let c = model.config();
+    let layers = match model.num_layers() {
+        1 => "1 layer".to_string(),
+        n => format!("{n} layers"),
+    };
+    match c.rope_scaling.describe() {
+        Some(scaling) => format!("{layers}, {scaling}, context {}", c.context_length),
+        None => layers,
+    }
 }

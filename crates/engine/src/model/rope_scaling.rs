@@ -95,6 +95,17 @@ impl RopeScaling {
         }
     }
 
+    /// A few words for the load message (`None` without scaling).
+    pub fn describe(&self) -> Option<String> {
+        match self {
+            Self::None => None,
+            Self::Linear { factor } => Some(format!("linear rotary scaling x{factor}")),
+            Self::Llama3 { factor, .. } => Some(format!("llama3 rotary scaling x{factor}")),
+            Self::Yarn { factor, .. } => Some(format!("YaRN rotary scaling x{factor}")),
+            Self::FreqFactors(_) => Some("rotary frequency factors (rope_freqs)".into()),
+        }
+    }
+
     /// The context the scaled model supports, from the one its file declares: YaRN's is
     /// `factor` times the original context, linear scaling's `factor` times the declared one
     /// (vLLM's rule), and the others keep the declared one.
