@@ -92,6 +92,10 @@ struct GenerateArgs {
     /// System prompt for --chat (default: the template's own).
     #[arg(long)]
     system: Option<String>,
+    /// Extra variables for the chat template, a JSON object (vLLM's `chat_template_kwargs`),
+    /// e.g. '{"enable_thinking": false}' for Qwen3.
+    #[arg(long, value_name = "JSON", value_parser = engine::tokenizer::parse_chat_template_kwargs)]
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
     /// Sampling temperature; 0 is greedy (argmax) decoding.

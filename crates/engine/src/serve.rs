@@ -70,6 +70,8 @@ struct CompletionRequest {
     /// A string, an array of strings, an array of token ids, or an array of such arrays.
     prompt: Option<Value>,
     messages: Option<Vec<ChatMessage>>,
+    /// Extra chat template variables (vLLM's), over the server's `--chat-template-kwargs`.
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
     temperature: Option<f64>,
@@ -116,11 +118,18 @@ impl ChatMessage {
     }
 }
 
-/// The text `messages` run as: through the chat template, the assistant's turn opened.
-fn chat_text(tok: &TextTokenizer, messages: &[ChatMessage]) -> Result<String, Refusal> {
+/// The text `messages` run as: through the chat template (with the extra variables
+/// `kwargs`), the assistant's turn opened.
+fn chat_text(
+    tok: &TextTokenizer,
+    messages: &[ChatMessage],
+    kwargs: Option<&serde_json::Map<String, Value>>,
+) -> Result<String, Refusal> {
     let texts = messages.iter().map(ChatMessage::text).collect::<Result<Vec<String>, Refusal>>()?;
     let turns: Vec<(&str, &str)> = messages.iter().zip(&texts).map(|(m, t)| (m.role.as_str(), t.as_str())).collect();
-    tok.apply_chat_conversation(&turns, None).map_err(|e| Refusal(400, format!("messages: {e}")))
+    let none = serde_json::Map::new();
+    tok.apply_chat_conversation_with(&turns, None, kwargs.unwrap_or(&none))
+        .map_err(|e| Refusal(400, format!("messages: {e}")))
 }
 
 /// Token ids from a JSON list, each below `vocab` (`None` if one is not).
@@ -506,7 +515,9 @@ impl State<'_, '_> {
                 prompts(p, tok)?.into_iter().map(|p| p.map_or_else(encode, Ok)).collect::<Result<Vec<_>, _>>()?
             }
             (Kind::Text, None, _) => return refuse(400, "prompt: missing"),
-            (Kind::Chat, _, Some(m)) if !m.is_empty() => vec![encode(chat_text(tok, m)?)?],
+            (Kind::Chat, _, Some(m)) if !m.is_empty() => {
+                vec![encode(chat_text(tok, m, req.chat_template_kwargs.as_ref())?)?]
+            }
             (Kind::Chat, _, _) => return refuse(400, "messages: missing or empty"),
         };
         if prompts.len() * n > MAX_PROMPTS {

@@ -78,7 +78,10 @@ impl Plan {
             dtype: args.dtype,
         };
         let t0 = Instant::now();
-        let target = load(&target_path, &device, &opts).context("loading the target model")?;
+        let mut target = load(&target_path, &device, &opts).context("loading the target model")?;
+        if let Some(kwargs) = &args.chat_template_kwargs {
+            target.tokenizer.set_chat_template_kwargs(kwargs.clone())?;
+        }
         note(
             args,
             &format!(

@@ -34,6 +34,9 @@ pub struct TokenizeArgs {
     /// System prompt for --chat (default: the template's own).
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// Extra variables for the chat template, a JSON object, as for `generate`.
+    #[arg(long, value_name = "JSON", value_parser = engine::tokenizer::parse_chat_template_kwargs)]
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Print one JSON object: `ids`, `tokens` (each id's text) and `count`; with --decode,
     /// `text`.
     #[arg(long, conflicts_with = "jsonl")]
@@ -65,7 +68,10 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
             crate::manifest_model(&manifest.target, "target", &args.pair)?
         }
     };
-    let tok = load_tokenizer(&path, args.tokenizer.as_deref())?;
+    let mut tok = load_tokenizer(&path, args.tokenizer.as_deref())?;
+    if let Some(kwargs) = &args.chat_template_kwargs {
+        tok.set_chat_template_kwargs(kwargs.clone())?;
+    }
     let mut out = std::io::stdout().lock();
     if let Some(ids) = &args.decode {
         let ids = parse_ids(ids, tok.vocab().len())?;

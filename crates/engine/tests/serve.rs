@@ -938,3 +938,48 @@ fn serve_tokenizes_as_tokenize_does() {
     assert_eq!(call("/v1/completions", &json!({"prompt": "AB", "max_tokens": 2})).0, 200);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A chat template with a variable of its own (`tag`, default `A`).
+const TAGGED_CHAT: &str = "{% for m in messages %}>{{ m.content }};{% endfor %}{{ tag | default('A') }}<";
+
+/// Extra chat template variables (vLLM's `chat_template_kwargs`, as Qwen3's `enable_thinking`):
+/// `--chat-template-kwargs` for `tokenize` and as the server's default, a request's own over
+/// it, in `/tokenize` and chat completions alike; the renderer's own variables and JSON that
+/// is not an object are refused.
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let dir = temp_dir("serve-chat-kwargs");
+    let tiny = Tiny { chat_template: Some(TAGGED_CHAT), ..Tiny::llama(58) };
+    let target = tiny.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let ids = |kwargs: Option<&str>| -> Value {
+        let mut args = vec!["--target", s(&target), "--chat", "--prompt", "HI"];
+        if let Some(k) = kwargs {
+            args.extend(["--chat-template-kwargs", k]);
+        }
+        command_json("tokenize", &args)["ids"].clone()
+    };
+    let (plain, b, c) = (ids(None), ids(Some(r#"{"tag": "B"}"#)), ids(Some(r#"{"tag": "C"}"#)));
+    assert!(plain != b && b != c, "{plain} {b} {c}");
+    let server = start_with(&["--target", s(&target), "--no-spec", "--chat-template-kwargs", r#"{"tag": "B"}"#], &[]);
+    let call = |path: &str, body: &Value| -> (u16, Value) {
+        let (status, text) = http_with(server.port, "POST", path, &body.to_string(), "");
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    };
+    let messages = json!([{"role": "user", "content": "HI"}]);
+    let (status, v) = call("/tokenize", &json!({"messages": messages}));
+    assert_eq!((status, &v["tokens"]), (200, &b), "the server's default: {v}");
+    let (status, v) = call("/tokenize", &json!({"messages": messages, "chat_template_kwargs": {"tag": "C"}}));
+    assert_eq!((status, &v["tokens"]), (200, &c), "the request's own: {v}");
+    let request = json!({"messages": messages, "chat_template_kwargs": {"tag": "C"}, "max_tokens": 1});
+    let (status, done) = call("/v1/chat/completions", &request);
+    assert_eq!((status, &done["usage"]["prompt_tokens"]), (200, &json!(c.as_array().unwrap().len())), "{done}");
+    let (status, v) = call("/tokenize", &json!({"messages": messages, "chat_template_kwargs": {"messages": []}}));
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("`messages` is set by mdsd"), "{v}");
+    for bad in ["[1]", "{not json"] {
+        let out =
+            mdsd(&["tokenize", "--target", s(&target), "--chat", "--prompt", "HI", "--chat-template-kwargs", bad]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("--chat-template-kwargs"), "{bad}: {stderr}");
+    }
+}

@@ -12,6 +12,8 @@ use serde_json::{json, Value};
 struct TokenizeRequest {
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
+    /// Extra chat template variables, as in chat completions.
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// With `true`, the answer also has `token_strs`: each id's text.
     return_token_strs: bool,
     /// Only the default (`true`): a prompt runs with the special tokens the model asks for.
@@ -33,7 +35,7 @@ pub(super) fn tokenize(tok: &TextTokenizer, capacity: usize, body: &str) -> Resu
     }
     let text = match (&req.prompt, &req.messages) {
         (Some(p), None) => p.clone(),
-        (None, Some(m)) if !m.is_empty() => chat_text(tok, m)?,
+        (None, Some(m)) if !m.is_empty() => chat_text(tok, m, req.chat_template_kwargs.as_ref())?,
         (None, Some(_)) => return refuse(400, "messages: empty"),
         (Some(_), Some(_)) => return refuse(400, "give prompt or messages, not both"),
         (None, None) => return refuse(400, "prompt or messages: missing"),

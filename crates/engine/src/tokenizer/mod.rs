@@ -31,6 +31,9 @@ pub struct TextTokenizer {
     /// Token strings by id (for the target/draft vocabulary check).
     vocab: Vec<String>,
     chat_template: Option<String>,
+    /// Extra variables of every chat template rendering (`--chat-template-kwargs`), e.g.
+    /// Qwen3's `enable_thinking`.
+    chat_kwargs: serde_json::Map<String, Value>,
     bos: Option<(u32, String)>,
     eos: Option<(u32, String)>,
     /// Ids that end generation.
@@ -198,6 +201,7 @@ impl TextTokenizer {
             inner,
             vocab,
             chat_template,
+            chat_kwargs: serde_json::Map::new(),
             bos,
             eos,
             stop_ids,
@@ -289,6 +293,30 @@ impl TextTokenizer {
     /// `assistant` alternating, the last one `user`) after an optional system prompt, followed
     /// by the generation prompt: how a multi-turn benchmark asks its second turn.
     pub fn apply_chat_conversation(&self, turns: &[(&str, &str)], system: Option<&str>) -> Result<String> {
+        self.apply_chat_conversation_with(turns, system, &serde_json::Map::new())
+    }
+
+    /// Sets the extra variables of every chat template rendering (vLLM's
+    /// `chat_template_kwargs`, e.g. `{"enable_thinking": false}` for Qwen3). The variables the
+    /// renderer sets itself (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`)
+    /// cannot be given.
+    pub fn set_chat_template_kwargs(&mut self, kwargs: serde_json::Map<String, Value>) -> Result<()> {
+        check_chat_kwargs(&kwargs).map_err(|e| err(&self.source, e))?;
+        self.chat_kwargs = kwargs;
+        Ok(())
+    }
+
+    /// [`Self::apply_chat_conversation`] with the variables `extra` added to (and replacing)
+    /// those set by [`Self::set_chat_template_kwargs`].
+    pub fn apply_chat_conversation_with(
+        &self,
+        turns: &[(&str, &str)],
+        system: Option<&str>,
+        extra: &serde_json::Map<String, Value>,
+    ) -> Result<String> {
+        check_chat_kwargs(extra).map_err(|e| err(&self.source, e))?;
+        let mut kwargs = self.chat_kwargs.clone();
+        kwargs.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let template = self.chat_template.as_deref().ok_or_else(|| {
             err(&self.source, "the model has no chat template (tokenizer.chat_template / chat_template); drop --chat")
         })?;
@@ -299,13 +327,38 @@ impl TextTokenizer {
         for (role, content) in turns {
             messages.push(json!({"role": role, "content": content}));
         }
-        render_chat(
+        render_chat_with(
             template,
             &messages,
             self.bos.as_ref().map(|b| b.1.as_str()),
             self.eos.as_ref().map(|e| e.1.as_str()),
+            &kwargs,
         )
         .map_err(|e| err(&self.source, format!("chat template: {e}")))
+    }
+}
+
+/// `--chat-template-kwargs`: a JSON object of extra chat template variables.
+pub fn parse_chat_template_kwargs(text: &str) -> std::result::Result<serde_json::Map<String, Value>, String> {
+    let kwargs = match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => map,
+        Ok(other) => {
+            return Err(format!("expected a JSON object such as '{{\"enable_thinking\": false}}', got {other}"))
+        }
+        Err(e) => return Err(format!("not valid JSON: {e}")),
+    };
+    check_chat_kwargs(&kwargs)?;
+    Ok(kwargs)
+}
+
+/// The variables a chat template's renderer sets itself.
+const RESERVED_CHAT_VARIABLES: [&str; 4] = ["messages", "add_generation_prompt", "bos_token", "eos_token"];
+
+/// Chat template variables given by the user may not be the renderer's own.
+fn check_chat_kwargs(kwargs: &serde_json::Map<String, Value>) -> std::result::Result<(), String> {
+    match kwargs.keys().find(|k| RESERVED_CHAT_VARIABLES.contains(&k.as_str())) {
+        Some(k) => Err(format!("chat template variable `{k}` is set by mdsd itself and cannot be given")),
+        None => Ok(()),
     }
 }
 
@@ -338,6 +391,18 @@ pub fn render_chat(
     bos_token: Option<&str>,
     eos_token: Option<&str>,
 ) -> std::result::Result<String, String> {
+    render_chat_with(template, messages, bos_token, eos_token, &serde_json::Map::new())
+}
+
+/// [`render_chat`] with the extra template variables `kwargs` (as transformers'
+/// `apply_chat_template(..., **kwargs)`).
+pub fn render_chat_with(
+    template: &str,
+    messages: &[Value],
+    bos_token: Option<&str>,
+    eos_token: Option<&str>,
+    kwargs: &serde_json::Map<String, Value>,
+) -> std::result::Result<String, String> {
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -349,13 +414,12 @@ pub fn render_chat(
     env.add_function("strftime_now", |format: String| strftime::strftime(&format, strftime::now_unix()));
     env.add_template("chat", template).map_err(|e| e.to_string())?;
     let tmpl = env.get_template("chat").map_err(|e| e.to_string())?;
-    tmpl.render(minijinja::context! {
-        messages => messages,
-        add_generation_prompt => true,
-        bos_token => bos_token.unwrap_or(""),
-        eos_token => eos_token.unwrap_or(""),
-    })
-    .map_err(|e| format!("{e:#}"))
+    let mut context = kwargs.clone();
+    context.insert("messages".into(), Value::Array(messages.to_vec()));
+    context.insert("add_generation_prompt".into(), Value::Bool(true));
+    context.insert("bos_token".into(), Value::String(bos_token.unwrap_or("").into()));
+    context.insert("eos_token".into(), Value::String(eos_token.unwrap_or("").into()));
+    tmpl.render(minijinja::Value::from_serialize(&context)).map_err(|e| format!("{e:#}"))
 }
 
 /// Checks that a draft tokenizer's vocabulary matches the target's: equal, or a prefix of it
@@ -581,5 +645,23 @@ mod tests {
         .collect();
         let jinja2 = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nSum 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4<|im_end|>\n<|im_start|>user\n<tool>x</tool><|im_end|>\n<|im_start|>assistant\n";
         assert_eq!(render_chat(template, &messages, None, None).unwrap(), jinja2);
+    }
+
+    /// Extra template variables (vLLM's `chat_template_kwargs`): Qwen3's `enable_thinking`
+    /// false closes an empty thinking block; the renderer's own variables cannot be given.
+    #[test]
+    fn chat_template_kwargs_reach_the_template() {
+        let template = "{% for m in messages %}{{ m.content }};{% endfor %}<a>{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}";
+        let messages = [json!({"role": "user", "content": "hi"})];
+        let plain = render_chat(template, &messages, None, None).unwrap();
+        assert_eq!(plain, "hi;<a>");
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), json!(false));
+        assert_eq!(render_chat_with(template, &messages, None, None, &kwargs).unwrap(), "hi;<a><think></think>");
+        kwargs.insert("enable_thinking".into(), json!(true));
+        assert_eq!(render_chat_with(template, &messages, None, None, &kwargs).unwrap(), plain);
+        let mut reserved = serde_json::Map::new();
+        reserved.insert("messages".into(), json!([]));
+        assert!(check_chat_kwargs(&reserved).unwrap_err().contains("`messages`"));
     }
 }
