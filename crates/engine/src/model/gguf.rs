@@ -12,7 +12,6 @@
 //! the map, by every core (the default target loads in 0.9-1.0 s instead of 1.4-2.6 s,
 //! `benches/RESULTS.md`). Without a map (or for a misaligned tensor) the file is read.
 
-use super::rope_scaling::RopeScaling;
 use super::weight_format::fast_cpu_converts_on_cpu;
 pub use super::weight_format::WeightFormat;
 use super::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
@@ -114,7 +113,7 @@ impl GgufFile {
         Ok(Some(n))
     }
 
-    fn require_uint(&self, key: &str) -> Result<usize> {
+    pub(super) fn require_uint(&self, key: &str) -> Result<usize> {
         self.uint(key)?.map(|n| n as usize).ok_or_else(|| err(&self.path, format!("missing GGUF metadata key `{key}`")))
     }
 
@@ -316,7 +315,7 @@ impl GgufFile {
                 None => return Err(err(&self.path, "missing tensor `token_embd.weight`")),
             },
         };
-        let rope_scaling = self.rope_scaling(&arch_name)?;
+        let rope_scaling = super::rope_scaling::from_gguf(self, &arch_name)?;
         let declared_context = self.uint(&a("context_length"))?.map(|n| n as usize).unwrap_or(4096);
         let config = ModelConfig {
             architecture,
@@ -341,66 +340,9 @@ impl GgufFile {
 }
 
 impl GgufFile {
-    /// The rotary scaling llama.cpp's converter records: the tensor `rope_freqs.weight`
-    /// (LLaMA 3.1's frequency divisors), or `{arch}.rope.scaling.type` `linear` or `yarn` with
-    /// its `factor`, `original_context_length` and YaRN's betas (the older
-    /// `{arch}.rope.scale_linear` too). Other types, and YaRN factors this engine does not apply
-    /// (`attn_factor`, `yarn_log_multiplier`, an `ext_factor` or `yarn_attn_factor` other than
-    /// 1), are refused, naming the file.
-    fn rope_scaling(&self, arch_name: &str) -> Result<RopeScaling> {
-        let a = |k: &str| format!("{arch_name}.rope.{k}");
-        let kind = self.string(&a("scaling.type"))?;
-        let factor = self.float(&a("scaling.factor"))?;
-        let divisors = self.small_f32_tensor("rope_freqs.weight")?;
-        let refuse = |what: String| Err(err(&self.path, what));
-        for key in ["scaling.attn_factor", "scaling.yarn_log_multiplier"] {
-            if let Some(v) = self.meta(&a(key)) {
-                return refuse(format!("`{}` ({v:?}) is not supported", a(key)));
-            }
-        }
-        for key in ["scaling.yarn_ext_factor", "scaling.yarn_attn_factor"] {
-            if let Some(v) = self.float(&a(key))?.filter(|v| *v != 1.0 && *v >= 0.0) {
-                return refuse(format!("`{}` = {v} is not supported (only 1)", a(key)));
-            }
-        }
-        let scaling = match (kind.as_deref(), factor, divisors) {
-            (None | Some("none"), _, None) => match self.float(&a("scale_linear"))? {
-                Some(f) if f != 1.0 => RopeScaling::Linear { factor: f },
-                _ => RopeScaling::None,
-            },
-            (None | Some("none"), _, Some(d)) => RopeScaling::FreqFactors(d),
-            (Some(_), _, Some(_)) => {
-                return refuse(format!("`rope_freqs.weight` together with `{}` is not supported", a("scaling.type")))
-            }
-            (Some("linear"), Some(f), None) => RopeScaling::Linear { factor: f },
-            (Some("yarn"), Some(f), None) => RopeScaling::Yarn {
-                factor: f,
-                original_context: match self.uint(&a("scaling.original_context_length"))? {
-                    Some(n) => n as f64,
-                    None => self.require_uint(&format!("{arch_name}.context_length"))? as f64,
-                },
-                beta_fast: self.float(&a("scaling.yarn_beta_fast"))?.filter(|b| *b != 0.0).unwrap_or(32.0),
-                beta_slow: self.float(&a("scaling.yarn_beta_slow"))?.filter(|b| *b != 0.0).unwrap_or(1.0),
-                // llama.cpp: `attn_factor * (1 + 0.1 ln(1 / freq_scale))`, as transformers' `get_mscale`.
-                attention_factor: if f > 1.0 { 0.1 * f.ln() + 1.0 } else { 1.0 },
-                truncate: true,
-            },
-            (Some(kind @ ("linear" | "yarn")), None, None) => {
-                return refuse(format!("`{}` is `{kind}` but `{}` is missing", a("scaling.type"), a("scaling.factor")))
-            }
-            (Some(other), _, None) => {
-                return refuse(format!(
-                    "`{}` = `{other}` is not supported (supported: none, linear, yarn)",
-                    a("scaling.type")
-                ))
-            }
-        };
-        Ok(scaling)
-    }
-
     /// A small f32 vector tensor (at most 65,536 values), read without `&mut` (from the map, or
     /// through a second handle on the file); `None` when the file has no tensor `name`.
-    fn small_f32_tensor(&self, name: &str) -> Result<Option<Vec<f32>>> {
+    pub(super) fn small_f32_tensor(&self, name: &str) -> Result<Option<Vec<f32>>> {
         use candle_core::quantized::GgmlDType;
         use std::io::{Read, Seek, SeekFrom};
         let Some(info) = self.content.tensor_infos.get(name) else { return Ok(None) };

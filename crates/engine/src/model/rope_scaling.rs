@@ -13,7 +13,12 @@
 //! refused when it loads, naming the file: run with the default frequencies, it would give
 //! plausible but wrong logits.
 
+use super::gguf::GgufFile;
 use serde_json::Value;
+
+fn err(path: &std::path::Path, what: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{}: {what}", path.display()))
+}
 
 /// A resolved rotary scaling (see the module docs).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -266,6 +271,63 @@ pub fn from_hf_config(config: &Value, max_position_embeddings: usize) -> Result<
         }
     };
     Ok((theta, scaling))
+}
+
+/// The rotary scaling llama.cpp's converter records: the tensor `rope_freqs.weight`
+/// (LLaMA 3.1's frequency divisors), or `{arch}.rope.scaling.type` `linear` or `yarn` with
+/// its `factor`, `original_context_length` and YaRN's betas (the older
+/// `{arch}.rope.scale_linear` too). Other types, and YaRN factors this engine does not apply
+/// (`attn_factor`, `yarn_log_multiplier`, an `ext_factor` or `yarn_attn_factor` other than
+/// 1), are refused, naming the file.
+pub fn from_gguf(file: &GgufFile, arch_name: &str) -> candle_core::Result<RopeScaling> {
+    let a = |k: &str| format!("{arch_name}.rope.{k}");
+    let kind = file.string(&a("scaling.type"))?;
+    let factor = file.float(&a("scaling.factor"))?;
+    let divisors = file.small_f32_tensor("rope_freqs.weight")?;
+    let refuse = |what: String| Err(err(file.path(), what));
+    for key in ["scaling.attn_factor", "scaling.yarn_log_multiplier"] {
+        if let Some(v) = file.meta(&a(key)) {
+            return refuse(format!("`{}` ({v:?}) is not supported", a(key)));
+        }
+    }
+    for key in ["scaling.yarn_ext_factor", "scaling.yarn_attn_factor"] {
+        if let Some(v) = file.float(&a(key))?.filter(|v| *v != 1.0 && *v >= 0.0) {
+            return refuse(format!("`{}` = {v} is not supported (only 1)", a(key)));
+        }
+    }
+    let scaling = match (kind.as_deref(), factor, divisors) {
+        (None | Some("none"), _, None) => match file.float(&a("scale_linear"))? {
+            Some(f) if f != 1.0 => RopeScaling::Linear { factor: f },
+            _ => RopeScaling::None,
+        },
+        (None | Some("none"), _, Some(d)) => RopeScaling::FreqFactors(d),
+        (Some(_), _, Some(_)) => {
+            return refuse(format!("`rope_freqs.weight` together with `{}` is not supported", a("scaling.type")))
+        }
+        (Some("linear"), Some(f), None) => RopeScaling::Linear { factor: f },
+        (Some("yarn"), Some(f), None) => RopeScaling::Yarn {
+            factor: f,
+            original_context: match file.uint(&a("scaling.original_context_length"))? {
+                Some(n) => n as f64,
+                None => file.require_uint(&format!("{arch_name}.context_length"))? as f64,
+            },
+            beta_fast: file.float(&a("scaling.yarn_beta_fast"))?.filter(|b| *b != 0.0).unwrap_or(32.0),
+            beta_slow: file.float(&a("scaling.yarn_beta_slow"))?.filter(|b| *b != 0.0).unwrap_or(1.0),
+            // llama.cpp: `attn_factor * (1 + 0.1 ln(1 / freq_scale))`, as transformers' `get_mscale`.
+            attention_factor: if f > 1.0 { 0.1 * f.ln() + 1.0 } else { 1.0 },
+            truncate: true,
+        },
+        (Some(kind @ ("linear" | "yarn")), None, None) => {
+            return refuse(format!("`{}` is `{kind}` but `{}` is missing", a("scaling.type"), a("scaling.factor")))
+        }
+        (Some(other), _, None) => {
+            return refuse(format!(
+                "`{}` = `{other}` is not supported (supported: none, linear, yarn)",
+                a("scaling.type")
+            ))
+        }
+    };
+    Ok(scaling)
 }
 
 #[cfg(test)]
