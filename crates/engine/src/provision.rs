@@ -252,7 +252,7 @@ pub fn hub_folder(repo: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionE
     let api = hub_api(opts).map_err(fail)?;
     let r = api.model(repo.to_string());
     let config = r.get("config.json").map_err(|e| fail(format!("config.json: {e}")))?;
-    for optional in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for optional in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"] {
         let _ = r.get(optional);
     }
     let shards = |index: &str| -> Result<Option<()>, ProvisionError> {

@@ -534,3 +534,20 @@ fn scaled_models_decode_speculatively_as_plainly() {
     }
     assert!(accepted > 0, "no configuration accepted a draft");
 }
+
+/// transformers 5 saves a tokenizer's chat template as `chat_template.jinja` beside
+/// `tokenizer_config.json`, not in it; the file is read, and wins over the config's template
+/// (as in transformers).
+#[test]
+fn chat_template_jinja_files_are_read() {
+    let dir = Tiny::llama(27).write_hf(&temp_dir("chat-jinja").join("hf"));
+    let render = |dir: &Path| engine::load::load_tokenizer(dir, None).unwrap().apply_chat_template("AB", None);
+    let e = format!("{:#}", render(&dir).unwrap_err());
+    assert!(e.contains("no chat template"), "{e}");
+    std::fs::write(dir.join("chat_template.jinja"), "{% for m in messages %}[{{ m.content }}]{% endfor %}").unwrap();
+    assert_eq!(render(&dir).unwrap(), "[AB]");
+    std::fs::write(dir.join("tokenizer_config.json"), r#"{"chat_template": "{{ messages[0].content }}"}"#).unwrap();
+    assert_eq!(render(&dir).unwrap(), "[AB]", "the .jinja file wins");
+    std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
+    assert_eq!(render(&dir).unwrap(), "AB");
+}

@@ -115,7 +115,8 @@ impl TextTokenizer {
     }
 
     /// Loads `tokenizer.json` and, beside it, `tokenizer_config.json` (chat template, BOS/EOS,
-    /// `add_bos_token`) when present.
+    /// `add_bos_token`), `chat_template.jinja` (the chat template as transformers 5 saves it)
+    /// and `generation_config.json` (more stop ids) when present.
     pub fn from_file(path: &Path) -> Result<Self> {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| err(path, format!("not a valid tokenizer.json: {e}")))?;
@@ -150,14 +151,21 @@ impl TextTokenizer {
             let s = v.as_str().or_else(|| v.get("content").and_then(|c| c.as_str()))?;
             inner.token_to_id(s).map(|id| (id, s.to_owned()))
         };
-        let chat_template = match config.get("chat_template") {
-            Some(Value::String(s)) => Some(s.clone()),
-            // A list of named templates: take "default".
-            Some(Value::Array(list)) => list
-                .iter()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-                .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
-            _ => None,
+        // transformers 5 (and 4.43 on, for some models) saves the template as
+        // `chat_template.jinja`, which wins over `tokenizer_config.json`'s, as in transformers.
+        let jinja = path.with_file_name("chat_template.jinja");
+        let chat_template = match std::fs::read_to_string(&jinja) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err(&jinja, format!("cannot read: {e}"))),
+            Err(_) => match config.get("chat_template") {
+                Some(Value::String(s)) => Some(s.clone()),
+                // A list of named templates: take "default".
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                    .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+                _ => None,
+            },
         };
         let (bos, eos) = (special("bos_token"), special("eos_token"));
         // Without `add_bos_token`, the BOS is added when the tokenizer's own post-processor adds
