@@ -27,6 +27,12 @@ pub mod tree;
 pub use speculative::{speculative_step, NextTokenModel, StepOutcome, StepScratch};
 pub use tree::{DraftTree, TreeError};
 
+/// An error naming the file it is about: `PATH: what`. The model loaders and the tokenizer
+/// report every problem with a file this way.
+pub fn file_error(path: &std::path::Path, what: impl std::fmt::Display) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{}: {what}", path.display()))
+}
+
 /// The message of a candle error without the backtrace candle attaches when
 /// `RUST_BACKTRACE` is set (for errors that wrap it in a message of ours).
 pub fn plain_error(e: &candle_core::Error) -> String {

@@ -9,23 +9,14 @@ mod common;
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use common::{load_cpu, max_diff, temp_dir, Tiny};
+use common::{load_cpu, logits_all, max_diff, temp_dir, Tiny};
 use engine::model::rope_scaling::RopeScaling;
-use engine::model::{causal_bias, DecoderModel};
 use serde_json::json;
 use std::path::Path;
 
 /// 200 positions: past every original context below, so each scaling moves the logits.
 fn prompt(vocab: usize) -> Vec<u32> {
     (0..200).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
-}
-
-fn logits_all(model: &DecoderModel, tokens: &[u32]) -> Tensor {
-    let mut cache = model.new_cache(tokens.len()).unwrap();
-    let bias = causal_bias(0, tokens.len(), model.dtype(), model.device()).unwrap();
-    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
-    let h = model.forward(tokens, &pos, &bias, &mut cache).unwrap();
-    model.logits(&h).unwrap()
 }
 
 fn llama3() -> serde_json::Value {
@@ -495,8 +486,9 @@ fn generate_names_the_scaling_at_load() {
 
 /// Speculative decoding of scaled models at temperature 0 equals plain decoding of the target,
 /// token for token, past the original context: a YaRN Qwen2 target (original context 64) with
-/// a one-layer Qwen3 draft under `llama3` scaling, a 150-token prompt and 60 new tokens, for three trees and every
-/// valid construction/verifier pair. Tree rows get the scaled rotary at their own positions.
+/// a one-layer Qwen3 draft under `llama3` scaling, a 150-token prompt and 60 new tokens, for
+/// three trees and every valid construction/verifier pair. Tree rows get the scaled rotary at
+/// their own positions.
 #[test]
 fn scaled_models_decode_speculatively_as_plainly() {
     use engine::decode::Generator;

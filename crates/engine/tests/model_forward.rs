@@ -5,19 +5,11 @@ mod common;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
-use common::{load_cpu, load_on_test_device, max_diff, temp_dir, test_device, Tiny};
+use common::{load_cpu, load_on_test_device, logits_all, max_diff, temp_dir, test_device, Tiny};
 use engine::model::{attention_bias, causal_bias, DecoderModel};
 use engine::DraftTree;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn logits_all(model: &DecoderModel, tokens: &[u32]) -> Tensor {
-    let mut cache = model.new_cache(128).unwrap();
-    let bias = causal_bias(0, tokens.len(), model.dtype(), model.device()).unwrap();
-    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
-    let h = model.forward(tokens, &pos, &bias, &mut cache).unwrap();
-    model.logits(&h).unwrap()
-}
 
 fn last_logits(model: &DecoderModel, tokens: &[u32]) -> Tensor {
     let l = logits_all(model, tokens);

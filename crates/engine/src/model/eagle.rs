@@ -19,7 +19,7 @@
 use super::hf::{check_safetensors, dense_linear, layer, HfConfig};
 use super::{block, DecoderModel, Layer, Linear, ModelConfig};
 use crate::kv_cache::KvCache;
-use candle_core::{DType, Device, Error, Module, Result, Tensor, D};
+use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -41,9 +41,7 @@ pub struct EagleHead {
     path: PathBuf,
 }
 
-fn err(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::Msg(format!("{}: {what}", path.display()))
-}
+use crate::file_error as err;
 
 impl EagleHead {
     /// Loads the head in folder `dir` for `target`, checking that its hidden size and

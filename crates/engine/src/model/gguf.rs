@@ -17,7 +17,7 @@ pub use super::weight_format::WeightFormat;
 use super::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::QTensor;
-use candle_core::{DType, Device, Error, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -33,9 +33,7 @@ pub struct GgufFile {
     map: Option<memmap2::Mmap>,
 }
 
-fn err(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::Msg(format!("{}: {what}", path.display()))
-}
+use crate::file_error as err;
 
 impl GgufFile {
     /// Opens `path`, reads the header and checks that every tensor lies inside the file.

@@ -15,9 +15,7 @@ use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-fn err(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::Msg(format!("{}: {what}", path.display()))
-}
+use crate::file_error as err;
 
 /// `config.json` of a LLaMA-family or Qwen2 checkpoint, as transformers writes it.
 #[derive(Debug, Clone, Deserialize)]

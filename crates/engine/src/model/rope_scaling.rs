@@ -16,9 +16,7 @@
 use super::gguf::GgufFile;
 use serde_json::Value;
 
-fn err(path: &std::path::Path, what: impl std::fmt::Display) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{}: {what}", path.display()))
-}
+use crate::file_error as err;
 
 /// A resolved rotary scaling (see the module docs).
 #[derive(Debug, Clone, PartialEq, Default)]

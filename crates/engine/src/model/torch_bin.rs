@@ -6,12 +6,10 @@
 //! (`benches/fuzz`, `tests/corrupt_files.rs`). Here each tensor must fit in its storage entry:
 //! the check reads only the pickle and the zip directory.
 
-use candle_core::{Error, Result, Tensor};
+use candle_core::{Result, Tensor};
 use std::path::Path;
 
-fn err(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::Msg(format!("{}: {what}", path.display()))
-}
+use crate::file_error as err;
 
 /// Every tensor of the checkpoint at `path`, by name; a tensor whose shape needs more bytes
 /// than its storage holds is an error naming it and the file.

@@ -26,7 +26,7 @@ fn pre_tokenizer_spec(pre: &str) -> Option<Value> {
         "qwen2" | "deepseek-r1-qwen" | "megrez" => {
             json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]})
         }
-        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" => {
+        llama3 if LLAMA3_FAMILY.contains(&llama3) => {
             json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
         }
         "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
@@ -41,8 +41,11 @@ fn pre_tokenizer_spec(pre: &str) -> Option<Value> {
 /// says (`"ignore_merges": true`). A word that is in the vocabulary but that the merges do not
 /// reach in rank order is then one token, as the model was trained.
 fn ignores_merges(pre: &str) -> bool {
-    matches!(pre, "llama-bpe" | "llama3" | "llama-v3" | "falcon3")
+    LLAMA3_FAMILY.contains(&pre)
 }
+
+/// llama.cpp's names for LLaMA 3's pre-tokenizer (its `LLAMA_VOCAB_PRE_TYPE_LLAMA3`).
+const LLAMA3_FAMILY: [&str; 4] = ["llama-bpe", "llama3", "llama-v3", "falcon3"];
 
 /// Whether llama.cpp puts the BOS first for pre-tokenizer `pre` when the file does not say
 /// (`tokenizer.ggml.add_bos_token`): for its LLaMA 3 family.

@@ -19,9 +19,7 @@ mod strftime;
 
 use gguf_bpe::GgufBpe;
 
-fn err(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::Msg(format!("{}: {what}", path.display()))
-}
+use crate::file_error as err;
 
 /// A tokenizer with the model's special tokens and chat template.
 #[derive(Clone)]

@@ -395,6 +395,16 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The logits of every position of `tokens` run from position 0 in one forward, on a cache of
+/// their own.
+pub fn logits_all(model: &engine::model::DecoderModel, tokens: &[u32]) -> Tensor {
+    let mut cache = model.new_cache(tokens.len()).unwrap();
+    let bias = engine::model::causal_bias(0, tokens.len(), model.dtype(), model.device()).unwrap();
+    let pos: Vec<u32> = (0..tokens.len() as u32).collect();
+    let h = model.forward(tokens, &pos, &bias, &mut cache).unwrap();
+    model.logits(&h).unwrap()
+}
+
 /// Maximum absolute difference of two tensors (on any devices).
 pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
