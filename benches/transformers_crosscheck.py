@@ -14,7 +14,7 @@ Two uses:
       configuration below, saves each with `save_pretrained` (so `config.json` is in transformers'
       own current spelling) under DIR/NAME, and writes the logits of a fixed 200-token prompt
       (float32, eager attention) to DIR/NAME/expected.json. Then
-          MDSD_TRANSFORMERS_REFERENCE=DIR cargo test --release -p engine --test checkpoint_configs -- --ignored
+          MDSD_TRANSFORMERS_REFERENCE=DIR cargo test --release -p engine --test it -- --ignored checkpoint_configs::
       loads each folder with mdsd's loader and compares its logits (1e-4).
 
   python benches/transformers_crosscheck.py --models DIR --gguf LLAMA_CPP_DIR

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # CUDA checks and timings on a lent GPU machine, which has no Rust, cannot reach the hub, and
-# takes at most 64 MiB per call (see benches/RESULTS.md, "CUDA"). Build here with
+# takes at most 64 MiB per call (docs/results/README.md#const-cuda-call-limit). Build here with
 #   source ../shared/tools/cuda-toolchain.sh
 #   export CUDA_COMPUTE_CAP=90 CARGO_TARGET_DIR=target-cuda RUSTFLAGS="-C target-cpu=x86-64-v3"
-#   cargo build --release --features cuda -p engine -p bench
-#   cargo test --release --features cuda -p engine --no-run
+#   cargo build --release --features cuda -p mdsd -p bench
+#   cargo test --release --features cuda -p engine --test it --no-run
 # then pack into .gpu/ (git-ignored; `carry` it):
 #   bash benches/cuda/pack.sh       # stripped binaries (bins.tar.xz) and the default pair's
 #                                   # GGUF headers (t15.skel.gguf, d05.skel.gguf)
@@ -57,10 +57,12 @@ before() { [ $(($(date +%s) - T0)) -lt $(($1 * DEADLINE / 540)) ]; }
 TEST_PIDS=()
 if has tests; then
   stamp "tests start"
-  run_test() { # dtype binary [extra args]
+  # The engine's tests are one binary (engine-tests); a "binary" below is a module of it, run
+  # by its name as a filter (`decode::`).
+  run_test() { # dtype module [extra args]
     local dt=$1 t=$2
     shift 2
-    { MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$dt RUST_TEST_THREADS=4 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$t" "$@" > "/tmp/test-$dt-$t.txt" 2>&1
+    { MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$dt RUST_TEST_THREADS=4 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/engine-tests" "$t::" "$@" > "/tmp/test-$dt-$t.txt" 2>&1
       echo "exit $?" >> "/tmp/test-$dt-$t.txt"; } &
     TEST_PIDS+=($!)
   }
@@ -76,7 +78,7 @@ if has tests; then
     }
     for spec in $TESTS; do
       IFS=: read -r dt t skips <<<"$spec"
-      "$B/$t" --list 2>/dev/null | sed -n 's/: test$//p' | while read -r name; do
+      "$B/engine-tests" "$t::" --list 2>/dev/null | sed -n 's/: test$//p' | while read -r name; do
         has_part "$name" "$skips" && continue
         # TEST_ONLY: comma-separated parts of `binary-name` to run (all when unset).
         [ -z "${TEST_ONLY:-}" ] || has_part "$t-$name" "$TEST_ONLY" || continue
@@ -87,7 +89,7 @@ if has tests; then
     stamp "$(wc -l < /tmp/test-list.txt) tests, $TEST_SPLIT at a time"
     one_test() { # dtype binary name
       local f="/tmp/test-$1-$2-$3.txt" s=$(date +%s.%N)
-      MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$1 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/$2" --exact "$3" --nocapture > "$f" 2>&1
+      MDSD_TEST_DEVICE=$DEV MDSD_TEST_DTYPE=$1 timeout ${TEST_TIMEOUT:-$((240 * DEADLINE / 540))} "$B/engine-tests" --exact "$3" --nocapture > "$f" 2>&1
       echo "exit $? after $(python3 -c "import sys,time; print(round(time.time()-float(sys.argv[1]),1))" $s) s" >> "$f"
     }
     export -f one_test

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what gpu_checks.sh needs into .gpu/ (git-ignored; name it in the device tool's `carry`):
-# the CUDA build's `mdsd`, `bench` and engine test binaries, stripped, in bins.tar.xz, and the
+# the CUDA build's `mdsd`, `bench` and the engine's test binary, stripped, in bins.tar.xz, and the
 # headers of the default pair's GGUF files (t15.skel.gguf, d05.skel.gguf), from which
 # `bench random-gguf` writes random-weight copies there. Run from the repository root after the
 # CUDA build (see gpu_checks.sh); TARGET defaults to target-cuda.
@@ -10,10 +10,16 @@ G=.gpu
 mkdir -p $G /tmp/mdsd-pack
 rm -f /tmp/mdsd-pack/*
 for b in mdsd bench; do strip -o /tmp/mdsd-pack/$b $T/$b; done
-for t in ${TEST_BINS:-model_forward decode eagle positional logprobs penalties prefix_reuse ngram logit_bias}; do
-  f=$(ls -t $T/deps/$t-* | grep -E "/$t-[0-9a-f]+$" | head -1)
-  strip -o /tmp/mdsd-pack/$t "$f"
-done
+# The engine's integration tests are one binary (tests/it); cargo names it `it-HASH`, as it
+# names the other crates' test binaries, so ask cargo which one is the engine's.
+f=$(CARGO_TARGET_DIR=${TARGET:-target-cuda} cargo test --release --features cuda -p engine --test it --no-run \
+  --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "it":
+        print(m["executable"])')
+strip -o /tmp/mdsd-pack/engine-tests "$f"
 # One long dictionary: the binaries share most of their bytes (the CUDA kernels).
 tar -cf - -C /tmp/mdsd-pack . | xz -T1 --lzma2=preset=6,dict=${XZ_DICT:-768MiB} > $G/bins.tar.xz
 # OLD=DIR: that folder's mdsd and bench (an earlier build, stripped) go in old.tar.xz, for

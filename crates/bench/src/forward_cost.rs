@@ -10,9 +10,9 @@ use crate::pair::DraftFile;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
+use engine::load::gguf::WeightFormat;
 use engine::load::{load, parse_device, LoadOptions};
 use engine::model::eagle::EagleHead;
-use engine::model::gguf::WeightFormat;
 use engine::model::{causal_bias, DecoderModel};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -29,8 +29,8 @@ pub struct ForwardCostArgs {
     draft_weights: WeightFormat,
     /// The draft's logits (a draft model's or an EAGLE head's) only for the first N token ids,
     /// as `mdsd generate --draft-vocab` (which defaults to 32768). 0 (the default here): the
-    /// whole vocabulary, as llama.cpp computes it and as the earlier tables in
-    /// benches/RESULTS.md were measured.
+    /// whole vocabulary, as llama.cpp computes it and as the CPU forward costs in
+    /// docs/results/README.md#cpu-forward-cost were measured.
     #[arg(long, default_value_t = 0)]
     draft_vocab: usize,
     /// Comma-separated numbers of new tokens per forward.
@@ -239,7 +239,7 @@ fn time_forwards(
 ) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
     let mut out = Vec::with_capacity(ks.len());
     let mut splits = Vec::with_capacity(ks.len());
-    let mut host = engine::host_copy::HostLogits::default();
+    let mut host = engine::decode::host_copy::HostLogits::default();
     for i in 0..ks.len() {
         let mut best = f64::INFINITY;
         for _ in 0..args.reps {

@@ -51,7 +51,7 @@ enum Command {
 
 fn main() {
     // Before any thread starts: set_var is then race-free.
-    engine::cpu_threads::pin_thread_count();
+    engine::pin_thread_count();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Alpha(args) => alpha_cmd::run(&args),

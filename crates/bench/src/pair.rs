@@ -5,9 +5,9 @@
 use anyhow::Context;
 use candle_core::Device;
 use clap::Args;
+use engine::load::provision::{resolve, FetchOptions, ModelKind, PairManifest};
 use engine::load::{load, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
-use engine::provision::{resolve, FetchOptions, ModelKind, PairManifest};
 use engine::tokenizer::check_vocabularies;
 use std::path::{Path, PathBuf};
 

@@ -10,8 +10,8 @@
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
-use engine::model::gguf::GgufFile;
-use engine::model::hf::HfConfig;
+use engine::load::gguf::GgufFile;
+use engine::load::hf::HfConfig;
 use engine::model::{Architecture, ModelConfig};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,12 +1,12 @@
 //! Criterion benchmark of the log-probabilities of one generated token
-//! (`engine::logprobs::token_logprobs`, what `--logprobs N` adds per token) against the softmax
+//! (`engine::decode::logprobs::token_logprobs`, what `--logprobs N` adds per token) against the softmax
 //! the verifier computes at every tree node anyway (`Warp::apply` at temperature 0.7), on a
 //! row of 151,936 logits (Qwen2.5's vocabulary).
 //!
-//! `cargo bench -p engine --bench logprobs` (results in `benches/RESULTS.md`).
+//! `cargo bench -p engine --bench logprobs` (results: docs/results/README.md#const-bench-logprobs).
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
-use engine::logprobs::{token_logprobs, TokenLogprobs};
+use engine::decode::logprobs::{token_logprobs, TokenLogprobs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use samplers::dist::Warp;

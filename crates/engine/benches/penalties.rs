@@ -1,13 +1,13 @@
-//! Criterion benchmark of the repetition penalties of one row (`engine::penalties`: apply, then
+//! Criterion benchmark of the repetition penalties of one row (`engine::decode::penalties`: apply, then
 //! restore, what `--repetition-penalty` and friends add per tree node) against the softmax the
 //! verifier computes at every node anyway (`Warp::apply` at temperature 0.7), on a row of
 //! 151,936 logits (Qwen2.5's vocabulary), after a 1,000-token prompt and 256 generated tokens,
 //! with a drafted path of 4.
 //!
-//! `cargo bench -p engine --bench penalties` (results in `benches/RESULTS.md`).
+//! `cargo bench -p engine --bench penalties` (results: docs/results/README.md#const-bench-penalties).
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use engine::penalties::{Penalties, PenaltyState};
+use engine::decode::penalties::{Penalties, PenaltyState};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use samplers::dist::Warp;

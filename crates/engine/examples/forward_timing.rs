@@ -9,9 +9,9 @@ use std::time::Instant;
 fn main() {
     let path = std::path::PathBuf::from(std::env::args().nth(1).expect("model path"));
     let weights = match std::env::args().nth(2).as_deref() {
-        Some("fast") => engine::model::gguf::WeightFormat::FastCpu,
-        Some("f32") => engine::model::gguf::WeightFormat::Dequantized,
-        _ => engine::model::gguf::WeightFormat::AsStored,
+        Some("fast") => engine::load::gguf::WeightFormat::FastCpu,
+        Some("f32") => engine::load::gguf::WeightFormat::Dequantized,
+        _ => engine::load::gguf::WeightFormat::AsStored,
     };
     let m = load(&path, &Device::Cpu, &LoadOptions { weights, ..Default::default() }).unwrap().model;
     let prefix: Vec<u32> = (0..64).map(|i| 100 + i).collect();

@@ -3,8 +3,8 @@
 //! `cargo run --release -p engine --example q4k_layouts`
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use engine::model::q4k_interleaved::Q4KMatrix;
-use engine::model::qgemv::{matmul_many, RowsWeight};
+use engine::kernels::quant::avx2::q4k::Q4KMatrix;
+use engine::kernels::quant::qgemv::{matmul_many, RowsWeight};
 use std::time::Instant;
 fn main() {
     let (n, k) = (8960 * 4, 1536);

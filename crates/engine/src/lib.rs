@@ -1,43 +1,42 @@
-//! The mdsd engine: LLaMA/Qwen2 models with a tree-capable forward ([`model`]), the external
-//! KV cache ([`kv_cache`]), loaders ([`load`], GGUF and Hugging Face folders), tokenizers and
-//! chat templates ([`tokenizer`]), draft trees ([`tree`]) and their automatic choice
-//! ([`auto_tree`]), the decoding loop ([`decode`]),
-//! model provisioning ([`provision`]) and the reference speculative step ([`speculative`]).
+//! The mdsd engine: multi-draft speculative decoding of LLaMA-family, Qwen2 and Qwen3 models on
+//! candle.
+//!
+//! # Layout, and the one-way rule
+//!
+//! Each top-level module has one job, and imports only from the modules listed before it:
+//!
+//! | module | job | imports |
+//! |---|---|---|
+//! | `error` | the library's error type | — |
+//! | [`kernels`] | CPU kernels: worker pool, SIMD arithmetic, attention in place, quantized products (hidden: not API) | — |
+//! | [`model`] | the architecture and its forward: `DecoderModel`, `Linear`, rotary, the EAGLE head, `KvCache` | `kernels` |
+//! | [`formats`] | file containers: GGUF (with integrity checks), PyTorch `.bin` | — |
+//! | [`tokenizer`] | tokenizers and chat templates | `formats` |
+//! | [`load`] | files to models: GGUF, Hugging Face folders, EAGLE heads, converted drafts, provisioning | `model`, `formats`, `tokenizer` |
+//! | [`decode`] | the generator: trees, verification, penalties, stop strings, log-probabilities, and `decode::draft` (draft model, EAGLE head, n-gram lookup, draft window) | `model`, `tokenizer`, `kernels` |
+//!
+//! Below them all, `error` ([`Error`], [`Result`], [`file_error`]) is imported by every module.
+//! `crates/samplers` (the mathematics) sits below all of them; the `mdsd` binary and the
+//! `bench` crate sit above.
+//!
+//! # The API
+//!
+//! A library user loads models with [`load::load`] (or [`load::provision::resolve`] for a
+//! manifest's model), builds a [`decode::Generator`] and calls [`decode::Generator::generate`]
+//! with a [`decode::GenerationConfig`] whose [`decode::SpecConfig`] names a [`DraftTree`], a
+//! construction and a verifier.
 
-pub mod auto_tree;
-pub mod cpu_pool;
-pub mod cpu_threads;
 pub mod decode;
-pub mod draft_window;
-mod drafting;
-mod eagle_draft;
-pub mod host_copy;
-pub mod kv_cache;
+mod error;
+pub mod formats;
+#[doc(hidden)]
+pub mod kernels;
 pub mod load;
-pub mod logprobs;
 pub mod model;
-pub mod ngram;
-pub mod penalties;
-pub mod provision;
-pub mod speculative;
-pub mod stop;
 pub mod tokenizer;
-pub mod tree;
 
-pub use speculative::{speculative_step, NextTokenModel, StepOutcome, StepScratch};
-pub use tree::{DraftTree, TreeError};
-
-/// An error naming the file it is about: `PATH: what`. The model loaders and the tokenizer
-/// report every problem with a file this way.
-pub fn file_error(path: &std::path::Path, what: impl std::fmt::Display) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{}: {what}", path.display()))
-}
-
-/// The message of a candle error without the backtrace candle attaches when
-/// `RUST_BACKTRACE` is set (for errors that wrap it in a message of ours).
-pub fn plain_error(e: &candle_core::Error) -> String {
-    match e {
-        candle_core::Error::WithBacktrace { inner, .. } => plain_error(inner),
-        other => other.to_string(),
-    }
-}
+pub use decode::speculative::{speculative_step, NextTokenModel, StepOutcome, StepScratch};
+pub use decode::tree::{DraftTree, TreeError};
+pub use decode::{GenerationConfig, Generator, SpecConfig};
+pub use error::{file_error, plain_error, Error, ProvisionError, Result};
+pub use kernels::threads::pin_thread_count;

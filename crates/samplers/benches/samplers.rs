@@ -3,7 +3,7 @@
 //! positional races of `--reproducible`, on
 //! LLM-like distributions of vocabulary 151,936 (Qwen) and 32,000 (LLaMA), n in {2, 3, 4, 8}.
 //!
-//! `cargo bench -p samplers --bench samplers` (results in `benches/RESULTS.md`).
+//! `cargo bench -p samplers --bench samplers` (results: docs/results/README.md#const-bench-samplers).
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;

@@ -266,8 +266,8 @@ pub fn generate_positions(
 /// Reads q along a text with the draft: a draft model's rows, or an EAGLE head's (from the
 /// target's features kept from the decoding), in caches kept across texts.
 enum DraftReader<'a> {
-    Model { model: &'a DecoderModel, cache: engine::kv_cache::KvCache },
-    Eagle { head: &'a EagleHead, target: &'a DecoderModel, cache: engine::kv_cache::KvCache },
+    Model { model: &'a DecoderModel, cache: engine::model::kv_cache::KvCache },
+    Eagle { head: &'a EagleHead, target: &'a DecoderModel, cache: engine::model::kv_cache::KvCache },
 }
 
 impl<'a> DraftReader<'a> {

@@ -21,8 +21,8 @@ use crate::pair::PairArgs;
 use crate::run_info::{git_revision, output_paths, utc_stamp, Interrupt, Progress};
 use anyhow::{bail, Context};
 use clap::Args;
+use engine::load::gguf::WeightFormat;
 use engine::load::{parse_device, LoadOptions, LoadedModel};
-use engine::model::gguf::WeightFormat;
 use evaluate::{Metric, Setting};
 use generate::GenerationOptions;
 pub use prompts::Dataset;
@@ -120,7 +120,9 @@ fn generation_key(args: &AcceptanceArgs, dataset: Dataset, target: &Path, draft:
 }
 
 fn cache_dir(args: &AcceptanceArgs) -> PathBuf {
-    args.distributions.clone().unwrap_or_else(|| engine::provision::FetchOptions::default().cache.join("acceptance"))
+    args.distributions
+        .clone()
+        .unwrap_or_else(|| engine::load::provision::FetchOptions::default().cache.join("acceptance"))
 }
 
 fn check_args(args: &AcceptanceArgs) -> anyhow::Result<()> {

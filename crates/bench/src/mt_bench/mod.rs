@@ -24,12 +24,12 @@ use crate::run_info::{git_revision, output_paths, utc_stamp, Interrupt, Progress
 use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Args;
+use engine::decode::draft::ngram::NgramFlags;
+use engine::decode::draft::window::DraftWindow;
+use engine::decode::penalties::PenaltyFlags;
 use engine::decode::{GenerationConfig, Generator, Randomness, SpecConfig, TreeChoice};
-use engine::draft_window::DraftWindow;
+use engine::load::gguf::WeightFormat;
 use engine::load::{parse_device, LoadOptions};
-use engine::model::gguf::WeightFormat;
-use engine::ngram::NgramFlags;
-use engine::penalties::PenaltyFlags;
 use engine::tokenizer::TextTokenizer;
 use engine::DraftTree;
 use samplers::dist::Warp;

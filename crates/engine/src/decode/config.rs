@@ -1,15 +1,16 @@
 //! What a generation is asked for ([`GenerationConfig`], [`SpecConfig`], [`DraftSource`],
 //! [`TreeChoice`]) and what it reports ([`Stats`]).
 
-use crate::auto_tree::AutoTree;
-use crate::ngram::NgramConfig;
-use crate::tree::DraftTree;
-use candle_core::{Error, Result};
+use crate::decode::auto_tree::AutoTree;
+use crate::decode::draft::ngram::NgramConfig;
+use crate::decode::tree::DraftTree;
+use crate::error::config_bail;
+use crate::{Error, Result};
 use samplers::dist::Warp;
 use samplers::{DraftConstruction, Verifier};
 
 /// The tree of every step: one fixed topology, or the best by measured cost and acceptance
-/// before each step ([`crate::auto_tree`], `--tree auto`).
+/// before each step ([`crate::decode::auto_tree`], `--tree auto`).
 #[derive(Debug, Clone)]
 pub enum TreeChoice {
     Fixed(DraftTree),
@@ -52,7 +53,7 @@ pub enum DraftSource {
     /// The generator's draft model or EAGLE head, on [`SpecConfig::tree`].
     #[default]
     Model,
-    /// N-gram lookup only ([`crate::ngram`]), on [`SpecConfig::tree`] (fixed): no draft model
+    /// N-gram lookup only ([`crate::decode::draft::ngram`]), on [`SpecConfig::tree`] (fixed): no draft model
     /// runs. `SpecConfig::verifier` must be [`Verifier::TopK`] (membership), and there is no
     /// q to warp or prune by.
     Ngram(NgramConfig),
@@ -200,24 +201,22 @@ pub struct Stats {
 /// model for `--tree auto`.
 pub fn check_ngram(s: &SpecConfig) -> Result<()> {
     let Some(c) = s.source.ngram() else { return Ok(()) };
-    c.check().map_err(|e| Error::Msg(format!("n-gram drafting: {e}")))?;
+    c.check().map_err(|e| Error::Config(format!("n-gram drafting: {e}")))?;
     if !matches!(s.source, DraftSource::Ngram(_)) {
         // N-gram steps before a model: the model's steps use its own pair and tree.
         return Ok(());
     }
     if s.verifier != Verifier::TopK {
-        candle_core::bail!(
+        config_bail!(
             "n-gram drafts are deterministic: only the topk (membership) verifier is lossless for them, not {}",
             s.verifier
         );
     }
     if matches!(s.tree, TreeChoice::Auto) {
-        candle_core::bail!(
-            "n-gram drafting needs a fixed tree (e.g. chain-4); `auto` models a draft model's acceptance"
-        );
+        config_bail!("n-gram drafting needs a fixed tree (e.g. chain-4); `auto` models a draft model's acceptance");
     }
     if s.draft_warp.is_some() || s.confidence_cutoff > 0.0 {
-        candle_core::bail!(
+        config_bail!(
             "n-gram drafts have no draft distribution: a draft temperature or confidence cutoff does not apply"
         );
     }

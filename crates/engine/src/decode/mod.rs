@@ -17,12 +17,12 @@
 //! 4. **Compact** both caches to the accepted root-to-node path.
 //!
 //! The draft source is a draft model (above), an EAGLE head reading the target's hidden
-//! states ([`Generator::with_eagle`], `crate::eagle_draft`): the same tree, bias and
+//! states ([`Generator::with_eagle`], `crate::decode::draft::eagle`): the same tree, bias and
 //! verification, with the head's entries in place of draft-model tokens; or n-gram lookup in
-//! the context ([`DraftSource`], [`crate::ngram`]), whose deterministic drafts the membership
+//! the context ([`DraftSource`], [`crate::decode::draft::ngram`]), whose deterministic drafts the membership
 //! verifier checks, alone or before the model on steps where the context has a match.
 //! The draft model may see only a window of the context ([`Generator::set_draft_window`],
-//! [`crate::draft_window`]): its cache then skips positions, and its rows are counted apart
+//! [`crate::decode::draft::window`]): its cache then skips positions, and its rows are counted apart
 //! from the target's.
 //!
 //! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
@@ -30,31 +30,39 @@
 //! [`Randomness::Positional`] they are moreover the very tokens plain decoding with that
 //! randomness emits: every node's drafts and verdict come from noise keyed by the position.
 
+pub mod auto_tree;
+pub(crate) mod buffers;
 mod config;
+pub mod draft;
+pub mod host_copy;
+pub mod logprobs;
+pub mod penalties;
 mod prefill;
+pub mod speculative;
 mod step;
+pub mod stop;
+pub mod tree;
 
-use crate::auto_tree::AutoTree;
-use crate::draft_window::{DraftContext, DraftWindow};
-use crate::drafting::{nan_error, with_bias};
-use crate::eagle_draft::EagleDraft;
-use crate::host_copy::HostLogits;
-use crate::kv_cache::KvCache;
-use crate::logprobs::{token_logprobs, TokenLogprobs};
+use crate::decode::auto_tree::AutoTree;
+use crate::decode::draft::eagle::EagleDraft;
+use crate::decode::draft::ngram::NgramDrafter;
+use crate::decode::draft::window::{DraftContext, DraftWindow};
+use crate::decode::host_copy::HostLogits;
+use crate::decode::logprobs::{token_logprobs, TokenLogprobs};
+use crate::decode::penalties::Penalties;
+use crate::decode::tree::DraftTree;
 use crate::model::eagle::EagleHead;
+use crate::model::kv_cache::KvCache;
 use crate::model::DecoderModel;
-use crate::ngram::NgramDrafter;
-use crate::penalties::{Penalties, PenaltyState};
-use crate::tree::DraftTree;
-use candle_core::{Error, Result};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use samplers::construction::DraftScratch;
-use samplers::dist::Warp;
-use samplers::{PositionalNoise, VerifyScratch};
+use samplers::PositionalNoise;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::error::config_bail;
+use crate::{Error, Result};
+use buffers::{nan_error, StepBuffers};
 pub use config::{check_ngram, DraftSource, GenerationConfig, Randomness, SpecConfig, Stats, TreeChoice};
 pub use prefill::PrefillProgress;
 use step::StepInput;
@@ -106,64 +114,6 @@ pub struct Emitted<'a> {
     pub prompt_logprobs: &'a [TokenLogprobs],
 }
 
-/// Per-step buffers, reused across steps.
-#[derive(Default)]
-pub(crate) struct StepBuffers {
-    /// Token of each tree node; `None` for nodes not drafted this step, and for a node whose
-    /// token repeats an earlier sibling's (see [`draw_children`](crate::drafting::draw_children)).
-    pub(crate) token: Vec<Option<u32>>,
-    /// The draft tuple drawn at each node, in order, repeats included: what its verifier sees.
-    pub(crate) drawn: Vec<Vec<u32>>,
-    pub(crate) q_at: Vec<Vec<f64>>,
-    p: Vec<f64>,
-    row_of: Vec<usize>,
-    draft_slot: Vec<Option<usize>>,
-    /// Tree nodes the draft ran this step after the root, in cache order.
-    draft_fed: Vec<usize>,
-    pub(crate) drafts: Vec<u32>,
-    /// Product of the draft's top probabilities (temperature 1) from the root to each node.
-    pub(crate) confidence: Vec<f64>,
-    /// [`SpecConfig::confidence_cutoff`] of the running step.
-    pub(crate) confidence_cutoff: f64,
-    path: Vec<usize>,
-    emitted: Vec<u32>,
-    pub(crate) draft_scratch: DraftScratch,
-    verify_scratch: VerifyScratch,
-    /// [`Randomness::Positional`]'s noise for the running generation (`None`: the stream).
-    pub(crate) noise: Option<PositionalNoise>,
-    /// Position of the running step's root (the pending token) in the text.
-    pub(crate) root_pos: usize,
-    /// Added to the target's and the draft's logits before the warp ([`Generator::set_logit_bias`]).
-    pub(crate) logit_bias: Vec<(u32, f32)>,
-    /// The target row's entries under the bias, kept to put the row back ([`with_bias`]).
-    pub(crate) bias_saved: Vec<f32>,
-    /// Repetition penalties of the next generations ([`Generator::set_penalties`]).
-    penalties: Penalties,
-    /// The running generation's counts for the penalties.
-    pub(crate) penalty: PenaltyState,
-    /// A node's drafted path, for its row's penalties.
-    pub(crate) path_tokens: Vec<u32>,
-    /// The draft's logits of a tree level on the host
-    /// ([`draw_children`](crate::drafting::draw_children)).
-    pub(crate) draft_host: HostLogits,
-}
-
-impl StepBuffers {
-    /// Turns a target row into `p`: the logit bias and the penalties (for the text so far and
-    /// the tokens this step emitted before the row's node, its drafted path), then `warp`. The
-    /// row comes back as it was, for the log-probabilities.
-    fn warp_target_row(&mut self, row: &mut [f32], warp: Warp) -> Result<()> {
-        let Self { logit_bias, bias_saved, penalty, emitted, p, .. } = self;
-        with_bias(row, logit_bias, bias_saved, |r| {
-            penalty.apply(r, emitted);
-            let warped = warp.apply(r, p);
-            penalty.restore(r);
-            warped
-        })
-        .map_err(|e| nan_error(e, "target"))
-    }
-}
-
 impl<'a> Generator<'a> {
     /// A generator holding up to `capacity` positions per cache (prompt and new tokens; near
     /// the end of either model's context, steps go without drafts). The draft's vocabulary
@@ -173,10 +123,7 @@ impl<'a> Generator<'a> {
         let vocab = target.config().vocab_size;
         if let Some(d) = draft {
             if d.config().vocab_size > vocab {
-                candle_core::bail!(
-                    "vocabulary mismatch: the draft has {} tokens, the target {vocab}",
-                    d.config().vocab_size
-                );
+                config_bail!("vocabulary mismatch: the draft has {} tokens, the target {vocab}", d.config().vocab_size);
             }
         }
         let capacity = capacity.min(target.config().context_length);
@@ -243,7 +190,7 @@ impl<'a> Generator<'a> {
 
     /// Records, from the next generation on, the target's log-probability of every generated
     /// token and its `top` most probable alternatives (`None`, the default: nothing), as
-    /// [`crate::logprobs`] defines them. They come from the rows the target ran anyway; each
+    /// [`crate::decode::logprobs`] defines them. They come from the rows the target ran anyway; each
     /// costs two reads of a row of logits.
     pub fn set_logprobs(&mut self, top: Option<usize>) {
         self.logprobs_top = top;
@@ -312,7 +259,7 @@ impl<'a> Generator<'a> {
     /// Generates after `prompt`, calling `on_tokens` with each batch of accepted tokens (for
     /// streaming); stops after `max_new_tokens` or at a token for which `is_stop` holds (that
     /// token is not emitted). `is_stop` sees every generated token once, in order, before
-    /// `on_tokens` gets it, so it may keep state (stop strings, `crate::stop`). Returns the new
+    /// `on_tokens` gets it, so it may keep state (stop strings, `crate::decode::stop`). Returns the new
     /// tokens and the statistics.
     pub fn generate(
         &mut self,
@@ -352,15 +299,15 @@ impl<'a> Generator<'a> {
         self.prompt_logprobs.clear();
         if let Some(&(id, b)) = self.buf.logit_bias.iter().find(|(id, b)| *id as usize >= self.vocab || !b.is_finite())
         {
-            candle_core::bail!(
+            config_bail!(
                 "logit bias {b} for token {id}: ids must be below the vocabulary's {} and biases finite",
                 self.vocab
             );
         }
-        config.warp.check().map_err(|e| Error::Msg(e.to_string()))?;
-        self.buf.penalties.check().map_err(Error::Msg)?;
+        config.warp.check()?;
+        self.buf.penalties.check().map_err(Error::Config)?;
         if prompt.is_empty() {
-            candle_core::bail!("the prompt is empty");
+            config_bail!("the prompt is empty");
         }
         let has_draft = self.draft.is_some() || self.eagle.is_some();
         if let Some(s) = &config.speculative {
@@ -370,14 +317,14 @@ impl<'a> Generator<'a> {
         let ngram_only = matches!(config.speculative.as_ref().map(|s| &s.source), Some(DraftSource::Ngram(_)));
         let spec = match (&config.speculative, has_draft || ngram_only) {
             (Some(s), true) => {
-                samplers::validate_pair(s.construction, s.verifier).map_err(|e| Error::Msg(e.to_string()))?;
+                samplers::validate_pair(s.construction, s.verifier)?;
                 if let Some(w) = &s.draft_warp {
-                    w.check().map_err(|e| Error::Msg(format!("draft sampling: {e}")))?;
+                    w.check().map_err(|e| Error::Sampling { during: "draft sampling", source: e })?;
                 }
                 Some(s)
             }
             (Some(_), false) => {
-                candle_core::bail!("speculative decoding needs a draft model, an EAGLE head or n-gram drafting")
+                config_bail!("speculative decoding needs a draft model, an EAGLE head or n-gram drafting")
             }
             (None, _) => None,
         };
@@ -387,7 +334,7 @@ impl<'a> Generator<'a> {
         if let (Some(TreeChoice::Fixed(t)), Randomness::Positional) = (model_tree, config.randomness) {
             let widest = (0..t.len()).map(|i| t.children(i).len()).max().unwrap_or(0);
             if widest > samplers::positional::MAX_DRAFTS {
-                candle_core::bail!(
+                config_bail!(
                     "positional randomness draws at most {} drafts per node; the tree has a node with {widest} children",
                     samplers::positional::MAX_DRAFTS
                 );
@@ -397,10 +344,7 @@ impl<'a> Generator<'a> {
         // not fit gives way to the root alone (below), so trees never shorten the text.
         let capacity = self.target_cache.capacity();
         if prompt.len() + 1 > capacity {
-            candle_core::bail!(
-                "the prompt has {} tokens: it does not fit the context of {capacity} positions",
-                prompt.len()
-            );
+            config_bail!("the prompt has {} tokens: it does not fit the context of {capacity} positions", prompt.len());
         }
         let root_only = DraftTree::root_only();
         let mut rng = StdRng::seed_from_u64(config.seed);
@@ -435,7 +379,8 @@ impl<'a> Generator<'a> {
                         let mut time = |rows| e.time_forward(target, draft_host, rows, pending);
                         a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?
                     } else if let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) {
-                        let mut time = |rows| crate::auto_tree::time_forward(d, cache, draft_host, rows, pending);
+                        let mut time =
+                            |rows| crate::decode::auto_tree::time_forward(d, cache, draft_host, rows, pending);
                         a.calibrate(target, &mut self.target_cache, target_host, Some(&mut time), pending)?
                     } else {
                         a.calibrate(target, &mut self.target_cache, target_host, None, pending)?
@@ -593,7 +538,7 @@ fn sample_token(noise: Option<PositionalNoise>, position: u64, p: &[f64], rng: &
 fn record_logprobs(top: Option<usize>, logits: &[f32], token: u32, out: &mut Vec<TokenLogprobs>) -> Result<()> {
     if let Some(top) = top {
         let mut record = TokenLogprobs::default();
-        token_logprobs(logits, token, top, &mut record).map_err(|e| Error::Msg(format!("log-probabilities: {e}")))?;
+        token_logprobs(logits, token, top, &mut record).map_err(Error::Logprobs)?;
         out.push(record);
     }
     Ok(())

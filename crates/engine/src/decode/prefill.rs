@@ -4,10 +4,10 @@
 //! draft model's cache or window).
 
 use super::{for_draft, record_logprobs, Generator};
-use crate::logprobs::TokenLogprobs;
+use crate::decode::draft::ngram::NgramConfig;
+use crate::decode::logprobs::TokenLogprobs;
 use crate::model::DecoderModel;
-use crate::ngram::NgramConfig;
-use candle_core::Result;
+use crate::Result;
 
 /// How far a prompt's prefill has come, as [`Generator::set_prefill_progress`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,10 +3,10 @@
 //! 1-4 of the module docs of [`super`]).
 
 use super::{for_draft, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
-use crate::auto_tree::AutoTree;
-use crate::drafting::{draw_children, expandable, tree_bias};
-use crate::tree::DraftTree;
-use candle_core::{Error, Result};
+use crate::decode::auto_tree::AutoTree;
+use crate::decode::draft::{draw_children, expandable, tree_bias};
+use crate::decode::tree::DraftTree;
+use crate::{Error, Result};
 use rand::rngs::StdRng;
 use samplers::dist::Warp;
 use samplers::Verdict;
@@ -84,7 +84,9 @@ impl Generator<'_> {
             let dbase = dcache.len();
             let dpos = dbase + self.draft_context.skipped();
             if dpos + m != root_pos + 1 {
-                candle_core::bail!("internal: draft cache at position {dpos} + {m} pending, target at {root_pos}");
+                return Err(Error::Internal(format!(
+                    "draft cache at position {dpos} + {m} pending, target at {root_pos}"
+                )));
             }
             let bias = crate::model::causal_bias(dbase, m, draft.dtype(), draft.device())?;
             let pos: Vec<u32> = (dpos..dpos + m).map(|p| p as u32).collect();
@@ -183,7 +185,7 @@ impl Generator<'_> {
                     &mut b.verify_scratch,
                 )
             }
-            .map_err(|e| Error::Msg(format!("verification: {e}")))?;
+            .map_err(|e| Error::Sampling { during: "verification", source: e })?;
             b.emitted.push(verdict.token);
             if let Some(a) = auto.as_deref_mut() {
                 a.record_node(b.drafts.len(), verdict.accepted);

@@ -2,7 +2,10 @@
 //! CPU kernels ([`qgemv`], the repacked layouts, [`f32_rows`] for dense f32 matrices) or to
 //! candle's.
 
-use super::{attention_kernels, f32_rows, ggml_rows, q4k_interleaved, q4k_tiled, q6k_interleaved, q6k_tiled, qgemv};
+use crate::kernels::quant::avx2::{q4k as q4k_interleaved, q6k as q6k_interleaved};
+use crate::kernels::quant::avx512::{q4k as q4k_tiled, q6k as q6k_tiled};
+use crate::kernels::quant::qgemv;
+use crate::kernels::{self, f32_rows, ggml_rows, with_host_f32};
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Module, Result, Tensor, D};
 
@@ -25,7 +28,8 @@ pub struct Linear {
 }
 
 /// Input rows up to which ggml-layout Q4_K/Q6_K products on an AVX2 CPU use [`qgemv`] rather
-/// than candle's repacked kernels (measured in `benches/RESULTS.md`, "Engine on CPU"). Q4_K and
+/// than candle's repacked kernels (one row: 43.1 ms per target forward against 64.1; from 5
+/// rows candle's is as fast: docs/results/README.md#const-few-rows-max). Q4_K and
 /// Q6_K matrices repacked at load ([`q4k_interleaved`], [`q6k_interleaved`]) take our kernels at
 /// every row count.
 pub const FEW_ROWS_MAX: usize = 4;
@@ -215,17 +219,6 @@ fn dense_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(y, dims, x.device())
 }
 
-/// Runs `f` on the elements of a CPU f32 tensor in row-major order (copying only when it is
-/// not contiguous).
-pub(crate) fn with_host_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    match (&*storage, layout.contiguous_offsets()) {
-        (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)), Some((a, b))) => Ok(f(&data[a..b])),
-        _ => candle_core::bail!("expected contiguous f32 CPU data, got {:?} on {:?}", t.dtype(), t.device()),
-    }
-}
-
 /// `x @ w_i^T + b_i` for several products of the same input (q/k/v). When every one takes
 /// the few-rows kernel, the input is quantized once and one dispatch computes them all;
 /// otherwise each runs alone. Same results either way.
@@ -285,32 +278,11 @@ pub fn gated(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Tensor> {
         let (mut outs, mut dims) = many_rows(&[gw, uw], x)?;
         let u = outs.pop().expect("two outputs");
         let mut g = outs.pop().expect("two outputs");
-        silu_gate(&mut g, &u);
+        kernels::activation::silu_gate(&mut g, &u);
         *dims.last_mut().expect("non-empty dims") = gw.dims()?.0;
         return Tensor::from_vec(g, dims, x.device());
     }
     candle_nn::ops::silu(&gate.forward(x)?)? * up.forward(x)?
-}
-
-/// `g = silu(g) * u` element-wise; large inputs (several rows) split over the CPU worker pool (`cpu_pool`),
-/// with the same arithmetic per element, so the result does not depend on the split.
-fn silu_gate(g: &mut [f32], u: &[f32]) {
-    /// Below this many elements one thread is faster than a dispatch (about 40 us of work).
-    const PARALLEL_MIN: usize = 16_384;
-    fn apply(g: &mut [f32], u: &[f32]) {
-        for (a, b) in g.iter_mut().zip(u) {
-            *a = *a / (1.0 + attention_kernels::exp(-*a)) * b;
-        }
-    }
-    if g.len() < PARALLEL_MIN {
-        return apply(g, u);
-    }
-    let (base, len) = (g.as_mut_ptr() as usize, g.len());
-    crate::cpu_pool::pool().execute_chunked(len, |r| {
-        // SAFETY: the ranges are disjoint and within `g`, which outlives the dispatch.
-        let g = unsafe { std::slice::from_raw_parts_mut((base as *mut f32).add(r.start), r.len()) };
-        apply(g, &u[r]);
-    });
 }
 
 impl Linear {
@@ -382,26 +354,6 @@ impl Module for Linear {
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
-        }
-    }
-}
-
-#[cfg(test)]
-mod gate_tests {
-    /// The gate split over the pool equals one thread's loop bit for bit, at sizes below and
-    /// above the split threshold.
-    #[test]
-    fn parallel_gate_equals_the_serial_loop() {
-        for len in [7, 4_864, 16_384, 3 * 8_960 + 5] {
-            let g0: Vec<f32> = (0..len).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
-            let u: Vec<f32> = (0..len).map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.31).collect();
-            let mut want = g0.clone();
-            for (a, b) in want.iter_mut().zip(&u) {
-                *a = *a / (1.0 + super::attention_kernels::exp(-*a)) * b;
-            }
-            let mut got = g0;
-            super::silu_gate(&mut got, &u);
-            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "length {len}");
         }
     }
 }

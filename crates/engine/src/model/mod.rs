@@ -1,5 +1,6 @@
-//! Decoder-only transformers of the LLaMA family and Qwen2, with a forward made for tree
-//! decoding.
+//! Decoder-only transformers of the LLaMA family, Qwen2 and Qwen3, with a forward made for
+//! tree decoding: the architecture and its forward only (files are `crate::load`'s, the CPU
+//! kernels `crate::kernels`').
 //!
 //! [`DecoderModel::forward`] takes the new token ids, their explicit position ids and an
 //! additive attention bias of the new tokens against every cached position plus the new ones
@@ -10,35 +11,19 @@
 //! positions and a causal mask, and own their cache.
 //!
 //! LLaMA and Qwen2 differ only in the q/k/v bias (Qwen2 has one) and in conventions of the
-//! files they come from; both load from Hugging Face safetensors ([`hf`]) and from GGUF
-//! ([`gguf`]), dense or quantized (candle's quantized matmul).
+//! files they come from; both load from Hugging Face safetensors (`crate::load::hf`) and from
+//! GGUF (`crate::load::gguf`), dense or quantized (candle's quantized matmul).
 
-pub mod attention_kernels;
-pub mod converted;
-pub mod cpu_attention;
 pub mod eagle;
 pub mod embedding;
-pub mod f32_rows;
-pub mod ggml_rows;
-pub mod gguf;
-mod gguf_integrity;
-pub mod hf;
+pub mod kv_cache;
 mod linear;
-pub mod q4k_interleaved;
-pub mod q4k_tiled;
-pub mod q6k_interleaved;
-pub mod q6k_tiled;
-pub mod q8k_activations;
-pub mod qgemv;
-#[cfg(test)]
-mod repack_test_support;
 pub mod rope_scaling;
-pub mod rotary;
-mod torch_bin;
-pub mod weight_format;
+mod rotary;
 
-use crate::kv_cache::KvCache;
+use crate::kernels::attention as cpu_attention;
 use candle_core::{DType, Device, Module, Result, Tensor, D};
+pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};
 
 /// The model families the engine runs.
@@ -152,7 +137,7 @@ impl DecoderModel {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        crate::cpu_threads::pin_thread_count();
+        crate::kernels::threads::pin_thread_count();
         let rotary = rotary::Rotary::new(&config, dtype, device)?;
         Ok(Self { config, embed, layers, norm, lm_head, rotary, dtype, device: device.clone() })
     }
@@ -231,16 +216,16 @@ impl DecoderModel {
     /// Runs a chain of tokens after the cache with causal attention (a prompt), in chunks of
     /// [`PREFILL_CHUNK_CPU`] tokens on the CPU ([`PREFILL_CHUNK_GPU`] elsewhere), and returns
     /// the final hidden states of every token, `[t, hidden]`. Chunks keep each forward's
-    /// intermediate tensors small and its attention on the in-place kernel: on the CPU a whole
-    /// 708-token prompt in one forward took 634,000 page faults for its fresh temporaries
-    /// (2,800 in chunks) and 2.9 s (2.0 s in chunks; `benches/RESULTS.md`).
+    /// intermediate tensors small and its attention on the in-place kernel: on the CPU a
+    /// 708-token prompt took 2.9 s in one forward and 2.0 s in chunks, most of the difference
+    /// page faults on fresh temporaries (docs/results/README.md#const-prefill-chunks).
     pub fn forward_chain(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Tensor> {
         self.forward_chain_from(tokens, cache.len(), cache)
     }
 
     /// [`Self::forward_chain`] with the chain's first token at position `first` instead of
     /// `cache.len()`: for a cache that skips part of the context (a draft window,
-    /// `crate::draft_window`). Every cached row stays visible.
+    /// `crate::decode::draft::window`). Every cached row stays visible.
     pub fn forward_chain_from(&self, tokens: &[u32], first: usize, cache: &mut KvCache) -> Result<Tensor> {
         self.forward_chain_reporting(tokens, first, cache, &mut |_| {})
     }
@@ -394,7 +379,7 @@ pub fn attention_bias(
 /// Prompt tokens per forward of [`DecoderModel::forward_chain`] on the CPU: the largest
 /// forward that [`cpu_attention`] takes. A 708-token prefill of the default target took
 /// 2.0-2.1 s in chunks of 64 to 256 tokens, 2.3 s in chunks of 512 and 2.4 s in one forward
-/// through the same attention (`benches/RESULTS.md`).
+/// through the same attention (docs/results/README.md#const-prefill-chunk-cpu).
 pub const PREFILL_CHUNK_CPU: usize = cpu_attention::MAX_ROWS;
 
 /// Prompt tokens per forward of [`DecoderModel::forward_chain`] on a GPU, which wants large

@@ -2,7 +2,7 @@
 //! shared by the models that hold the same one.
 
 use super::err;
-use candle_core::Result;
+use crate::Result;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -64,8 +64,9 @@ pub(super) struct GgufBpe {
 }
 
 /// The last tokenizer built from GGUF metadata, with that metadata: a draft whose GGUF holds the
-/// target's tokenizer (the default pair's does) takes it instead of building it again (0.25 s
-/// on the default pair, `benches/RESULTS.md`).
+/// target's tokenizer (the default pair's does) takes it instead of building it again (with
+/// the direct build below, the draft's load fell from 1.2-2.1 s to 0.4-0.5 s:
+/// docs/results/README.md#const-gguf-tokenizer-direct).
 static LAST_GGUF_BPE: Mutex<Option<(GgufBpe, Arc<tokenizers::Tokenizer>)>> = Mutex::new(None);
 
 /// The byte-level BPE tokenizer of GGUF metadata: vocabulary `tokens` (the first id of a
@@ -73,7 +74,7 @@ static LAST_GGUF_BPE: Mutex<Option<(GgufBpe, Arc<tokenizers::Tokenizer>)>> = Mut
 /// user-defined (type 4) tokens as added tokens, GPT-2's byte-level decoder, and the
 /// pre-tokenizer given as its `tokenizer.json` object. Built directly, not through a
 /// `tokenizer.json` text: that round trip of 151,936 tokens and 151,387 merges took most of a
-/// model's load (`benches/RESULTS.md`); `tests::direct_build_equals_the_tokenizer_json` checks
+/// model's load (docs/results/README.md#const-gguf-tokenizer-direct); `tests::direct_build_equals_the_tokenizer_json` checks
 /// that both give the same tokenizer.
 fn build_bpe(
     tokens: &[String],
@@ -147,7 +148,7 @@ pub(super) fn shared(key: GgufBpe, path: &Path) -> Result<(Arc<tokenizers::Token
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::gguf::GgufFile;
+    use crate::formats::gguf::GgufFile;
 
     /// The tokenizer of GGUF metadata through a `tokenizer.json` text, as `from_gguf` built it
     /// before [`build_bpe`]: the reference that `build_bpe` must equal.
@@ -287,7 +288,7 @@ mod tests {
     #[test]
     #[ignore = "needs the default pair's target and SmolLM2 in the model cache (mdsd fetch)"]
     fn direct_build_equals_the_tokenizer_json_on_real_models() {
-        let cache = crate::provision::cache_dir();
+        let cache = crate::load::provision::cache_dir();
         let questions = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../../shared/data/mt_bench_question.jsonl"

@@ -8,8 +8,7 @@
 //! `chat_template`) rendered with minijinja the way transformers renders them (trim and
 //! lstrip blocks, Python string methods, `raise_exception`).
 
-use crate::model::gguf::GgufFile;
-use candle_core::{Error, Result};
+use crate::formats::gguf::GgufFile;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +19,7 @@ mod strftime;
 use gguf_bpe::GgufBpe;
 
 use crate::file_error as err;
+use crate::{Error, Result};
 
 /// A tokenizer with the model's special tokens and chat template.
 #[derive(Clone)]
@@ -432,7 +432,7 @@ pub fn render_chat_with(
 /// (the target padded with extra ids, as Qwen2-7B's 152,064; those get q = 0).
 pub fn check_vocabularies(target: &[String], draft: &[String], target_src: &Path, draft_src: &Path) -> Result<()> {
     if draft.len() > target.len() {
-        return Err(Error::Msg(format!(
+        return Err(Error::Config(format!(
             "vocabulary mismatch: the draft {} has {} tokens, more than the target {} ({})",
             draft_src.display(),
             draft.len(),
@@ -441,7 +441,7 @@ pub fn check_vocabularies(target: &[String], draft: &[String], target_src: &Path
         )));
     }
     if let Some(i) = (0..draft.len()).find(|&i| draft[i] != target[i]) {
-        return Err(Error::Msg(format!(
+        return Err(Error::Config(format!(
             "vocabulary mismatch: token {i} is {:?} in the draft {} but {:?} in the target {}",
             draft[i],
             draft_src.display(),
