@@ -31,7 +31,7 @@
 set -u
 G=$1
 O=$2
-STEPS=${3:-"tests models gen eagle cost features"}
+STEPS=${3:-"tests models gen eagle cost peer features summary"}
 SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
 export LD_LIBRARY_PATH=$(ls -d "$SP"/nvidia/*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}
 # DEV, B (binaries), M (models), MODELS and NEW (tokens per run) may be set for a dry run on
@@ -67,7 +67,7 @@ if has tests; then
     TEST_PIDS+=($!)
   }
   # dtype:binary[:skipped,names] each.
-  TESTS=${TESTS:-"f32:model_forward f32:decode f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
+  TESTS=${TESTS:-"f32:fused_decode bf16:fused_decode:equals_fused_plain f32:model_forward f32:decode f32:chi_square:one_percent f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
   if [ -n "${TEST_SPLIT:-}" ]; then
     # One process per test, TEST_SPLIT at a time, the chi-square tests (`law`, `exact`) first:
     # a binary's slowest test then bounds the step, not the sum of its tests.
@@ -261,11 +261,43 @@ fi
 
 if has cost && before 470; then
   stamp "cost start"
-  {
-    timeout 40 "$B/bench" forward-cost --target $M/t15 --draft $M/d05 --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown
-    timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf --draft-weights stored --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown
-  } >> "$O/cost.txt" 2>>"$E"
+  # Eager candle ops against the device kernels (MDSD_FUSED_DECODE), the costs also as JSON
+  # for `bench predict` and gpu-latest.json.
+  for fused in 0 1; do
+    echo "== MDSD_FUSED_DECODE=$fused" >> "$O/cost.txt"
+    MDSD_FUSED_DECODE=$fused timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf --draft-weights stored \
+      --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown --json "$O/cost-t15q-fused$fused.json" >> "$O/cost.txt" 2>>"$E"
+    [ -d $M/e15 ] && MDSD_FUSED_DECODE=$fused timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --eagle $M/e15 \
+      --device $DEV --ks 1,2,4,8,16 --reps 5 --json "$O/cost-eagle-fused$fused.json" >> "$O/cost.txt" 2>>"$E"
+  done
+  timeout 40 "$B/bench" forward-cost --target $M/t15 --draft $M/d05 --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown >> "$O/cost.txt" 2>>"$E"
   stamp "cost done"
+fi
+
+# The peer on the same GPU and files: llama.cpp's llama-bench (tg128, pp512) and
+# llama-speculative with the 0.5B draft (PEERS: the unpacked llama-cpp-cuda-sm90 folder, from
+# ../shared/peers/llama-cpp-cuda-sm90.tar.xz carried as .peers/).
+if has peer && before 500; then
+  stamp "peer start"
+  PEERS=${PEERS:-/root/peers/llama-cpp-cuda-sm90}
+  if [ ! -x $PEERS/llama-bench ] && [ -f .peers/llama-cpp-cuda-sm90.tar.xz ]; then
+    mkdir -p /root/peers && tar xJf .peers/llama-cpp-cuda-sm90.tar.xz -C /root/peers
+  fi
+  if [ -x $PEERS/llama-bench ]; then
+    CU=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
+    LD_LIBRARY_PATH=$PEERS:$CU:$LD_LIBRARY_PATH timeout 90 $PEERS/llama-bench -m $M/t15q.gguf -p 512 -n 128 -ngl 99 -fa 1 -o json \
+      > "$O/llama-bench.json" 2>>"$E"
+    LD_LIBRARY_PATH=$PEERS:$CU:$LD_LIBRARY_PATH timeout 90 $PEERS/llama-speculative -m $M/t15q.gguf -md $M/d05q.gguf -ngl 99 -ngld 99 \
+      -p "$TEXT" -n 128 --draft-max 8 --temp 0 > "$O/llama-speculative.txt" 2>&1
+  else
+    echo "peer: no llama.cpp binaries at $PEERS (carry .peers/llama-cpp-cuda-sm90.tar.xz)" >> "$E"
+  fi
+  stamp "peer done"
+fi
+
+# gpu-latest.json: the commit, device, date, forward costs (ms), mdsd's and llama.cpp's tokens/s.
+if has summary; then
+  python3 benches/cuda/summarize_gpu.py "$O" > "$O/gpu-latest.json" 2>>"$E"
 fi
 
 if has features && before 500; then

@@ -54,6 +54,10 @@ pub struct ForwardCostArgs {
     /// the copy of the logits to the host, per k (best of `--reps` each).
     #[arg(long)]
     breakdown: bool,
+    /// Also write the costs as JSON (`bench predict --costs` reads it): seconds per forward by
+    /// role (`target`, `draft`, `eagle_head`) and k, llama.cpp's apart.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 /// Best-of-reps seconds of one forward split in three parts.
@@ -80,19 +84,23 @@ pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
     println!("|---|---|{}", "---|".repeat(ks.len()));
     let draft_rows = (args.draft_vocab > 0).then_some(args.draft_vocab);
     let rows_note = |rows: Option<usize>| rows.map_or_else(String::new, |n| format!(", logits of the first {n} ids"));
+    let mut report = CostReport::new(args, &ks);
     let target_model =
         load_model(&target, &device, &LoadOptions { weights: args.target_weights, ..Default::default() })?;
     let timed = time_model(&target_model, &ks, args)?;
     print_rows(&file_name(&target), "target", &format!("mdsd, {}", weights_name(args.target_weights)), &timed, args);
-    llama_cpp_row(&target, &ks, args)?;
+    report.add("target", &target, &timed.0, target_model.fused_decode());
+    report.add_llama_cpp("target", llama_cpp_row(&target, &ks, args)?);
     match draft {
         DraftFile::Model(path) => {
             drop(target_model);
             let opts = LoadOptions { weights: args.draft_weights, output_rows: draft_rows, ..Default::default() };
-            let timed = time_model(&load_model(&path, &device, &opts)?, &ks, args)?;
+            let draft_model = load_model(&path, &device, &opts)?;
+            let timed = time_model(&draft_model, &ks, args)?;
             let engine = format!("mdsd, {}{}", weights_name(args.draft_weights), rows_note(draft_rows));
             print_rows(&file_name(&path), "draft", &engine, &timed, args);
-            llama_cpp_row(&path, &ks, args)?;
+            report.add("draft", &path, &timed.0, draft_model.fused_decode());
+            report.add_llama_cpp("draft", llama_cpp_row(&path, &ks, args)?);
         }
         DraftFile::EagleHead(dir) => {
             let mut head = EagleHead::load(&dir, &target_model)
@@ -100,9 +108,55 @@ pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
             head.set_output_rows(&target_model, args.draft_vocab)?;
             let timed = time_head(&target_model, &head, &ks, args)?;
             print_rows(&file_name(&dir), "EAGLE head", &format!("mdsd{}", rows_note(draft_rows)), &timed, args);
+            report.add("eagle_head", &dir, &timed.0, target_model.fused_decode());
         }
     }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report.value)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
+}
+
+/// The costs as `--json` writes them: `{"device", "prefix", "reps", "ks", "secs": {role: {k:
+/// seconds}}, "files": {role: file}, "fused_decode": {role: bool}, "llama_cpp_secs": {role:
+/// {k: seconds}}}`.
+struct CostReport {
+    value: serde_json::Value,
+    ks: Vec<usize>,
+}
+
+impl CostReport {
+    fn new(args: &ForwardCostArgs, ks: &[usize]) -> Self {
+        let value = serde_json::json!({
+            "device": args.device,
+            "prefix": args.prefix,
+            "reps": args.reps,
+            "ks": ks,
+            "draft_vocab": args.draft_vocab,
+            "secs": {},
+            "files": {},
+            "fused_decode": {},
+            "llama_cpp_secs": {},
+        });
+        Self { value, ks: ks.to_vec() }
+    }
+
+    fn by_k(&self, secs: &[f64]) -> serde_json::Value {
+        self.ks.iter().zip(secs).map(|(k, s)| (k.to_string(), serde_json::json!(s))).collect()
+    }
+
+    fn add(&mut self, role: &str, file: &Path, secs: &[f64], fused: bool) {
+        self.value["secs"][role] = self.by_k(secs);
+        self.value["files"][role] = file.display().to_string().into();
+        self.value["fused_decode"][role] = fused.into();
+    }
+
+    fn add_llama_cpp(&mut self, role: &str, secs: Option<Vec<f64>>) {
+        if let Some(secs) = secs {
+            self.value["llama_cpp_secs"][role] = self.by_k(&secs);
+        }
+    }
 }
 
 fn file_name(path: &Path) -> String {
@@ -125,12 +179,11 @@ fn print_rows(name: &str, role: &str, engine: &str, (secs, splits): &(Vec<f64>, 
     }
 }
 
-fn llama_cpp_row(path: &Path, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<()> {
-    if let Some(python) = &args.llama_cpp {
-        let secs = time_llama_cpp(python, path, ks, args)?;
-        println!("| | llama.cpp, {} threads | {} |", args.threads, cells(&secs));
-    }
-    Ok(())
+fn llama_cpp_row(path: &Path, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<Option<Vec<f64>>> {
+    let Some(python) = &args.llama_cpp else { return Ok(None) };
+    let secs = time_llama_cpp(python, path, ks, args)?;
+    println!("| | llama.cpp, {} threads | {} |", args.threads, cells(&secs));
+    Ok(Some(secs))
 }
 
 fn weights_name(w: WeightFormat) -> &'static str {

@@ -17,6 +17,7 @@ mod alpha_cmd;
 mod forward_cost;
 mod mt_bench;
 mod pair;
+mod predict;
 mod random_eagle;
 mod random_gguf;
 mod run_info;
@@ -41,6 +42,9 @@ enum Command {
     Acceptance(acceptance::AcceptanceArgs),
     /// Seconds per forward of k new tokens for the target and the draft (and llama.cpp's).
     ForwardCost(forward_cost::ForwardCostArgs),
+    /// Tokens per second and speedup of each tree from a cost curve (`forward-cost --json`) and
+    /// the acceptance of `mt-bench` records (or a τ): the measured speedups beside them.
+    Predict(predict::PredictArgs),
     /// A GGUF with a real checkpoint's layout and random weights (for machines that cannot
     /// hold the real file), or that checkpoint's header alone (`--skeleton`).
     RandomGguf(random_gguf::RandomGgufArgs),
@@ -58,6 +62,7 @@ fn main() {
         Command::MtBench(args) => mt_bench::run(&args).map(|()| 0),
         Command::Acceptance(args) => acceptance::run(&args).map(|()| 0),
         Command::ForwardCost(args) => forward_cost::run(&args).map(|()| 0),
+        Command::Predict(args) => predict::run(&args).map(|()| 0),
         Command::RandomGguf(args) => random_gguf::run(&args).map(|()| 0),
         Command::RandomEagle(args) => random_eagle::run(&args).map(|()| 0),
     };

@@ -24,6 +24,7 @@ use crate::run_info::{git_revision, output_paths, utc_stamp, Interrupt, Progress
 use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Args;
+use engine::decode::auto_tree::WIDTHS;
 use engine::decode::draft::ngram::NgramFlags;
 use engine::decode::draft::window::DraftWindow;
 use engine::decode::penalties::PenaltyFlags;
@@ -209,6 +210,13 @@ pub struct TurnRecord {
     /// tree (`engine::decode::Stats::auto_tree`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub auto_tree: String,
+    /// Drafts tried and accepted by their node's number of drafts and their rank
+    /// (`engine::decode::Stats::rank_tried`, `rank_accepted`): the acceptance `bench predict`
+    /// reads.
+    #[serde(default)]
+    pub rank_tried: [[u64; WIDTHS]; WIDTHS],
+    #[serde(default)]
+    pub rank_accepted: [[u64; WIDTHS]; WIDTHS],
     /// The generated text (special tokens left out).
     pub answer: String,
 }
@@ -520,6 +528,8 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
                     ngram_tokens: stats.ngram_tokens,
                     stop_reason: stats.stop_reason.clone(),
                     auto_tree: stats.auto_tree.clone(),
+                    rank_tried: stats.rank_tried,
+                    rank_accepted: stats.rank_accepted,
                     answer: answer.clone(),
                 };
                 answers.push(answer);

@@ -364,6 +364,8 @@ mod tests {
             ngram_tokens: 0,
             stop_reason: "max_new_tokens".into(),
             auto_tree: String::new(),
+            rank_tried: [[0; 3]; 3],
+            rank_accepted: [[0; 3]; 3],
             answer: String::new(),
         }
     }

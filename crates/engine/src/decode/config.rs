@@ -1,7 +1,7 @@
 //! What a generation is asked for ([`GenerationConfig`], [`SpecConfig`], [`DraftSource`],
 //! [`TreeChoice`]) and what it reports ([`Stats`]).
 
-use crate::decode::auto_tree::AutoTree;
+use crate::decode::auto_tree::{AutoTree, WIDTHS};
 use crate::decode::draft::ngram::NgramConfig;
 use crate::decode::tree::DraftTree;
 use crate::error::config_bail;
@@ -194,6 +194,29 @@ pub struct Stats {
     /// With `--tree auto`: the acceptance estimate and the steps taken with each tree.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub auto_tree: String,
+    /// The drafts of the draft model's (or head's) steps that verification tried, by the
+    /// number of drafts at their node `k` and their rank `j` (`[k - 1][j]`, both capped at
+    /// [`WIDTHS`]): the drafts before an accepted one and every draft of a node whose drafts
+    /// were all rejected ([`Self::record_node`]). With [`Self::rank_accepted`], the acceptance
+    /// `α_{k,j}` that `--tree auto` and `bench predict` model.
+    pub rank_tried: [[u64; WIDTHS]; WIDTHS],
+    /// The drafts accepted, indexed as [`Self::rank_tried`].
+    pub rank_accepted: [[u64; WIDTHS]; WIDTHS],
+}
+
+impl Stats {
+    /// Counts the verification of one node's `drafts` drafts, tried in order: the one of rank
+    /// `accepted` was accepted after those before it were rejected, or (`None`) all were
+    /// rejected (as `AutoTree::record_node` counts them).
+    pub fn record_node(&mut self, drafts: usize, accepted: Option<usize>) {
+        let k = drafts.clamp(1, WIDTHS) - 1;
+        for r in 0..accepted.map_or(drafts, |j| j + 1) {
+            self.rank_tried[k][r.min(WIDTHS - 1)] += 1;
+        }
+        if let Some(j) = accepted {
+            self.rank_accepted[k][j.min(WIDTHS - 1)] += 1;
+        }
+    }
 }
 
 /// Refuses what n-gram drafting cannot do: its drafts are deterministic (no q), so only the

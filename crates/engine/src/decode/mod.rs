@@ -51,11 +51,13 @@ use crate::decode::host_copy::HostLogits;
 use crate::decode::logprobs::{token_logprobs, TokenLogprobs};
 use crate::decode::penalties::Penalties;
 use crate::decode::tree::DraftTree;
+use crate::kernels::device::ArgmaxRows;
 use crate::model::eagle::EagleHead;
 use crate::model::kv_cache::KvCache;
 use crate::model::DecoderModel;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use samplers::dist::Warp;
 use samplers::PositionalNoise;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,6 +102,34 @@ pub struct Generator<'a> {
     prompt_logprobs: Vec<TokenLogprobs>,
     /// Told of each prefill chunk ([`Self::set_prefill_progress`]).
     prefill_progress: Option<Box<dyn FnMut(PrefillProgress) + Send>>,
+}
+
+impl Generator<'_> {
+    /// Whether the target's tokens are picked on the device ([`ArgmaxRows`]): greedy sampling
+    /// (temperature 0 or top-k 1) with nothing that reads or changes whole rows on the host
+    /// (log-probabilities, penalties, a logit bias), on CUDA or on the device-kernel path
+    /// ([`DecoderModel::set_fused_decode`]). At temperature 0 every verifier emits the row's
+    /// argmax (its p is one-hot), so the tokens are the host path's.
+    fn device_argmax(&self, warp: Warp) -> bool {
+        (warp.temperature == 0.0 || warp.top_k == 1)
+            && self.logprobs_top.is_none()
+            && self.buf.penalties.is_off()
+            && self.buf.logit_bias.is_empty()
+            && (self.target.device().is_cuda() || self.target.fused_decode())
+    }
+}
+
+/// The greedy token of each row of `target`'s logits for `hidden` (`[rows, hidden]`), picked on
+/// the device ([`ArgmaxRows`]): one id per row crosses to the host.
+fn argmax_ids(target: &DecoderModel, hidden: &candle_core::Tensor) -> Result<Vec<u32>> {
+    let ids = target.logits(hidden)?.apply_op1_no_bwd(&ArgmaxRows)?.to_vec1::<u32>()?;
+    if ids.contains(&u32::MAX) {
+        return Err(Error::InvalidLogits {
+            model: "target",
+            source: samplers::SamplerError::BadParameter("a row of NaN or +inf, or only -inf, logits".into()),
+        });
+    }
+    Ok(ids)
 }
 
 /// A batch of accepted tokens, as [`Generator::generate_emitting`] hands it out.
@@ -413,6 +443,16 @@ impl<'a> Generator<'a> {
             }
             self.buf.emitted.clear();
             match spec {
+                None if self.device_argmax(config.warp) => {
+                    // Greedy on the device: one id crosses to the host, not a vocabulary-wide row.
+                    let t0 = Instant::now();
+                    let hidden = self.target.forward_chain(&[pending], &mut self.target_cache)?;
+                    let token = argmax_ids(self.target, &hidden)?[0];
+                    timings[1] += t0.elapsed();
+                    self.buf.emitted.push(token);
+                    stats.target_forwards += 1;
+                    stats.target_rows += 1;
+                }
                 None => {
                     let t0 = Instant::now();
                     let hidden = self.target.forward_chain(&[pending], &mut self.target_cache)?;

@@ -2,7 +2,7 @@
 //! target forward, verify from the root, keep the accepted path in both caches (the steps
 //! 1-4 of the module docs of [`super`]).
 
-use super::{for_draft, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
+use super::{argmax_ids, for_draft, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
 use crate::decode::auto_tree::AutoTree;
 use crate::decode::draft::{draw_children, expandable, tree_bias};
 use crate::decode::tree::DraftTree;
@@ -45,6 +45,7 @@ impl Generator<'_> {
     ) -> Result<usize> {
         let (tree, warp, pending) = (step.tree, step.warp, step.pending);
         let qwarp = spec.draft_warp.unwrap_or(warp);
+        let on_device = self.device_argmax(warp);
         let b = &mut self.buf;
         let nodes = tree.len();
         b.token.clear();
@@ -141,7 +142,12 @@ impl Generator<'_> {
         let tbase = self.target_cache.len();
         let bias = tree_bias(tree, tbase, &live, &live, self.target.dtype(), self.target.device())?;
         let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
-        let logits = self.target_host.copy(&self.target.logits(&hidden)?)?;
+        // Greedy on the device: one id per row crosses to the host, not vocabulary-wide rows.
+        let greedy = if on_device { Some(argmax_ids(self.target, &hidden)?) } else { None };
+        let logits = match greedy {
+            Some(_) => &mut [][..],
+            None => self.target_host.copy(&self.target.logits(&hidden)?)?,
+        };
         stats.target_forwards += 1;
         stats.target_rows += live.len();
         timings[1] += t1.elapsed();
@@ -157,6 +163,30 @@ impl Generator<'_> {
         b.path.push(0);
         loop {
             let row = b.row_of[node];
+            if let Some(ids) = &greedy {
+                // p is one-hot at the row's argmax: every verifier emits it, and accepts the
+                // draft equal to it.
+                let token = ids[row];
+                b.emitted.push(token);
+                if b.drawn[node].is_empty() {
+                    break;
+                }
+                let accepted = b.drawn[node].iter().position(|&d| d == token);
+                if let Some(a) = auto.as_deref_mut() {
+                    a.record_node(b.drawn[node].len(), accepted);
+                }
+                if !step.lookup {
+                    stats.record_node(b.drawn[node].len(), accepted);
+                }
+                match tree.children(node).iter().find(|&&c| b.token[c] == Some(token)) {
+                    Some(&child) if accepted.is_some() => {
+                        node = child;
+                        b.path.push(node);
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
             // The tokens emitted so far this step are the drafted path to this node.
             b.warp_target_row(&mut logits[row * v..(row + 1) * v], warp)?;
             // The position of the token sampled at this node.
@@ -190,6 +220,9 @@ impl Generator<'_> {
             if let Some(a) = auto.as_deref_mut() {
                 a.record_node(b.drafts.len(), verdict.accepted);
             }
+            if !step.lookup {
+                stats.record_node(b.drafts.len(), verdict.accepted);
+            }
             match verdict.accepted {
                 Some(j) => {
                     // The first sibling holding the accepted token: a repeat's subtree
@@ -206,8 +239,9 @@ impl Generator<'_> {
                 None => break,
             }
         }
-        // The token emitted at each node of the path was scored by that node's row.
-        for (&node, &token) in b.path.iter().zip(&b.emitted) {
+        // The token emitted at each node of the path was scored by that node's row (no rows on
+        // the host on the greedy device path, which runs without log-probabilities).
+        for (&node, &token) in b.path.iter().zip(&b.emitted).filter(|_| greedy.is_none()) {
             let row = b.row_of[node];
             record_logprobs(self.logprobs_top, &logits[row * v..(row + 1) * v], token, &mut self.logprobs)?;
         }

@@ -11,9 +11,12 @@
 //! - [`ggml_rows`]: products with the ggml block types that have no kernel of ours.
 //! - [`quant`]: Q4_K/Q6_K few-rows products, ggml layout and repacked layouts by instruction set.
 //! - [`activation`]: the gated MLP's activation.
+//! - [`device`]: the decode step's device kernels (CUDA, with a Rust reference of each that also
+//!   runs them on the CPU).
 
 pub mod activation;
 pub mod attention;
+pub mod device;
 pub mod f32_rows;
 pub mod ggml_rows;
 pub mod pool;

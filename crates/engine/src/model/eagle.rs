@@ -17,7 +17,7 @@
 //! (otherwise the target's embedding is used).
 
 use super::kv_cache::KvCache;
-use super::{block, DecoderModel, Layer, Linear, ModelConfig};
+use super::{block, DecoderModel, Layer, Linear, ModelConfig, Rope};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use std::path::{Path, PathBuf};
 
@@ -139,8 +139,9 @@ impl EagleHead {
         };
         let x = Tensor::cat(&[&e, &features.to_dtype(self.dtype)?], D::Minus1)?;
         let x = self.fc.forward(&x.unsqueeze(0)?)?;
-        let (cos, sin) = self.rotary.at(&pos)?;
-        let y = block(&self.config, 0, &self.layer, &x, &cos, &sin, &bias.to_dtype(self.dtype)?, cache)?;
+        // The head runs attention as its target does ([`DecoderModel::set_fused_decode`]).
+        let rope = Rope::new(&self.rotary, &pos, target.fused_decode())?;
+        let y = block(&self.config, 0, &self.layer, &x, &rope, &bias.to_dtype(self.dtype)?, cache)?;
         cache.advance(t)?;
         y.squeeze(0)
     }

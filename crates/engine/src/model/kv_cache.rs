@@ -6,6 +6,7 @@
 //! accepted root-to-node path and drops the rest, with one small index upload per step and
 //! one gather per layer on the device (no host round trip per layer).
 
+use crate::kernels::device::{RopeIntoCache, RowsIntoCache};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Keys and values of every layer of one model, for one sequence.
@@ -75,6 +76,41 @@ impl KvCache {
         self.values[layer].slice_set(&v.contiguous()?, 2, self.len)?;
         let total = self.len + t;
         Ok((self.keys[layer].narrow(2, 0, total)?, self.values[layer].narrow(2, 0, total)?))
+    }
+
+    /// Writes the new rows of `layer` after the cached positions, in place, as the device
+    /// kernels do: the keys `k` (`[t, kv_heads, head_dim]`) rotated at `positions` (`[t]`, u32)
+    /// by `rotary`, the values `v` copied. Nothing is returned: [`crate::kernels::device::CacheAttention`]
+    /// reads the buffers ([`Self::buffers`]). As with [`Self::append`], call [`Self::advance`]
+    /// after the forward.
+    pub fn write_rotated(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+        positions: &Tensor,
+        rotary: &super::rotary::Rotary,
+        interleaved: bool,
+    ) -> Result<()> {
+        let (t, kv_heads, head_dim) = k.dims3()?;
+        self.reserve(t)?;
+        let rope = RopeIntoCache {
+            inv_freq: rotary.inv_freq(),
+            attention_factor: rotary.attention_factor(),
+            interleaved,
+            kv_heads,
+            head_dim,
+            start: self.len,
+        };
+        self.keys[layer].inplace_op3(&k.contiguous()?, positions, &rope)?;
+        let copy = RowsIntoCache { kv_heads, head_dim, start: self.len };
+        self.values[layer].inplace_op2(&v.contiguous()?, &copy)
+    }
+
+    /// The whole key and value buffers of `layer` (`[1, kv_heads, capacity, head_dim]`), every
+    /// position, cached or not.
+    pub fn buffers(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.keys[layer], &self.values[layer])
     }
 
     /// Counts `t` appended positions as cached (after every layer appended them).

@@ -22,6 +22,7 @@ pub mod rope_scaling;
 mod rotary;
 
 use crate::kernels::attention as cpu_attention;
+use crate::kernels::device::{CacheAttention, RopeRows};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};
@@ -124,6 +125,16 @@ pub struct DecoderModel {
     rotary: rotary::Rotary,
     dtype: DType,
     device: Device,
+    /// Attention through the device kernels ([`crate::kernels::device`]) rather than candle's
+    /// ops ([`Self::set_fused_decode`]).
+    fused: bool,
+}
+
+/// Whether `MDSD_FUSED_DECODE` asks for the device kernels' decode path (`1`, `on`, `true`).
+/// Off by default: the kernels are checked against their Rust reference on the CPU, and take
+/// the default on CUDA once a GPU run has checked them there.
+fn fused_from_env() -> bool {
+    matches!(std::env::var("MDSD_FUSED_DECODE").as_deref(), Ok("1" | "on" | "true"))
 }
 
 impl DecoderModel {
@@ -139,7 +150,21 @@ impl DecoderModel {
     ) -> Result<Self> {
         crate::kernels::threads::pin_thread_count();
         let rotary = rotary::Rotary::new(&config, dtype, device)?;
-        Ok(Self { config, embed, layers, norm, lm_head, rotary, dtype, device: device.clone() })
+        let fused = fused_from_env();
+        Ok(Self { config, embed, layers, norm, lm_head, rotary, dtype, device: device.clone(), fused })
+    }
+
+    /// Runs attention through the device kernels ([`crate::kernels::device`]: rotary embedding
+    /// and KV writes in place, attention over the cache in fixed key chunks) instead of candle's
+    /// ops; on the CPU those kernels are their Rust reference (for tests). The default comes
+    /// from `MDSD_FUSED_DECODE`.
+    pub fn set_fused_decode(&mut self, on: bool) {
+        self.fused = on;
+    }
+
+    /// Whether attention runs through the device kernels ([`Self::set_fused_decode`]).
+    pub fn fused_decode(&self) -> bool {
+        self.fused
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -203,11 +228,11 @@ impl DecoderModel {
             candle_core::bail!("token id {bad} is outside the vocabulary of {} tokens", self.config.vocab_size);
         }
         let positions = Tensor::from_slice(positions, t, &self.device)?;
-        let (cos, sin) = self.rotary.at(&positions)?;
+        let rope = Rope::new(&self.rotary, &positions, self.fused)?;
         let bias = bias.to_dtype(self.dtype)?;
         let mut x = self.embed.lookup(tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = block(&self.config, i, layer, &x, &cos, &sin, &bias, cache)?;
+            x = block(&self.config, i, layer, &x, &rope, &bias, cache)?;
         }
         cache.advance(t)?;
         candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)
@@ -280,14 +305,12 @@ pub(crate) fn output_logits(lm_head: &Linear, hidden: &Tensor) -> Result<Tensor>
 
 /// One transformer block on `x` (`[1, t, hidden]`): attention against the cache of layer
 /// `index` plus the new keys (appended), then the MLP, each with its residual.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn block(
     c: &ModelConfig,
     index: usize,
     layer: &Layer,
     x: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
+    rope: &Rope,
     bias: &Tensor,
     cache: &mut KvCache,
 ) -> Result<Tensor> {
@@ -296,6 +319,13 @@ pub(crate) fn block(
     let h = match &layer.attn_norm {
         Some(w) => candle_nn::ops::rms_norm(x, w, eps)?,
         None => x.clone(),
+    };
+    let (cos, sin) = match rope {
+        Rope::Tables { cos, sin } => (cos, sin),
+        Rope::Fused { rotary, positions } => {
+            let attn = fused_attention(c, index, layer, &h, rotary, positions, bias, cache)?;
+            return finish_block(c, layer, x, &layer.o.forward(&attn)?);
+        }
     };
     let attn = {
         let _span = tracing::trace_span!("attention").entered();
@@ -338,6 +368,74 @@ pub(crate) fn block(
         layer.o.forward(&y)?
     };
     finish_block(c, layer, x, &attn)
+}
+
+/// How a forward's rows get their rotary embedding: cos and sin tables of the forward's
+/// positions for candle's ops, or the positions for the device kernels
+/// ([`DecoderModel::set_fused_decode`]).
+pub(crate) enum Rope<'a> {
+    Tables { cos: Tensor, sin: Tensor },
+    Fused { rotary: &'a rotary::Rotary, positions: &'a Tensor },
+}
+
+impl<'a> Rope<'a> {
+    /// The rotary embedding of `positions` (`[t]`, u32, on the model's device).
+    pub(crate) fn new(rotary: &'a rotary::Rotary, positions: &'a Tensor, fused: bool) -> Result<Self> {
+        if fused {
+            return Ok(Self::Fused { rotary, positions });
+        }
+        let (cos, sin) = rotary.at(positions)?;
+        Ok(Self::Tables { cos, sin })
+    }
+}
+
+/// Attention of a block through the device kernels: q, k and v from one dispatch, the per-head
+/// norms (Qwen3), the rotary embedding of q ([`RopeRows`]), k rotated and v copied into the
+/// cache in place ([`KvCache::write_rotated`]), and attention over the cache read in place
+/// ([`CacheAttention`]). Returns `[1, t, heads * head_dim]`.
+#[allow(clippy::too_many_arguments)]
+fn fused_attention(
+    c: &ModelConfig,
+    index: usize,
+    layer: &Layer,
+    h: &Tensor,
+    rotary: &rotary::Rotary,
+    positions: &Tensor,
+    bias: &Tensor,
+    cache: &mut KvCache,
+) -> Result<Tensor> {
+    let _span = tracing::trace_span!("attention").entered();
+    let (_, t, _) = h.dims3()?;
+    let eps = c.rms_norm_eps as f32;
+    let qkv = forward_many(&[&layer.q, &layer.k, &layer.v], h)?;
+    let head_norm = |y: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
+        match w {
+            Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
+            None => Ok(y),
+        }
+    };
+    let q = head_norm(qkv[0].reshape((t, c.num_heads, c.head_dim))?, &layer.q_norm)?;
+    let k = head_norm(qkv[1].reshape((t, c.num_kv_heads, c.head_dim))?, &layer.k_norm)?;
+    let v = qkv[2].reshape((t, c.num_kv_heads, c.head_dim))?;
+    let rope_q = RopeRows {
+        inv_freq: rotary.inv_freq(),
+        attention_factor: rotary.attention_factor(),
+        interleaved: c.rope_interleaved,
+        heads: c.num_heads,
+        head_dim: c.head_dim,
+    };
+    let q = q.contiguous()?.apply_op2_no_bwd(positions, &rope_q)?;
+    let start = cache.len();
+    cache.write_rotated(index, &k, &v, positions, rotary, c.rope_interleaved)?;
+    let (keys, values) = cache.buffers(index);
+    let attention = CacheAttention {
+        keys,
+        values,
+        total: start + t,
+        heads: c.num_heads,
+        scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
+    };
+    q.apply_op2_no_bwd(&bias.contiguous()?, &attention)?.unsqueeze(0)
 }
 
 /// The rest of a block after attention: residual, MLP, residual.

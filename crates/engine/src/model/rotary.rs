@@ -29,6 +29,16 @@ impl Rotary {
         Ok(Self { inv_freq: Tensor::from_vec(inv_freq, (1, half), device)?, attention_factor, dtype })
     }
 
+    /// The inverse frequencies `[1, head_dim / 2]` (f32, on the model's device).
+    pub fn inv_freq(&self) -> &Tensor {
+        &self.inv_freq
+    }
+
+    /// YaRN's factor on cos and sin (1: none).
+    pub fn attention_factor(&self) -> f32 {
+        self.attention_factor
+    }
+
     /// cos and sin `[t, head_dim / 2]` of the angles `positions[r] * inv_freq[i]`, for the u32
     /// position ids `positions` (`[t]`, on the model's device).
     pub fn at(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {

@@ -7,6 +7,7 @@ mod common;
 mod decode;
 mod default_pair;
 mod eagle;
+mod fused_decode;
 mod layout;
 mod logit_bias;
 mod logprobs;

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""gpu-latest.json from a gpu_checks.sh output folder: the commit, device and date; forward
+costs in milliseconds per model and row count (eager candle ops and the device kernels);
+mdsd's tokens/s per tree from gen.jsonl; llama.cpp's tg128/pp512 and speculative tokens/s;
+the EAGLE head's step. Missing parts are left out, never invented.
+
+Usage: python3 benches/cuda/summarize_gpu.py OUT > OUT/gpu-latest.json
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def ms_by_k(costs, role):
+    secs = (costs or {}).get("secs", {}).get(role)
+    return {k: round(v * 1e3, 4) for k, v in secs.items()} if secs else None
+
+
+def main(out):
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    gpu = open(os.path.join(out, "gpu.txt")).read().strip() if os.path.exists(os.path.join(out, "gpu.txt")) else None
+    summary = {
+        "commit": commit or None,
+        "device": gpu,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "forward_ms": {},
+    }
+    for fused in ("0", "1"):
+        c = load(os.path.join(out, f"cost-t15q-fused{fused}.json"))
+        label = "device_kernels" if fused == "1" else "candle_ops"
+        for role in ("target", "draft"):
+            v = ms_by_k(c, role)
+            if v:
+                summary["forward_ms"].setdefault(label, {})[role] = v
+        e = ms_by_k(load(os.path.join(out, f"cost-eagle-fused{fused}.json")), "eagle_head")
+        if e:
+            summary.setdefault("eagle_step_ms", {})[label] = e
+    gen = os.path.join(out, "gen.jsonl")
+    if os.path.exists(gen):
+        ar, spec = {}, {}
+        for line in open(gen):
+            r = json.loads(line)
+            res = r.get("result")
+            if not res or not r["label"].endswith("speed T=0"):
+                continue
+            model = r["label"].split()[0]
+            args = r["args"]
+            tree = "no-spec" if "--no-spec" in args else re.search(r"--tree (\S+)", args).group(1)
+            rate = res.get("tokens_per_s")
+            if tree == "no-spec":
+                ar[model] = rate
+            else:
+                spec.setdefault(model, {})[tree] = rate
+        summary["mdsd_ar_tok_s"] = ar
+        summary["mdsd_spec_tok_s"] = spec
+    bench = load(os.path.join(out, "llama-bench.json"))
+    if bench:
+        for row in bench:
+            if row.get("n_gen", 0) > 0:
+                summary["llama_cpp_tg128_tok_s"] = row.get("avg_ts")
+            elif row.get("n_prompt", 0) > 0:
+                summary["llama_cpp_pp512_tok_s"] = row.get("avg_ts")
+    spec_txt = os.path.join(out, "llama-speculative.txt")
+    if os.path.exists(spec_txt):
+        m = re.search(r"decoded\s+\d+\s+tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", open(spec_txt).read())
+        if m:
+            summary["llama_cpp_spec_tok_s"] = float(m.group(1))
+    json.dump(summary, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

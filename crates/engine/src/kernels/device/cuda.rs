@@ -1,0 +1,244 @@
+//! Launchers of `decode.cu` (built to PTX by `build.rs`, loaded once per device through candle's
+//! custom-module API). Each checks its inputs as the CPU op does and launches the kernel on the
+//! device's stream.
+
+use super::{CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache};
+use crate::kernels::device::reference::{AttentionShape, ATTENTION_CHUNK, BLOCK};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{bail, CudaStorage, Layout, Result, Shape, Storage};
+
+/// The kernels' PTX (`nvcc -ptx` of `decode.cu`).
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/decode.ptx"));
+/// The module's name in the device's cache of custom modules.
+const MODULE: &str = "mdsd_decode";
+
+/// A contiguous view of `s` under `l`.
+fn view<'a, T>(s: &'a CudaSlice<T>, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(s.slice(a..b)),
+        None => bail!("{what}: expected a contiguous tensor"),
+    }
+}
+
+/// The storage guard of the f32 inverse frequencies, checked to be on the GPU.
+macro_rules! inv_freq_view {
+    ($t:expr, $guard:ident, $layout:ident, $view:ident) => {
+        let ($guard, $layout) = $t.storage_and_layout();
+        let Storage::Cuda(inv) = &*$guard else { bail!("rope: the inverse frequencies are not on the GPU") };
+        let $view = view(inv.as_cuda_slice::<f32>()?, &$layout, "inverse frequencies")?;
+    };
+}
+
+/// A one-dimensional launch of `n` threads' work (grid-stride loops cover the rest).
+fn linear(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 65_535) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The kernel `name_SUFFIX` for the element type of `slice`.
+fn kernel_name(name: &str, slice: &CudaStorageSlice) -> Result<String> {
+    let suffix = match slice {
+        CudaStorageSlice::F32(_) => "f32",
+        CudaStorageSlice::BF16(_) => "bf16",
+        CudaStorageSlice::F16(_) => "f16",
+        _ => bail!("{name}: f32, bf16 or f16 expected"),
+    };
+    Ok(format!("{name}_{suffix}"))
+}
+
+pub(super) fn rope_rows(
+    op: &RopeRows,
+    x: &CudaStorage,
+    xl: &Layout,
+    pos: &CudaStorage,
+    pl: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = &x.device;
+    let positions = view(pos.as_cuda_slice::<u32>()?, pl, "rope positions")?;
+    let rows = pl.shape().elem_count();
+    let (h, d) = (op.heads, op.head_dim);
+    if xl.shape().elem_count() != rows * h * d {
+        bail!("rope: {:?} is not {rows} rows of {h} heads of {d}", xl.shape());
+    }
+    inv_freq_view!(op.inv_freq, inv_guard, inv_layout, inv_freq);
+    let func = dev.get_or_load_custom_func(&kernel_name("rope_rows", &x.slice)?, MODULE, PTX)?;
+    let (af, interleaved) = (op.attention_factor, op.interleaved as i32);
+    let (rows_u, h_u, d_u) = (rows as u32, h as u32, d as u32);
+    macro_rules! launch {
+        ($s:expr, $t:ty, $variant:ident) => {{
+            let x = view($s, xl, "rope")?;
+            let out = unsafe { dev.alloc::<$t>(rows * h * d)? };
+            let mut b = func.builder();
+            b.arg(&x).arg(&positions).arg(&inv_freq).arg(&af).arg(&interleaved).arg(&out);
+            b.arg(&rows_u).arg(&h_u).arg(&d_u);
+            unsafe { b.launch(linear(rows * h * d / 2)) }.w()?;
+            CudaStorageSlice::$variant(out)
+        }};
+    }
+    let slice = match &x.slice {
+        CudaStorageSlice::F32(s) => launch!(s, f32, F32),
+        CudaStorageSlice::BF16(s) => launch!(s, half::bf16, BF16),
+        CudaStorageSlice::F16(s) => launch!(s, half::f16, F16),
+        _ => unreachable!("kernel_name checked the dtype"),
+    };
+    Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((rows, h, d))))
+}
+
+/// Checks a cache destination as `super::cache_dims` does; returns its capacity.
+fn capacity_of(dl: &Layout, kv_heads: usize, head_dim: usize, start: usize, rows: usize) -> Result<usize> {
+    super::cache_dims(dl, kv_heads, head_dim, start, rows)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rope_into_cache(
+    op: &RopeIntoCache,
+    dst: &mut CudaStorage,
+    dl: &Layout,
+    x: &CudaStorage,
+    xl: &Layout,
+    pos: &CudaStorage,
+    pl: &Layout,
+) -> Result<()> {
+    let dev = x.device.clone();
+    let positions = view(pos.as_cuda_slice::<u32>()?, pl, "rope positions")?;
+    let rows = pl.shape().elem_count();
+    let (g, d) = (op.kv_heads, op.head_dim);
+    let capacity = capacity_of(dl, g, d, op.start, rows)?;
+    if xl.shape().elem_count() != rows * g * d {
+        bail!("rope into cache: {:?} is not {rows} rows of {g} heads of {d}", xl.shape());
+    }
+    inv_freq_view!(op.inv_freq, inv_guard, inv_layout, inv_freq);
+    let func = dev.get_or_load_custom_func(&kernel_name("rope_into_cache", &x.slice)?, MODULE, PTX)?;
+    let (af, interleaved) = (op.attention_factor, op.interleaved as i32);
+    let (rows_u, g_u, d_u, cap_u, start_u) = (rows as u32, g as u32, d as u32, capacity as u32, op.start as u32);
+    macro_rules! launch {
+        ($s:expr, $t:ty) => {{
+            let x = view($s, xl, "keys")?;
+            let cache = dst.as_cuda_slice_mut::<$t>()?;
+            let mut b = func.builder();
+            b.arg(&x).arg(&positions).arg(&inv_freq).arg(&af).arg(&interleaved).arg(cache);
+            b.arg(&rows_u).arg(&g_u).arg(&d_u).arg(&cap_u).arg(&start_u);
+            unsafe { b.launch(linear(rows * g * d / 2)) }.w()?;
+        }};
+    }
+    match &x.slice {
+        CudaStorageSlice::F32(s) => launch!(s, f32),
+        CudaStorageSlice::BF16(s) => launch!(s, half::bf16),
+        CudaStorageSlice::F16(s) => launch!(s, half::f16),
+        _ => unreachable!("kernel_name checked the dtype"),
+    }
+    Ok(())
+}
+
+pub(super) fn rows_into_cache(
+    op: &RowsIntoCache,
+    dst: &mut CudaStorage,
+    dl: &Layout,
+    x: &CudaStorage,
+    xl: &Layout,
+) -> Result<()> {
+    let dev = x.device.clone();
+    let (g, d) = (op.kv_heads, op.head_dim);
+    let rows = xl.shape().elem_count() / (g * d);
+    let capacity = capacity_of(dl, g, d, op.start, rows)?;
+    let func = dev.get_or_load_custom_func(&kernel_name("rows_into_cache", &x.slice)?, MODULE, PTX)?;
+    let (rows_u, g_u, d_u, cap_u, start_u) = (rows as u32, g as u32, d as u32, capacity as u32, op.start as u32);
+    macro_rules! launch {
+        ($s:expr, $t:ty) => {{
+            let x = view($s, xl, "values")?;
+            let cache = dst.as_cuda_slice_mut::<$t>()?;
+            let mut b = func.builder();
+            b.arg(&x).arg(cache).arg(&rows_u).arg(&g_u).arg(&d_u).arg(&cap_u).arg(&start_u);
+            unsafe { b.launch(linear(rows * g * d)) }.w()?;
+        }};
+    }
+    match &x.slice {
+        CudaStorageSlice::F32(s) => launch!(s, f32),
+        CudaStorageSlice::BF16(s) => launch!(s, half::bf16),
+        CudaStorageSlice::F16(s) => launch!(s, half::f16),
+        _ => unreachable!("kernel_name checked the dtype"),
+    }
+    Ok(())
+}
+
+/// The device slice of a cache buffer of element type `T`.
+fn cache_slice<'a, T: candle_core::cuda_backend::CudaDType + DeviceRepr>(
+    s: &'a Storage,
+    what: &str,
+) -> Result<&'a CudaSlice<T>> {
+    match s {
+        Storage::Cuda(c) => c.as_cuda_slice::<T>(),
+        _ => bail!("attention: the {what} cache is not on the GPU"),
+    }
+}
+
+pub(super) fn cache_attention(
+    op: &CacheAttention,
+    s: &AttentionShape,
+    q: &CudaStorage,
+    ql: &Layout,
+    bias: &CudaStorage,
+    bl: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = &q.device;
+    let rows = ql.shape().elem_count() / (s.heads * s.head_dim);
+    if bl.dims() != [rows, s.total] {
+        bail!("attention: bias {:?} for {rows} rows of {} positions", bl.dims(), s.total);
+    }
+    let chunks = s.total.div_ceil(ATTENTION_CHUNK);
+    let hd = s.head_dim;
+    let partials = unsafe { dev.alloc::<f32>(rows * s.heads * chunks * (hd + 2))? };
+    let partial = dev.get_or_load_custom_func(&kernel_name("attention_partial", &q.slice)?, MODULE, PTX)?;
+    let combine = dev.get_or_load_custom_func(&kernel_name("attention_combine", &q.slice)?, MODULE, PTX)?;
+    let (ks, _) = op.keys.storage_and_layout();
+    let (vs, _) = op.values.storage_and_layout();
+    let (heads, kv_heads, hd_u, cap, total, chunks_u) =
+        (s.heads as u32, s.kv_heads as u32, hd as u32, s.capacity as u32, s.total as u32, chunks as u32);
+    let scale = op.scale;
+    let partial_cfg = LaunchConfig {
+        grid_dim: (chunks as u32, heads, rows as u32),
+        block_dim: (BLOCK as u32, 1, 1),
+        shared_mem_bytes: ((hd + ATTENTION_CHUNK + BLOCK) * 4) as u32,
+    };
+    let combine_cfg =
+        LaunchConfig { grid_dim: (heads, rows as u32, 1), block_dim: (BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+    macro_rules! launch {
+        ($qs:expr, $bs:expr, $t:ty, $variant:ident) => {{
+            let qv = view($qs, ql, "queries")?;
+            let bv = view($bs, bl, "bias")?;
+            let keys = cache_slice::<$t>(&ks, "key")?;
+            let values = cache_slice::<$t>(&vs, "value")?;
+            let mut b = partial.builder();
+            b.arg(&qv).arg(keys).arg(values).arg(&bv).arg(&scale);
+            b.arg(&heads).arg(&kv_heads).arg(&hd_u).arg(&cap).arg(&total).arg(&partials);
+            unsafe { b.launch(partial_cfg) }.w()?;
+            let out = unsafe { dev.alloc::<$t>(rows * s.heads * hd)? };
+            let mut b = combine.builder();
+            b.arg(&partials).arg(&out).arg(&heads).arg(&hd_u).arg(&chunks_u);
+            unsafe { b.launch(combine_cfg) }.w()?;
+            CudaStorageSlice::$variant(out)
+        }};
+    }
+    let slice = match (&q.slice, &bias.slice) {
+        (CudaStorageSlice::F32(qs), CudaStorageSlice::F32(bs)) => launch!(qs, bs, f32, F32),
+        (CudaStorageSlice::BF16(qs), CudaStorageSlice::BF16(bs)) => launch!(qs, bs, half::bf16, BF16),
+        (CudaStorageSlice::F16(qs), CudaStorageSlice::F16(bs)) => launch!(qs, bs, half::f16, F16),
+        _ => bail!("attention: queries and bias must share one dtype"),
+    };
+    Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((rows, s.heads * hd))))
+}
+
+pub(super) fn argmax_rows(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    let dev = &s.device;
+    let (rows, cols) = l.shape().dims2()?;
+    let x = view(s.as_cuda_slice::<f32>()?, l, "logits")?;
+    let func = dev.get_or_load_custom_func("argmax_rows_f32", MODULE, PTX)?;
+    let out = unsafe { dev.alloc::<u32>(rows)? };
+    let cols_u = cols as u32;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = func.builder();
+    b.arg(&x).arg(&cols_u).arg(&out);
+    unsafe { b.launch(cfg) }.w()?;
+    Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev.clone() }, Shape::from(rows)))
+}

@@ -1,0 +1,286 @@
+// The decode step's CUDA kernels (see mod.rs). Each mirrors reference.rs operation for
+// operation: products and sums written out one rounded f32 operation each (`fmaf` exactly where
+// the reference calls `mul_add`; the build passes --fmad=false so nothing else fuses), bf16/f16
+// values widened to f32 and each operation rounded back, the same key chunks, the same warp
+// butterfly and block tree sums, and mdsd_exp = kernels::simd::exp.
+//
+// Built to PTX by build.rs (nvcc -ptx) under the `cuda` feature and loaded through candle's
+// custom-module API.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define ATTENTION_CHUNK 256
+#define WARP 32
+#define BLOCK 128
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// kernels::simd::exp: a Cody-Waite reduction and Cephes' polynomial, 2^n as two powers of two.
+__device__ __forceinline__ float mdsd_exp(float x) {
+    const float UNDERFLOW = -87.33654f;
+    const float OVERFLOW = 88.72284f;
+    const float LOG2E = 1.44269504088896340736f;
+    const float LN2_HI = 0.6933594f;
+    const float LN2_LO = -2.1219444e-4f;
+    if (isnan(x)) return x;
+    float xc = fminf(fmaxf(x, UNDERFLOW), OVERFLOW);
+    float n = rintf(__fmul_rn(xc, LOG2E));
+    float r = fmaf(n, -LN2_HI, xc);
+    r = fmaf(n, -LN2_LO, r);
+    float p = 1.9875691e-4f;
+    p = fmaf(p, r, 1.3981999e-3f);
+    p = fmaf(p, r, 8.333452e-3f);
+    p = fmaf(p, r, 4.1665796e-2f);
+    p = fmaf(p, r, 1.6666665e-1f);
+    p = fmaf(p, r, 0.5f);
+    float y = __fadd_rn(fmaf(p, __fmul_rn(r, r), r), 1.0f);
+    int ni = (int)n;
+    float a = __int_as_float(((ni >> 1) + 127) << 23);
+    float b = __int_as_float(((ni - (ni >> 1)) + 127) << 23);
+    float v = __fmul_rn(__fmul_rn(y, a), b);
+    if (x < UNDERFLOW) return 0.0f;
+    if (x > OVERFLOW) return __int_as_float(0x7f800000);
+    return v;
+}
+
+// cos and sin of pair i at `pos`, in T (RopeParams::cos_sin).
+template <typename T>
+__device__ __forceinline__ void cos_sin(uint32_t pos, const float* inv_freq, float af, uint32_t i, T* c, T* s) {
+    float angle = __fmul_rn((float)pos, inv_freq[i]);
+    float cf = cosf(angle), sf = sinf(angle);
+    if (af != 1.0f) {
+        cf = __fadd_rn(__fmul_rn(cf, af), 0.0f);
+        sf = __fadd_rn(__fmul_rn(sf, af), 0.0f);
+    }
+    *c = from_f32<T>(cf);
+    *s = from_f32<T>(sf);
+}
+
+// One rotated pair (RopeParams::rotate): each product and the sum rounded to T.
+template <typename T>
+__device__ __forceinline__ void rotate_pair(const T* x, T* out, uint32_t i, uint32_t hd, int interleaved, T c, T s) {
+    uint32_t half = hd / 2;
+    uint32_t i1 = interleaved ? 2 * i : i;
+    uint32_t i2 = interleaved ? 2 * i + 1 : i + half;
+    float x1 = to_f32(x[i1]), x2 = to_f32(x[i2]), cf = to_f32(c), sf = to_f32(s);
+    T a = from_f32<T>(__fmul_rn(x1, cf)), b = from_f32<T>(__fmul_rn(x2, sf));
+    T e = from_f32<T>(__fmul_rn(x1, sf)), f = from_f32<T>(__fmul_rn(x2, cf));
+    out[i1] = from_f32<T>(__fsub_rn(to_f32(a), to_f32(b)));
+    out[i2] = from_f32<T>(__fadd_rn(to_f32(e), to_f32(f)));
+}
+
+// x [rows, heads, hd] -> out, one thread per (row, head, pair).
+template <typename T>
+__device__ void rope_rows(const T* x, const uint32_t* pos, const float* inv_freq, float af, int interleaved, T* out,
+                          uint32_t rows, uint32_t heads, uint32_t hd) {
+    uint32_t half = hd / 2;
+    uint64_t n = (uint64_t)rows * heads * half;
+    for (uint64_t k = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; k < n; k += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t i = k % half;
+        uint64_t rh = k / half;
+        uint32_t r = rh / heads;
+        T c, s;
+        cos_sin(pos[r], inv_freq, af, i, &c, &s);
+        rotate_pair(x + rh * hd, out + rh * hd, i, hd, interleaved, c, s);
+    }
+}
+
+// x [rows, kv_heads, hd] rotated into cache [kv_heads, capacity, hd] at start + row.
+template <typename T>
+__device__ void rope_into_cache(const T* x, const uint32_t* pos, const float* inv_freq, float af, int interleaved,
+                                T* cache, uint32_t rows, uint32_t kv_heads, uint32_t hd, uint32_t capacity,
+                                uint32_t start) {
+    uint32_t half = hd / 2;
+    uint64_t n = (uint64_t)rows * kv_heads * half;
+    for (uint64_t k = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; k < n; k += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t i = k % half;
+        uint64_t rg = k / half;
+        uint32_t r = rg / kv_heads, g = rg % kv_heads;
+        T c, s;
+        cos_sin(pos[r], inv_freq, af, i, &c, &s);
+        rotate_pair(x + rg * hd, cache + ((uint64_t)g * capacity + start + r) * hd, i, hd, interleaved, c, s);
+    }
+}
+
+// x [rows, kv_heads, hd] copied into cache [kv_heads, capacity, hd] at start + row.
+template <typename T>
+__device__ void rows_into_cache(const T* x, T* cache, uint32_t rows, uint32_t kv_heads, uint32_t hd,
+                                uint32_t capacity, uint32_t start) {
+    uint64_t n = (uint64_t)rows * kv_heads * hd;
+    for (uint64_t k = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; k < n; k += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t d = k % hd;
+        uint64_t rg = k / hd;
+        uint32_t r = rg / kv_heads, g = rg % kv_heads;
+        cache[((uint64_t)g * capacity + start + r) * hd + d] = x[k];
+    }
+}
+
+// One chunk's partial softmax for one (row, head): grid (chunks, heads, rows), BLOCK threads.
+// partials [rows, heads, chunks, hd + 2]: m, l, o[hd] (reference::attention_partial).
+template <typename T>
+__device__ void attention_partial(const T* q, const T* keys, const T* values, const T* bias, float scale,
+                                  uint32_t heads, uint32_t kv_heads, uint32_t hd, uint32_t capacity, uint32_t total,
+                                  float* partials) {
+    extern __shared__ float shared[];
+    float* qs = shared;            // hd
+    float* scores = shared + hd;   // ATTENTION_CHUNK
+    float* sums = scores + ATTENTION_CHUNK;  // BLOCK
+    uint32_t c = blockIdx.x, h = blockIdx.y, r = blockIdx.z;
+    uint32_t chunks = gridDim.x;
+    uint32_t g = h / (heads / kv_heads);
+    uint32_t start = c * ATTENTION_CHUNK;
+    uint32_t len = min((uint32_t)ATTENTION_CHUNK, total - start);
+    uint32_t t = threadIdx.x, warp = t / WARP, lane = t % WARP;
+    for (uint32_t d = t; d < hd; d += BLOCK) qs[d] = to_f32(q[((uint64_t)r * heads + h) * hd + d]);
+    __syncthreads();
+    // Scores: warp w takes keys w, w + 4, ...; one warp's dot product per key.
+    for (uint32_t kk = warp; kk < len; kk += BLOCK / WARP) {
+        uint32_t j = start + kk;
+        float b = to_f32(bias[(uint64_t)r * total + j]);
+        float acc = 0.0f;
+        if (b != -INFINITY) {
+            const T* k = keys + ((uint64_t)g * capacity + j) * hd;
+            for (uint32_t i = lane; i < hd; i += WARP) acc = fmaf(qs[i], to_f32(k[i]), acc);
+            for (int off = WARP / 2; off > 0; off /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+        }
+        if (lane == 0) scores[kk] = (b == -INFINITY) ? -INFINITY : __fadd_rn(__fmul_rn(acc, scale), b);
+    }
+    __syncthreads();
+    // The largest score (max is exact in any order).
+    float m = -INFINITY;
+    if (t < len) m = scores[t];
+    if (t + BLOCK < len) m = fmaxf(m, scores[t + BLOCK]);
+    sums[t] = m;
+    __syncthreads();
+    for (uint32_t stride = BLOCK / 2; stride > 0; stride /= 2) {
+        if (t < stride) sums[t] = fmaxf(sums[t], sums[t + stride]);
+        __syncthreads();
+    }
+    m = sums[0];
+    __syncthreads();
+    float* out = partials + (((uint64_t)r * heads + h) * chunks + c) * (hd + 2);
+    if (m == -INFINITY) {
+        for (uint32_t d = t; d < hd + 2; d += BLOCK) out[d] = (d == 0) ? -INFINITY : 0.0f;
+        return;
+    }
+    // Weights in place of the scores (0 past the chunk), and their block tree sum.
+    for (uint32_t kk = t; kk < ATTENTION_CHUNK; kk += BLOCK) scores[kk] = kk < len ? mdsd_exp(__fsub_rn(scores[kk], m)) : 0.0f;
+    __syncthreads();
+    sums[t] = __fadd_rn(scores[t], scores[t + BLOCK]);
+    __syncthreads();
+    for (uint32_t stride = BLOCK / 2; stride > 0; stride /= 2) {
+        if (t < stride) sums[t] = __fadd_rn(sums[t], sums[t + stride]);
+        __syncthreads();
+    }
+    if (t == 0) {
+        out[0] = m;
+        out[1] = sums[0];
+    }
+    // Weighted values, each output element summed over the keys in order.
+    for (uint32_t d = t; d < hd; d += BLOCK) {
+        float acc = 0.0f;
+        for (uint32_t kk = 0; kk < len; kk++) {
+            float w = scores[kk];
+            if (w != 0.0f) acc = fmaf(w, to_f32(values[((uint64_t)g * capacity + start + kk) * hd + d]), acc);
+        }
+        out[2 + d] = acc;
+    }
+}
+
+// The chunks of one (row, head) combined in order (reference::combine): grid (heads, rows).
+template <typename T>
+__device__ void attention_combine(const float* partials, T* out, uint32_t heads, uint32_t hd, uint32_t chunks) {
+    uint32_t h = blockIdx.x, r = blockIdx.y, t = threadIdx.x;
+    const float* p = partials + ((uint64_t)r * heads + h) * chunks * (hd + 2);
+    float m = -INFINITY;
+    for (uint32_t c = 0; c < chunks; c++) m = fmaxf(m, p[c * (hd + 2)]);
+    float l = 0.0f;
+    for (uint32_t c = 0; c < chunks; c++) l = fmaf(mdsd_exp(__fsub_rn(p[c * (hd + 2)], m)), p[c * (hd + 2) + 1], l);
+    for (uint32_t d = t; d < hd; d += BLOCK) {
+        float o = 0.0f;
+        for (uint32_t c = 0; c < chunks; c++) {
+            float w = mdsd_exp(__fsub_rn(p[c * (hd + 2)], m));
+            o = fmaf(w, p[c * (hd + 2) + 2 + d], o);
+        }
+        out[((uint64_t)r * heads + h) * hd + d] = from_f32<T>(__fdiv_rn(o, l));
+    }
+}
+
+#define INSTANTIATE(T, NAME)                                                                                          \
+    extern "C" __global__ void rope_rows_##NAME(const T* x, const uint32_t* pos, const float* inv_freq, float af,     \
+                                                int interleaved, T* out, uint32_t rows, uint32_t heads, uint32_t hd) { \
+        rope_rows<T>(x, pos, inv_freq, af, interleaved, out, rows, heads, hd);                                         \
+    }                                                                                                                  \
+    extern "C" __global__ void rope_into_cache_##NAME(const T* x, const uint32_t* pos, const float* inv_freq,         \
+                                                      float af, int interleaved, T* cache, uint32_t rows,             \
+                                                      uint32_t kv_heads, uint32_t hd, uint32_t capacity,              \
+                                                      uint32_t start) {                                               \
+        rope_into_cache<T>(x, pos, inv_freq, af, interleaved, cache, rows, kv_heads, hd, capacity, start);            \
+    }                                                                                                                  \
+    extern "C" __global__ void rows_into_cache_##NAME(const T* x, T* cache, uint32_t rows, uint32_t kv_heads,         \
+                                                      uint32_t hd, uint32_t capacity, uint32_t start) {              \
+        rows_into_cache<T>(x, cache, rows, kv_heads, hd, capacity, start);                                           \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(BLOCK)                                                               \
+        attention_partial_##NAME(const T* q, const T* keys, const T* values, const T* bias, float scale,             \
+                                 uint32_t heads, uint32_t kv_heads, uint32_t hd, uint32_t capacity, uint32_t total,    \
+                                 float* partials) {                                                                    \
+        attention_partial<T>(q, keys, values, bias, scale, heads, kv_heads, hd, capacity, total, partials);           \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(BLOCK)                                                               \
+        attention_combine_##NAME(const float* partials, T* out, uint32_t heads, uint32_t hd, uint32_t chunks) {       \
+        attention_combine<T>(partials, out, heads, hd, chunks);                                                        \
+    }
+
+INSTANTIATE(float, f32)
+INSTANTIATE(__nv_bfloat16, bf16)
+INSTANTIATE(__half, f16)
+
+// The greedy token of each row: the lowest index among the largest values; u32::MAX for a row
+// holding NaN or +inf, or only -inf (reference::argmax_rows). One block of 256 threads per row.
+extern "C" __global__ void __launch_bounds__(256) argmax_rows_f32(const float* x, uint32_t cols, uint32_t* out) {
+    __shared__ float best[256];
+    __shared__ uint32_t at[256];
+    __shared__ int bad[256];
+    uint32_t r = blockIdx.x, t = threadIdx.x;
+    const float* row = x + (uint64_t)r * cols;
+    float bv = -INFINITY;
+    uint32_t bi = 0xffffffffu;
+    int nan = 0;
+    for (uint32_t i = t; i < cols; i += 256) {
+        float v = row[i];
+        if (isnan(v) || v == INFINITY) nan = 1;
+        // Strictly greater, or the first index seen: this thread's indices only grow.
+        if (bi == 0xffffffffu || v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+    best[t] = bv;
+    at[t] = bi;
+    bad[t] = nan;
+    __syncthreads();
+    for (uint32_t stride = 128; stride > 0; stride /= 2) {
+        if (t < stride) {
+            float v = best[t + stride];
+            uint32_t i = at[t + stride];
+            bool better = i != 0xffffffffu && (at[t] == 0xffffffffu || v > best[t] || (v == best[t] && i < at[t]));
+            if (better) {
+                best[t] = v;
+                at[t] = i;
+            }
+            bad[t] |= bad[t + stride];
+        }
+        __syncthreads();
+    }
+    if (t == 0) out[r] = (bad[0] || best[0] == -INFINITY) ? 0xffffffffu : at[0];
+}

@@ -1,0 +1,321 @@
+//! The algorithms of the CUDA decode kernels (`decode.cu`), step for step, in Rust: the same
+//! operations in the same order, the same rounding to the activation type, the same chunking of
+//! the keys and the same reduction trees. The ops of [`super`] run these on the CPU, so the CPU
+//! tests check the algorithm (against candle's rope and the KV cache's own writes, and the CPU
+//! attention), and a GPU run checks the kernels against them.
+//!
+//! Floating-point details both sides keep:
+//! - every product and sum is one rounded f32 operation, written out (`mul_add` where the kernel
+//!   calls `fmaf`; the kernels are built with `--fmad=false`, so nothing else fuses);
+//! - values of type bf16/f16 are widened exactly to f32, and each operation on them is done in
+//!   f32 and rounded back, as candle's CPU ops (the `half` crate) do;
+//! - `exp` is [`crate::kernels::simd::exp`], whose operations the kernel repeats.
+
+use crate::kernels::simd::exp;
+use half::{bf16, f16};
+
+/// An activation element type: f32, bf16 or f16.
+pub trait Elem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Elem for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Elem for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+impl Elem for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
+/// One operation in `T`: `f` on the f32 values, rounded to `T`.
+fn op<T: Elem>(a: T, b: T, f: impl Fn(f32, f32) -> f32) -> T {
+    T::from_f32(f(a.to_f32(), b.to_f32()))
+}
+
+/// The rotary embedding's parameters: the inverse frequency of each pair (`head_dim / 2`),
+/// YaRN's factor on cos and sin (1: none), and the pairing (`interleaved`: `(2i, 2i + 1)`, as
+/// GGUF LLaMA files; else `(i, i + head_dim / 2)`).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeParams<'a> {
+    pub inv_freq: &'a [f32],
+    pub attention_factor: f32,
+    pub interleaved: bool,
+}
+
+impl RopeParams<'_> {
+    /// cos and sin of pair `i` at `position`, in `T`: the f32 angle `position * inv_freq[i]`,
+    /// its cos and sin, times the attention factor, rounded to `T` (as `model::rotary` gives
+    /// them to candle's rope).
+    pub fn cos_sin<T: Elem>(&self, position: u32, i: usize) -> (T, T) {
+        let angle = position as f32 * self.inv_freq[i];
+        let (mut c, mut s) = (angle.cos(), angle.sin());
+        if self.attention_factor != 1.0 {
+            c = c * self.attention_factor + 0.0;
+            s = s * self.attention_factor + 0.0;
+        }
+        (T::from_f32(c), T::from_f32(s))
+    }
+
+    /// Rotates one head `x` (`head_dim` values) at `position` into `out`.
+    pub fn rotate<T: Elem>(&self, x: &[T], position: u32, out: &mut [T]) {
+        let half = x.len() / 2;
+        for i in 0..half {
+            let (c, s) = self.cos_sin::<T>(position, i);
+            let (i1, i2) = if self.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+            let (x1, x2) = (x[i1], x[i2]);
+            out[i1] = op(op(x1, c, |a, b| a * b), op(x2, s, |a, b| a * b), |a, b| a - b);
+            out[i2] = op(op(x1, s, |a, b| a * b), op(x2, c, |a, b| a * b), |a, b| a + b);
+        }
+    }
+}
+
+/// Rotary embedding of `rows` rows of `heads` heads (`x`: `[rows, heads, head_dim]`), each row at
+/// its own position; the result in the same layout.
+pub fn rope_rows<T: Elem>(x: &[T], positions: &[u32], heads: usize, head_dim: usize, p: &RopeParams) -> Vec<T> {
+    let mut out = vec![T::from_f32(0.0); x.len()];
+    for (r, &pos) in positions.iter().enumerate() {
+        for h in 0..heads {
+            let at = (r * heads + h) * head_dim;
+            p.rotate(&x[at..at + head_dim], pos, &mut out[at..at + head_dim]);
+        }
+    }
+    out
+}
+
+/// Writes rows `x` (`[rows, kv_heads, head_dim]`) into a cache buffer `[kv_heads, capacity,
+/// head_dim]` at positions `start..start + rows`, rotated at `positions` when `rope` is given.
+pub fn rows_into_cache<T: Elem>(
+    cache: &mut [T],
+    capacity: usize,
+    start: usize,
+    x: &[T],
+    kv_heads: usize,
+    head_dim: usize,
+    rope: Option<(&RopeParams, &[u32])>,
+) {
+    let rows = x.len() / (kv_heads * head_dim);
+    for r in 0..rows {
+        for g in 0..kv_heads {
+            let src = &x[(r * kv_heads + g) * head_dim..][..head_dim];
+            let dst = &mut cache[(g * capacity + start + r) * head_dim..][..head_dim];
+            match rope {
+                Some((p, positions)) => p.rotate(src, positions[r], dst),
+                None => dst.copy_from_slice(src),
+            }
+        }
+    }
+}
+
+/// Keys per chunk of the attention: each chunk's partial softmax is computed apart and the
+/// chunks are combined in order, so a row's result depends only on its query, its bias row and
+/// the cache, never on the other rows of the forward.
+pub const ATTENTION_CHUNK: usize = 256;
+/// Lanes of one dot product (a CUDA warp).
+pub const WARP: usize = 32;
+/// Threads of an attention block: its tree sums run over this many partial sums.
+pub const BLOCK: usize = 128;
+
+/// `q . k` as one warp computes it: lane `l` accumulates elements `l, l + 32, ...` in order with
+/// fused multiply-adds, then a butterfly (xor 16, 8, 4, 2, 1) sums the lanes.
+pub fn warp_dot(q: &[f32], k: impl Fn(usize) -> f32) -> f32 {
+    let mut lanes = [0f32; WARP];
+    for (l, lane) in lanes.iter_mut().enumerate() {
+        let mut i = l;
+        while i < q.len() {
+            *lane = q[i].mul_add(k(i), *lane);
+            i += WARP;
+        }
+    }
+    butterfly(&mut lanes);
+    lanes[0]
+}
+
+/// The xor butterfly of a warp: after it every lane holds the same sum, whose order of
+/// additions is fixed.
+fn butterfly(lanes: &mut [f32; WARP]) {
+    let mut off = WARP / 2;
+    while off > 0 {
+        let before = *lanes;
+        for l in 0..WARP {
+            lanes[l] = before[l] + before[l ^ off];
+        }
+        off /= 2;
+    }
+}
+
+/// The sum of `values` (at most `2 * BLOCK`) as a block of [`BLOCK`] threads sums them: thread
+/// `t` adds values `t` and `t + BLOCK` (absent ones are 0), then a tree halves the threads.
+fn block_sum(values: &[f32]) -> f32 {
+    let mut p = [0f32; BLOCK];
+    for (t, slot) in p.iter_mut().enumerate() {
+        let a = values.get(t).copied().unwrap_or(0.0);
+        let b = values.get(t + BLOCK).copied().unwrap_or(0.0);
+        *slot = a + b;
+    }
+    let mut stride = BLOCK / 2;
+    while stride > 0 {
+        for t in 0..stride {
+            p[t] += p[t + stride];
+        }
+        stride /= 2;
+    }
+    p[0]
+}
+
+/// One chunk's partial softmax for one (row, head): the largest score `m` (`-inf` when every
+/// key is masked), `l = sum exp(s_j - m)` and `o = sum exp(s_j - m) v_j`.
+pub struct Partial {
+    pub m: f32,
+    pub l: f32,
+    pub o: Vec<f32>,
+}
+
+/// The geometry of [`cache_attention`]: `heads` query heads sharing `kv_heads` cached heads,
+/// `head_dim` wide, a cache buffer of `capacity` positions, `total` of them used.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+    pub total: usize,
+}
+
+/// The partial of keys `chunk * ATTENTION_CHUNK ..` for query `q` (f32 values) against cache
+/// head `g`, with additive `bias` (a row of `total`; `-inf`: masked) and `scale`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_partial<T: Elem>(
+    q: &[f32],
+    keys: &[T],
+    values: &[T],
+    bias: &[T],
+    g: usize,
+    chunk: usize,
+    scale: f32,
+    s: &AttentionShape,
+) -> Partial {
+    let hd = s.head_dim;
+    let keys_range = chunk * ATTENTION_CHUNK..((chunk + 1) * ATTENTION_CHUNK).min(s.total);
+    let row = |buf: &[T], j: usize| -> Vec<f32> {
+        buf[(g * s.capacity + j) * hd..][..hd].iter().map(|x| x.to_f32()).collect()
+    };
+    // Scores, in key order (the kernel's warps take keys j = start + 4k + warp; each score is
+    // one warp's dot product, so the order in which they are computed does not matter).
+    let scores: Vec<f32> = keys_range
+        .clone()
+        .map(|j| {
+            let b = bias[j].to_f32();
+            if b == f32::NEG_INFINITY {
+                return f32::NEG_INFINITY;
+            }
+            let k = row(keys, j);
+            warp_dot(q, |i| k[i]) * scale + b
+        })
+        .collect();
+    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        return Partial { m, l: 0.0, o: vec![0.0; hd] };
+    }
+    let weights: Vec<f32> = scores.iter().map(|&x| exp(x - m)).collect();
+    let l = block_sum(&weights);
+    let mut o = vec![0f32; hd];
+    for (w, j) in weights.iter().zip(keys_range) {
+        if *w == 0.0 {
+            continue;
+        }
+        for (o, v) in o.iter_mut().zip(row(values, j)) {
+            *o = w.mul_add(v, *o);
+        }
+    }
+    Partial { m, l, o }
+}
+
+/// Combines the partials of one (row, head) in chunk order into its attention output.
+pub fn combine(partials: &[Partial], hd: usize) -> Vec<f32> {
+    let m = partials.iter().map(|p| p.m).fold(f32::NEG_INFINITY, f32::max);
+    let mut l = 0f32;
+    let mut o = vec![0f32; hd];
+    for p in partials {
+        let w = exp(p.m - m);
+        l = w.mul_add(p.l, l);
+        for (o, po) in o.iter_mut().zip(&p.o) {
+            *o = w.mul_add(*po, *o);
+        }
+    }
+    o.iter().map(|x| x / l).collect()
+}
+
+/// Attention of `rows` new rows (`q`: `[rows, heads, head_dim]`, rotated) against the cache
+/// buffers (`[kv_heads, capacity, head_dim]`, the first `total` positions), with the additive
+/// `bias` (`[rows, total]`) and `scale`: `[rows, heads * head_dim]`. Query head `h` reads cache
+/// head `h / (heads / kv_heads)`.
+pub fn cache_attention<T: Elem>(
+    q: &[T],
+    keys: &[T],
+    values: &[T],
+    bias: &[T],
+    scale: f32,
+    s: &AttentionShape,
+) -> Vec<T> {
+    let hd = s.head_dim;
+    let rows = q.len() / (s.heads * hd);
+    let groups = s.heads / s.kv_heads;
+    let chunks = s.total.div_ceil(ATTENTION_CHUNK);
+    let mut out = vec![T::from_f32(0.0); rows * s.heads * hd];
+    for r in 0..rows {
+        for h in 0..s.heads {
+            let qh: Vec<f32> = q[(r * s.heads + h) * hd..][..hd].iter().map(|x| x.to_f32()).collect();
+            let brow = &bias[r * s.total..][..s.total];
+            let partials: Vec<Partial> =
+                (0..chunks).map(|c| attention_partial(&qh, keys, values, brow, h / groups, c, scale, s)).collect();
+            for (d, x) in combine(&partials, hd).into_iter().enumerate() {
+                out[(r * s.heads + h) * hd + d] = T::from_f32(x);
+            }
+        }
+    }
+    out
+}
+
+/// The greedy token of each row of `logits` (`[rows, cols]`): the lowest index among the
+/// largest values, as `samplers::Warp` picks at temperature 0; `u32::MAX` for a row holding
+/// NaN or `+inf`, or only `-inf` (the caller reports invalid logits, as the warp does).
+pub fn argmax_rows(logits: &[f32], cols: usize) -> Vec<u32> {
+    logits
+        .chunks_exact(cols)
+        .map(|row| {
+            if row.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
+                return u32::MAX;
+            }
+            let mut best = 0;
+            for (i, &x) in row.iter().enumerate() {
+                if x > row[best] {
+                    best = i;
+                }
+            }
+            if row[best] == f32::NEG_INFINITY {
+                return u32::MAX;
+            }
+            best as u32
+        })
+        .collect()
+}
