@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 const TEMPLATE: &str = "{% for m in messages %}{% if m.role == 'user' %}<{% else %}>{% endif %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}={% endif %}";
 
 /// A target and a one-layer draft with the same 48-token vocabulary.
-fn pair(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn pair(dir: &Path) -> (PathBuf, PathBuf) {
     let t = Tiny { chat_template: Some(TEMPLATE), scale: 0.6, ..Tiny::llama(61) };
     let d = Tiny { chat_template: Some(TEMPLATE), layers: 1, scale: 0.6, ..Tiny::llama(62) };
     (
@@ -24,11 +24,11 @@ fn pair(dir: &Path) -> (PathBuf, PathBuf) {
     )
 }
 
-fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-fn bench(args: &[&str]) -> Output {
+pub(crate) fn bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_bench"))
         .args(args)
         .env("MDSD_OFFLINE", "1")
@@ -37,7 +37,7 @@ fn bench(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
@@ -54,7 +54,7 @@ fn failing(subcommand: &str, fixed: &[&str], extra: &[&str]) -> String {
 
 /// Runs `bench mt-bench` with `(target, draft, questions, out_dir)` (2 questions, 6 new tokens)
 /// and `extra` flags, writing `<out_dir>/<name>.*`, and returns its records.
-fn run_mt_bench(paths: (&Path, &Path, &Path, &Path), name: &str, extra: &[&str]) -> Vec<Value> {
+pub(crate) fn run_mt_bench(paths: (&Path, &Path, &Path, &Path), name: &str, extra: &[&str]) -> Vec<Value> {
     let (target, draft, questions, out_dir) = paths;
     let mut args = vec!["mt-bench", "--target", s(target), "--draft", s(draft), "--questions", s(questions)];
     args.extend_from_slice(&["--limit", "2", "--max-new-tokens", "6", "--out-dir", s(out_dir), "--name", name]);
@@ -68,7 +68,7 @@ fn run_mt_bench(paths: (&Path, &Path, &Path, &Path), name: &str, extra: &[&str])
         .collect()
 }
 
-fn read_json(p: &Path) -> Value {
+pub(crate) fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
 }
 
@@ -76,7 +76,7 @@ const QUESTIONS: &str = "{\"question_id\": 1, \"category\": \"math\", \"turns\":
 {\"question_id\": 2, \"category\": \"coding\", \"turns\": [\"HIJ+K\", \"LMNO\"]}\n";
 
 /// A tiny pair, the two-question file and a results folder, in a fresh test folder `name`.
-fn mt_bench_files(name: &str) -> [std::path::PathBuf; 4] {
+pub(crate) fn mt_bench_files(name: &str) -> [std::path::PathBuf; 4] {
     let dir = temp_dir(name);
     let (target, draft) = pair(&dir);
     let questions = dir.join("q.jsonl");
@@ -685,86 +685,4 @@ fn acceptance_study_with_an_eagle_head() {
         }
     }
     assert!(checked > 12, "{checked} head logits compared");
-}
-
-/// `bench predict` end to end: `forward-cost --json` costs and `mt-bench` records (which carry
-/// the drafts tried and accepted by width and rank) give a prediction per tree with the
-/// measured speedup beside it; a τ fitted instead gives the same expected tokens per step to
-/// every tree whose acceptance it fixes; missing inputs are named.
-#[test]
-fn predict_sets_predictions_beside_measured_speedups() {
-    let [target, draft, questions, out_dir] = mt_bench_files("bench-predict");
-    let records = run_mt_bench(
-        (&target, &draft, &questions, &out_dir),
-        "run",
-        &["--methods", "baseline,greedy", "--trees", "chain-2,drafts-2-depth-2", "--temperatures", "0"],
-    );
-    // The speculative records count their drafts by width and rank.
-    let spec: Vec<&Value> = records.iter().filter(|r| r["method"] == "greedy").collect();
-    let tried: u64 = spec
-        .iter()
-        .map(|r| {
-            r["rank_tried"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .flat_map(|w| w.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
-                .sum::<u64>()
-        })
-        .sum();
-    assert!(tried > 0, "no drafts counted: {spec:?}");
-    let costs = out_dir.join("costs.json");
-    let o = bench(&[
-        "forward-cost",
-        "--target",
-        s(&target),
-        "--draft",
-        s(&draft),
-        "--ks",
-        "1,2,3,4,5",
-        "--reps",
-        "2",
-        "--json",
-        s(&costs),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let c = read_json(&costs);
-    assert_eq!(c["ks"], serde_json::json!([1, 2, 3, 4, 5]));
-    assert!(c["secs"]["target"]["1"].as_f64().unwrap() > 0.0 && c["secs"]["draft"]["5"].as_f64().unwrap() > 0.0, "{c}");
-    let table = out_dir.join("predict.json");
-    let records_path = out_dir.join("run.records.jsonl");
-    let o = bench(&["predict", "--costs", s(&costs), "--records", s(&records_path), "--json", s(&table)]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let p = read_json(&table);
-    let trees = p["trees"].as_array().unwrap();
-    assert_eq!(trees.iter().map(|t| t["tree"].as_str().unwrap()).collect::<Vec<_>>(), ["chain-2", "drafts-2-depth-2"]);
-    for t in trees {
-        assert_eq!(t["alpha_source"], "its runs", "{t}");
-        let e = t["expected_tokens"].as_f64().unwrap();
-        assert!((1.0..=3.0).contains(&e), "{t}");
-        assert!(t["speedup"].as_f64().unwrap() > 0.0 && t["measured_speedup"].as_f64().unwrap() > 0.0, "{t}");
-    }
-    // A τ fit: one acceptance for every draft, the fitted tree giving back the τ.
-    let o = bench(&[
-        "predict",
-        "--costs",
-        s(&costs),
-        "--tau",
-        "2.5",
-        "--tau-tree",
-        "chain-2",
-        "--trees",
-        "chain-2,chain-4",
-        "--json",
-        s(&table),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let p = read_json(&table);
-    assert!((p["trees"][0]["expected_tokens"].as_f64().unwrap() - 2.5).abs() < 1e-6, "{p}");
-    assert!(p["trees"][1]["expected_tokens"].as_f64().unwrap() > 2.5, "{p}");
-    assert!(p["trees"][0]["measured_speedup"].is_null());
-    let e = stderr(&bench(&["predict", "--costs", s(&costs)]));
-    assert!(e.contains("--records") && e.contains("--tau"), "{e}");
-    let e = stderr(&bench(&["predict", "--costs", "/nonexistent.json", "--tau", "2"]));
-    assert!(e.contains("/nonexistent.json"), "{e}");
 }

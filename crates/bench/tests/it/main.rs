@@ -4,3 +4,4 @@ mod alpha_cli;
 mod bench_cli;
 #[path = "../../../engine/tests/it/common/mod.rs"]
 mod common;
+mod predict_cli;

@@ -14,6 +14,7 @@
 //! files they come from; both load from Hugging Face safetensors (`crate::load::hf`) and from
 //! GGUF (`crate::load::gguf`), dense or quantized (candle's quantized matmul).
 
+mod batcher;
 pub mod eagle;
 pub mod embedding;
 pub mod kv_cache;
@@ -23,6 +24,7 @@ mod rotary;
 
 use crate::kernels::attention as cpu_attention;
 use crate::kernels::device::{CacheAttention, RopeRows};
+pub use batcher::{BatchStats, Batcher, Membership};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};
@@ -93,6 +95,15 @@ impl ModelConfig {
         self.rope_scaling.validate(self.head_dim).map_err(bad)?;
         Ok(())
     }
+}
+
+/// One sequence's new tokens in a batched forward ([`DecoderModel::forward_batch`]): their ids,
+/// positions, additive attention bias (`[t, cache.len() + t]`) and the sequence's cache.
+pub struct BatchItem<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub bias: &'a Tensor,
+    pub cache: &'a mut KvCache,
 }
 
 /// One transformer block's weights.
@@ -206,8 +217,67 @@ impl DecoderModel {
     /// Runs the new tokens `tokens` at positions `positions` with the additive attention bias
     /// `bias` (`[t, cache.len() + t]`) and appends their keys and values to `cache`. Returns
     /// the final (normed) hidden states `[t, hidden]`.
+    /// On a thread that is a member of a [`Batcher`], the forward runs batched with the other
+    /// members' (its result is the same).
     pub fn forward(&self, tokens: &[u32], positions: &[u32], bias: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        if let Some(hidden) = self.forward_via_batcher(tokens, positions, bias, cache) {
+            return hidden;
+        }
+        let mut hidden = self.forward_batch(&mut [BatchItem { tokens, positions, bias, cache }])?;
+        Ok(hidden.pop().expect("one sequence"))
+    }
+
+    /// Runs the new tokens of several sequences in one forward, each with its own positions,
+    /// attention bias and cache (see [`Self::forward`]): the norms and products of every block
+    /// over all their rows at once, attention per sequence. Returns each sequence's final
+    /// hidden states. With the CPU kernels a row's result does not depend on the rows that
+    /// share its forward, so each sequence gets what it gets alone; the products' cost grows
+    /// far slower than their rows (serving several clients at the price of about one).
+    pub fn forward_batch(&self, items: &mut [BatchItem]) -> Result<Vec<Tensor>> {
         let _span = tracing::trace_span!("forward").entered();
+        if items.is_empty() {
+            candle_core::bail!("forward: no sequences");
+        }
+        for item in items.iter() {
+            self.check_forward(item.tokens, item.positions, item.bias, item.cache)?;
+        }
+        let tokens: Vec<u32> = items.iter().flat_map(|i| i.tokens.iter().copied()).collect();
+        let positions: Vec<Tensor> = items
+            .iter()
+            .map(|i| Tensor::from_slice(i.positions, i.positions.len(), &self.device))
+            .collect::<Result<_>>()?;
+        let ropes: Vec<Rope> =
+            positions.iter().map(|p| Rope::new(&self.rotary, p, self.fused)).collect::<Result<_>>()?;
+        let biases: Vec<Tensor> = items.iter().map(|i| i.bias.to_dtype(self.dtype)).collect::<Result<_>>()?;
+        let mut x = self.embed.lookup(&tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut parts: Vec<Part> = items
+                .iter_mut()
+                .zip(&ropes)
+                .zip(&biases)
+                .map(|((item, rope), bias)| Part { rows: item.tokens.len(), rope, bias, cache: &mut *item.cache })
+                .collect();
+            x = block_parts(&self.config, l, layer, &x, &mut parts)?;
+        }
+        for item in items.iter_mut() {
+            item.cache.advance(item.tokens.len())?;
+        }
+        let hidden = candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)?;
+        if items.len() == 1 {
+            return Ok(vec![hidden]);
+        }
+        let mut start = 0;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            out.push(hidden.narrow(0, start, item.tokens.len())?);
+            start += item.tokens.len();
+        }
+        Ok(out)
+    }
+
+    /// The checks of one sequence's forward: as many positions as tokens, a bias of the right
+    /// shape, room in the cache, positions inside the context and ids inside the vocabulary.
+    fn check_forward(&self, tokens: &[u32], positions: &[u32], bias: &Tensor, cache: &KvCache) -> Result<()> {
         let t = tokens.len();
         let total = cache.len() + t;
         if positions.len() != t || t == 0 {
@@ -227,15 +297,7 @@ impl DecoderModel {
         if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= self.config.vocab_size) {
             candle_core::bail!("token id {bad} is outside the vocabulary of {} tokens", self.config.vocab_size);
         }
-        let positions = Tensor::from_slice(positions, t, &self.device)?;
-        let rope = Rope::new(&self.rotary, &positions, self.fused)?;
-        let bias = bias.to_dtype(self.dtype)?;
-        let mut x = self.embed.lookup(tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = block(&self.config, i, layer, &x, &rope, &bias, cache)?;
-        }
-        cache.advance(t)?;
-        candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)
+        Ok(())
     }
 
     /// Runs a chain of tokens after the cache with causal attention (a prompt), in chunks of
@@ -284,8 +346,17 @@ impl DecoderModel {
         }
     }
 
-    /// Logits (`[rows, vocab]`, f32) of hidden states `[rows, hidden]`.
+    /// Logits (`[rows, vocab]`, f32) of hidden states `[rows, hidden]` (batched with other
+    /// members' on a [`Batcher`]'s thread).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        match self.logits_via_batcher(hidden) {
+            Some(logits) => logits,
+            None => self.logits_now(hidden),
+        }
+    }
+
+    /// [`Self::logits`] on this thread, now.
+    fn logits_now(&self, hidden: &Tensor) -> Result<Tensor> {
         let _span = tracing::trace_span!("lm_head").entered();
         output_logits(&self.lm_head, hidden)
     }
@@ -314,60 +385,110 @@ pub(crate) fn block(
     bias: &Tensor,
     cache: &mut KvCache,
 ) -> Result<Tensor> {
-    let (_, t, _) = x.dims3()?;
+    let rows = x.dim(1)?;
+    block_parts(c, index, layer, x, &mut [Part { rows, rope, bias, cache }])
+}
+
+/// One sequence's rows of a block over several ([`block_parts`]): how many rows (they follow the
+/// previous part's), their rotary embedding, their attention bias (`[rows, cache.len() +
+/// rows]`) and their cache.
+pub(crate) struct Part<'p, 'r> {
+    pub(crate) rows: usize,
+    pub(crate) rope: &'p Rope<'r>,
+    pub(crate) bias: &'p Tensor,
+    pub(crate) cache: &'p mut KvCache,
+}
+
+/// A block over the rows of several sequences (`x`: `[1, rows, hidden]`, the parts' rows one
+/// after the other): the norms and the products over every row at once, attention per sequence
+/// on its own cache. With one part this is the single-sequence block, operation for operation.
+pub(crate) fn block_parts(
+    c: &ModelConfig,
+    index: usize,
+    layer: &Layer,
+    x: &Tensor,
+    parts: &mut [Part],
+) -> Result<Tensor> {
     let eps = c.rms_norm_eps as f32;
     let h = match &layer.attn_norm {
         Some(w) => candle_nn::ops::rms_norm(x, w, eps)?,
         None => x.clone(),
     };
-    let (cos, sin) = match rope {
-        Rope::Tables { cos, sin } => (cos, sin),
-        Rope::Fused { rotary, positions } => {
-            let attn = fused_attention(c, index, layer, &h, rotary, positions, bias, cache)?;
-            return finish_block(c, layer, x, &layer.o.forward(&attn)?);
-        }
-    };
     let attn = {
         let _span = tracing::trace_span!("attention").entered();
-        let heads = |y: &Tensor, n: usize| -> Result<Tensor> {
-            y.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()
-        };
         let qkv = forward_many(&[&layer.q, &layer.k, &layer.v], &h)?;
-        let head_norm = |y: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
-            match w {
-                Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
-                None => Ok(y),
-            }
-        };
-        let q = head_norm(heads(&qkv[0], c.num_heads)?, &layer.q_norm)?;
-        let k = head_norm(heads(&qkv[1], c.num_kv_heads)?, &layer.k_norm)?;
-        let v = heads(&qkv[2], c.num_kv_heads)?;
-        let (q, k) = if c.rope_interleaved {
-            (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?)
-        } else {
-            (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?)
-        };
-        let (k_all, v_all) = cache.append(index, &k, &v)?;
-        let scale = 1.0 / (c.head_dim as f64).sqrt();
-        if let Some(y) = cpu_attention::attend(&q, &k_all, &v_all, bias, scale as f32)? {
-            return finish_block(c, layer, x, &layer.o.forward(&y)?);
+        let whole = parts.len() == 1;
+        let mut outputs = Vec::with_capacity(parts.len());
+        let mut start = 0;
+        for part in parts.iter_mut() {
+            let rows = |y: &Tensor| if whole { Ok(y.clone()) } else { y.narrow(1, start, part.rows) };
+            let (q, k, v) = (rows(&qkv[0])?, rows(&qkv[1])?, rows(&qkv[2])?);
+            outputs.push(attention(c, index, layer, &q, &k, &v, part)?);
+            start += part.rows;
         }
-        let total = k_all.dim(2)?;
-        // Grouped-query attention without repeating K/V: the query heads sharing one KV
-        // head are stacked along the sequence axis.
-        let groups = c.num_heads / c.num_kv_heads;
-        let q = q.reshape((1, c.num_kv_heads, groups * t, c.head_dim))?;
-        let k_t = k_all.contiguous()?.t()?;
-        let scores = (q.matmul(&k_t)? * scale)?.reshape((1, c.num_heads, t, total))?;
-        let scores = scores.broadcast_add(bias)?;
-        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
-        let weights = weights.reshape((1, c.num_kv_heads, groups * t, total))?;
-        let y = weights.matmul(&v_all.contiguous()?)?;
-        let y =
-            y.reshape((1, c.num_heads, t, c.head_dim))?.transpose(1, 2)?.reshape((1, t, c.num_heads * c.head_dim))?;
+        let y = if whole { outputs.pop().expect("one output") } else { Tensor::cat(&outputs, 1)? };
         layer.o.forward(&y)?
     };
     finish_block(c, layer, x, &attn)
+}
+
+/// Attention of one sequence's rows: their projections `q`, `k`, `v` (`[1, t, heads *
+/// head_dim]` and `[1, t, kv_heads * head_dim]`) against the cache of layer `index` plus the new
+/// keys (appended). Returns `[1, t, heads * head_dim]`, before the output projection.
+fn attention(
+    c: &ModelConfig,
+    index: usize,
+    layer: &Layer,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    part: &mut Part,
+) -> Result<Tensor> {
+    let t = part.rows;
+    let eps = c.rms_norm_eps as f32;
+    let (bias, cache) = (part.bias, &mut *part.cache);
+    let head_norm = |y: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
+        match w {
+            Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
+            None => Ok(y),
+        }
+    };
+    let (cos, sin) = match part.rope {
+        Rope::Tables { cos, sin } => (cos, sin),
+        Rope::Fused { rotary, positions } => {
+            let q = head_norm(q.reshape((t, c.num_heads, c.head_dim))?, &layer.q_norm)?;
+            let k = head_norm(k.reshape((t, c.num_kv_heads, c.head_dim))?, &layer.k_norm)?;
+            let v = v.reshape((t, c.num_kv_heads, c.head_dim))?;
+            return fused_attention(c, index, &q, &k, &v, rotary, positions, bias, cache);
+        }
+    };
+    let heads =
+        |y: &Tensor, n: usize| -> Result<Tensor> { y.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous() };
+    let q = head_norm(heads(q, c.num_heads)?, &layer.q_norm)?;
+    let k = head_norm(heads(k, c.num_kv_heads)?, &layer.k_norm)?;
+    let v = heads(v, c.num_kv_heads)?;
+    let (q, k) = if c.rope_interleaved {
+        (candle_nn::rotary_emb::rope_i(&q, cos, sin)?, candle_nn::rotary_emb::rope_i(&k, cos, sin)?)
+    } else {
+        (candle_nn::rotary_emb::rope(&q, cos, sin)?, candle_nn::rotary_emb::rope(&k, cos, sin)?)
+    };
+    let (k_all, v_all) = cache.append(index, &k, &v)?;
+    let scale = 1.0 / (c.head_dim as f64).sqrt();
+    if let Some(y) = cpu_attention::attend(&q, &k_all, &v_all, bias, scale as f32)? {
+        return Ok(y);
+    }
+    let total = k_all.dim(2)?;
+    // Grouped-query attention without repeating K/V: the query heads sharing one KV
+    // head are stacked along the sequence axis.
+    let groups = c.num_heads / c.num_kv_heads;
+    let q = q.reshape((1, c.num_kv_heads, groups * t, c.head_dim))?;
+    let k_t = k_all.contiguous()?.t()?;
+    let scores = (q.matmul(&k_t)? * scale)?.reshape((1, c.num_heads, t, total))?;
+    let scores = scores.broadcast_add(bias)?;
+    let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+    let weights = weights.reshape((1, c.num_kv_heads, groups * t, total))?;
+    let y = weights.matmul(&v_all.contiguous()?)?;
+    y.reshape((1, c.num_heads, t, c.head_dim))?.transpose(1, 2)?.reshape((1, t, c.num_heads * c.head_dim))
 }
 
 /// How a forward's rows get their rotary embedding: cos and sin tables of the forward's
@@ -389,34 +510,23 @@ impl<'a> Rope<'a> {
     }
 }
 
-/// Attention of a block through the device kernels: q, k and v from one dispatch, the per-head
-/// norms (Qwen3), the rotary embedding of q ([`RopeRows`]), k rotated and v copied into the
-/// cache in place ([`KvCache::write_rotated`]), and attention over the cache read in place
-/// ([`CacheAttention`]). Returns `[1, t, heads * head_dim]`.
+/// Attention through the device kernels: the rotary embedding of `q` ([`RopeRows`]), `k`
+/// rotated and `v` copied into the cache in place ([`KvCache::write_rotated`]), and attention
+/// over the cache read in place ([`CacheAttention`]). `q`: `[t, heads, head_dim]`, `k` and `v`:
+/// `[t, kv_heads, head_dim]` (after the per-head norms). Returns `[1, t, heads * head_dim]`.
 #[allow(clippy::too_many_arguments)]
 fn fused_attention(
     c: &ModelConfig,
     index: usize,
-    layer: &Layer,
-    h: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
     rotary: &rotary::Rotary,
     positions: &Tensor,
     bias: &Tensor,
     cache: &mut KvCache,
 ) -> Result<Tensor> {
-    let _span = tracing::trace_span!("attention").entered();
-    let (_, t, _) = h.dims3()?;
-    let eps = c.rms_norm_eps as f32;
-    let qkv = forward_many(&[&layer.q, &layer.k, &layer.v], h)?;
-    let head_norm = |y: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
-        match w {
-            Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
-            None => Ok(y),
-        }
-    };
-    let q = head_norm(qkv[0].reshape((t, c.num_heads, c.head_dim))?, &layer.q_norm)?;
-    let k = head_norm(qkv[1].reshape((t, c.num_kv_heads, c.head_dim))?, &layer.k_norm)?;
-    let v = qkv[2].reshape((t, c.num_kv_heads, c.head_dim))?;
+    let t = q.dim(0)?;
     let rope_q = RopeRows {
         inv_freq: rotary.inv_freq(),
         attention_factor: rotary.attention_factor(),
@@ -426,7 +536,7 @@ fn fused_attention(
     };
     let q = q.contiguous()?.apply_op2_no_bwd(positions, &rope_q)?;
     let start = cache.len();
-    cache.write_rotated(index, &k, &v, positions, rotary, c.rope_interleaved)?;
+    cache.write_rotated(index, k, v, positions, rotary, c.rope_interleaved)?;
     let (keys, values) = cache.buffers(index);
     let attention = CacheAttention {
         keys,

@@ -1,6 +1,7 @@
 //! The engine's integration tests, one binary (candle is linked once, not once per file).
 //! Modules by subject; `common` writes tiny random models in the real on-disk layouts.
 
+mod batching;
 mod checkpoint_configs;
 mod chi_square;
 mod common;

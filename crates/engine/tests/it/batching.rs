@@ -1,0 +1,136 @@
+//! Several sequences in one forward (`DecoderModel::forward_batch`) and generations batched
+//! across threads (`Batcher`): every sequence gets, bit for bit, what it gets alone, so batched
+//! generations emit their solo tokens at any temperature (each keeps its own random stream).
+
+use crate::common::{self, load_cpu, temp_dir, Tiny};
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Tensor};
+use engine::decode::{GenerationConfig, Generator};
+use engine::model::{attention_bias, causal_bias, BatchItem, Batcher, DecoderModel, KvCache};
+use engine::DraftTree;
+use samplers::dist::Warp;
+use samplers::{DraftConstruction, Verifier};
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// A cache holding `prefix` run as a chain.
+fn cache_after(model: &DecoderModel, prefix: &[u32]) -> KvCache {
+    let mut cache = model.new_cache(64).unwrap();
+    model.forward_chain(prefix, &mut cache).unwrap();
+    cache
+}
+
+/// Three sequences at once (a chain, a draft tree over its own prefix, one token): each one's
+/// hidden states and cache equal what its forward alone gives, bit for bit, for a dense model
+/// and for Q4_K weights (our few-rows and repacked kernels) and Q8_0.
+#[test]
+fn a_batched_forward_gives_each_sequence_its_own_forward() {
+    let dir = temp_dir("batch-forward");
+    let wide = Tiny { hidden: 256, intermediate: 256, scale: 0.1, ..Tiny::qwen2(41) };
+    let files = [
+        ("f32 hf", Tiny::llama(40).write_hf(&dir.join("hf"))),
+        ("q4k gguf", wide.write_gguf(&dir.join("q4k.gguf"), GgmlDType::Q4K, &[])),
+        ("q8_0 gguf", Tiny::llama(42).write_gguf(&dir.join("q8.gguf"), GgmlDType::Q8_0, &[])),
+    ];
+    for (name, path) in files {
+        let m = load_cpu(&path);
+        let tree = DraftTree::preset("drafts-2-depth-2").unwrap();
+        let prefixes: [&[u32]; 3] = [&[1, 2, 3], &[9, 8, 7, 6, 5], &[4]];
+        let new: [Vec<u32>; 3] = [vec![11, 12], (0..tree.len() as u32).map(|i| 20 + i).collect(), vec![30]];
+        let positions: [Vec<u32>; 3] =
+            [vec![3, 4], (0..tree.len()).map(|i| (5 + tree.depth(i)) as u32).collect(), vec![1]];
+        let biases = [
+            causal_bias(3, 2, m.dtype(), m.device()).unwrap(),
+            attention_bias(5, tree.len(), tree.len(), |r, c| tree.is_ancestor_or_self(c, r), m.dtype(), m.device())
+                .unwrap(),
+            causal_bias(1, 1, m.dtype(), m.device()).unwrap(),
+        ];
+        let mut alone = Vec::new();
+        let mut alone_caches = Vec::new();
+        for i in 0..3 {
+            let mut cache = cache_after(&m, prefixes[i]);
+            alone.push(m.forward(&new[i], &positions[i], &biases[i], &mut cache).unwrap());
+            alone_caches.push(cache);
+        }
+        let mut caches: Vec<KvCache> = prefixes.iter().map(|p| cache_after(&m, p)).collect();
+        let mut items: Vec<BatchItem> = caches
+            .iter_mut()
+            .enumerate()
+            .map(|(i, cache)| BatchItem { tokens: &new[i], positions: &positions[i], bias: &biases[i], cache })
+            .collect();
+        let together = m.forward_batch(&mut items).unwrap();
+        for i in 0..3 {
+            assert_eq!(bits(&together[i]), bits(&alone[i]), "{name}: sequence {i}'s hidden states");
+            assert_eq!(caches[i].len(), alone_caches[i].len());
+            for l in 0..m.num_layers() {
+                assert_eq!(bits(&caches[i].keys(l).unwrap()), bits(&alone_caches[i].keys(l).unwrap()), "{name}: keys");
+                assert_eq!(bits(&caches[i].values(l).unwrap()), bits(&alone_caches[i].values(l).unwrap()), "{name}");
+            }
+        }
+        // A sequence that cannot run is named; the batch does not run at all.
+        let mut bad_cache = m.new_cache(2).unwrap();
+        let mut ok_cache = m.new_cache(8).unwrap();
+        let b = causal_bias(0, 3, m.dtype(), m.device()).unwrap();
+        let e = m
+            .forward_batch(&mut [
+                BatchItem { tokens: &[1, 2, 3], positions: &[0, 1, 2], bias: &b, cache: &mut ok_cache },
+                BatchItem { tokens: &[1, 2, 3], positions: &[0, 1, 2], bias: &b, cache: &mut bad_cache },
+            ])
+            .unwrap_err();
+        assert!(e.to_string().contains("capacity"), "{e}");
+    }
+}
+
+/// Generations on four threads, members of one batcher, each with its own prompt, tree and seed:
+/// each emits what it emits alone, at temperature 0 and at 0.8 (stream sampling: each its own
+/// random stream), with a draft model on trees and plain; and the batcher did batch them.
+#[test]
+fn batched_generations_emit_their_solo_tokens() {
+    let (target, draft, _) = common::target_draft_head(43, "batch-generate");
+    let prompts: [Vec<u32>; 4] = [vec![3, 9, 27], vec![4, 12, 36, 9, 27, 30], vec![1], vec![5, 6, 7, 8, 9, 10, 11]];
+    for temperature in [0.0, 0.8] {
+        let config = |i: usize| {
+            let tree = ["chain-3", "drafts-2-depth-2", "mc_sim_7b_63", "none"][i];
+            let speculative = (tree != "none").then(|| {
+                common::spec(DraftTree::preset(tree).unwrap(), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)
+            });
+            GenerationConfig {
+                speculative,
+                ..GenerationConfig { warp: Warp::temperature(temperature), ..common::greedy(24, 100 + i as u64) }
+            }
+        };
+        let solo: Vec<Vec<u32>> = (0..4)
+            .map(|i| {
+                let mut g = Generator::new(&target, Some(&draft), 100).unwrap();
+                g.generate(&prompts[i], &config(i), |_| false, |_| Ok(())).unwrap().0
+            })
+            .collect();
+        let batcher = Batcher::new();
+        let together: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|i| {
+                    let (batcher, target, draft, prompt, config) = (&batcher, &target, &draft, &prompts[i], config(i));
+                    s.spawn(move || {
+                        let _member = batcher.join();
+                        let mut g = Generator::new(target, Some(draft), 100).unwrap();
+                        g.generate(prompt, &config, |_| false, |_| Ok(())).unwrap().0
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(together, solo, "temperature {temperature}");
+        let stats = batcher.stats();
+        assert!(stats.widest >= 2 && stats.requests > stats.batches, "temperature {temperature}: {stats:?}");
+    }
+}
