@@ -68,6 +68,7 @@ pub fn chat(mut args: ChatArgs) -> anyhow::Result<()> {
         ("--jsonl", run.jsonl),
         ("--logprobs", run.logprobs.is_some()),
         ("--prompt-logprobs", run.prompt_logprobs),
+        ("--max-batch", run.max_batch.is_some()),
     ];
     if let Some((flag, _)) = json_only.iter().find(|(_, given)| *given) {
         bail!("{flag} does not apply to chat (it streams every answer); use generate --json");

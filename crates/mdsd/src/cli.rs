@@ -24,9 +24,15 @@ pub struct GenerateArgs {
     /// the chat template) or a conversation (a JSON list of {"role", "content"} messages,
     /// through the chat template). Each answer is one line of JSON on standard output, in
     /// order, as --json prints it, with `line`; a line that fails gives `{"line", "error"}` and
-    /// the exit status 1. One generator serves them all, reusing the prefix texts share.
+    /// the exit status 1. With --max-batch 1 one generator answers them in turn, reusing the
+    /// prefix texts share; with more, that many lines run at once, their forwards batched.
     #[arg(long, conflicts_with_all = ["prompt", "prompt_file"])]
     pub(crate) jsonl: bool,
+    /// Generations run at once (--jsonl, serve), each with caches of its own, their forwards
+    /// batched into one: at temperature 0 each answer equals its answer alone (default: 1 for
+    /// --jsonl, 4 for serve, whose KV memory is --max-batch x --context positions).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub(crate) max_batch: Option<u16>,
     /// Wrap the prompt in the model's chat template (one user turn).
     #[arg(long)]
     pub(crate) chat: bool,

@@ -14,6 +14,9 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     if args.jsonl {
         return jsonl::generate_lines(&args, plan);
     }
+    if args.max_batch.is_some() {
+        bail!("--max-batch applies to --jsonl (and serve): one prompt is one generation");
+    }
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => read_prompt_file(f)?,

@@ -1,15 +1,22 @@
 //! `mdsd generate --jsonl`: a generation for each line of standard input (a prompt, or a
 //! conversation through the chat template), each answered by one line of JSON on standard
-//! output, in order, on one generator that reuses the prefix the texts share. Part of the
-//! `mdsd` binary (`main.rs`).
+//! output, in order: on one generator that reuses the prefix the texts share, or with
+//! `--max-batch N` on N generators, each on a thread of its own taking the next line, their
+//! forwards batched (`engine::model::Batcher`). Part of the `mdsd` binary (`main.rs`).
 
 use crate::cli::GenerateArgs;
 use crate::generate::answer_json;
-use crate::session::Plan;
+use crate::session::{Plan, Session};
 use anyhow::{anyhow, Context};
 use engine::decode::stop::TextStops;
+use engine::decode::Generator;
+use engine::model::Batcher;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::io::BufRead;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
 
 /// Reads every line of standard input, then generates for each: `{"line": N, ...}` with what
 /// `--json` prints, or `{"line": N, "error": ...}`. Blank lines are skipped (and counted).
@@ -23,7 +30,7 @@ pub fn generate_lines(args: &GenerateArgs, plan: Plan) -> anyhow::Result<()> {
         }
     }
     let session = plan.load(args)?;
-    let tok = &session.target.tokenizer;
+    let started = Instant::now();
     let prompts: Vec<(usize, anyhow::Result<Vec<u32>>)> = lines
         .iter()
         .map(|(n, line)| {
@@ -36,53 +43,134 @@ pub fn generate_lines(args: &GenerateArgs, plan: Plan) -> anyhow::Result<()> {
         .collect();
     let longest = prompts.iter().filter_map(|(_, p)| p.as_ref().ok()).map(Vec::len).max().unwrap_or(1);
     let capacity = session.capacity(longest, args.max_new_tokens);
-    let mut generator = session.generator(args, capacity)?;
-    generator.set_logprobs(args.logprobs);
-    generator.set_prompt_logprobs(args.prompt_logprobs);
-    generator.set_prefix_reuse(!args.prompt_logprobs);
-    let (mut failed, mut tokens, mut forwards, mut seconds) = (0, 0, 0, 0.0);
-    for (i, (n, ids)) in prompts.iter().enumerate() {
-        let answer = ids.as_ref().map_err(|e| anyhow!("{e:#}")).and_then(|ids| {
-            let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).map_err(anyhow::Error::msg)?;
-            let (out, mut stats) = generator.generate(ids, &session.config, |t| stops.is_stop(t), |_| Ok(()))?;
-            if stops.stopped() {
-                stats.stop_reason = "stop_string".into();
-            }
-            (tokens, forwards, seconds) =
-                (tokens + out.len(), forwards + stats.target_forwards, seconds + stats.total_s);
-            eprintln!(
-                "mdsd: line {n} ({} of {}): {} tokens, tau {:.2}, {:.2} tokens/s",
-                i + 1,
-                prompts.len(),
-                out.len(),
-                stats.tau,
-                stats.tokens_per_s
-            );
-            answer_json(&session, &generator, args, &out, &stats, &stops)
-        });
-        let value = match answer {
-            Ok(mut v) => {
-                let mut line = json!({ "line": n });
-                line.as_object_mut().expect("an object").append(v.as_object_mut().expect("an object"));
-                line
-            }
-            Err(e) => {
-                failed += 1;
-                eprintln!("mdsd: line {n}: {e:#}");
-                json!({ "line": n, "error": format!("{e:#}") })
-            }
-        };
-        println!("{value}");
+    let workers = args.max_batch.map_or(1, usize::from).min(prompts.len()).max(1);
+    let mut generators = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let mut generator = session.generator(args, capacity)?;
+        generator.set_logprobs(args.logprobs);
+        generator.set_prompt_logprobs(args.prompt_logprobs);
+        generator.set_prefix_reuse(!args.prompt_logprobs);
+        generators.push(generator);
     }
+    let batcher = Batcher::new();
+    let next = AtomicUsize::new(0);
+    let (tx, rx) = mpsc::channel::<(usize, Line)>();
+    let mut totals = Totals::default();
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        for mut generator in generators {
+            let (tx, next, batcher, prompts, session) = (tx.clone(), &next, &batcher, &prompts, &session);
+            std::thread::Builder::new()
+                .name("mdsd-jsonl".into())
+                .spawn_scoped(scope, move || {
+                    // Alone, a generation runs its forwards itself; with others, batched.
+                    let _member = (workers > 1).then(|| batcher.join());
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some((n, ids)) = prompts.get(i) else { break };
+                        let line = answer_line(session, args, &mut generator, *n, ids);
+                        if tx.send((i, line)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .context("starting a generation thread")?;
+        }
+        drop(tx);
+        // Lines are printed in input order as soon as every earlier one is.
+        let mut ready: BTreeMap<usize, Line> = BTreeMap::new();
+        let mut printed = 0;
+        for (i, line) in rx {
+            ready.insert(i, line);
+            while let Some(line) = ready.remove(&printed) {
+                printed += 1;
+                totals.add(&line);
+                match &line.stats {
+                    Some((tokens, tau, rate)) => eprintln!(
+                        "mdsd: line {} ({printed} of {}): {tokens} tokens, tau {tau:.2}, {rate:.2} tokens/s",
+                        line.number,
+                        prompts.len()
+                    ),
+                    None => eprintln!("mdsd: line {}: {}", line.number, line.value["error"].as_str().unwrap_or("")),
+                }
+                println!("{}", line.value);
+            }
+        }
+        Ok(())
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    let batches = batcher.stats();
+    let batched = if workers > 1 {
+        format!(", {workers} at once (widest forward {} sequences)", batches.widest)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "mdsd: {} lines, {failed} failed; {tokens} tokens in {seconds:.1} s, tau {:.2}",
+        "mdsd: {} lines, {} failed; {} tokens in {wall:.1} s ({:.2} tokens/s{batched}), tau {:.2}",
         prompts.len(),
-        tokens as f64 / forwards.max(1) as f64
+        totals.failed,
+        totals.tokens,
+        totals.tokens as f64 / wall.max(1e-9),
+        totals.tokens as f64 / totals.forwards.max(1) as f64
     );
-    if failed > 0 {
-        anyhow::bail!("{failed} of {} lines failed (their answers are `error` lines)", prompts.len());
+    if totals.failed > 0 {
+        anyhow::bail!("{} of {} lines failed (their answers are `error` lines)", totals.failed, prompts.len());
     }
     Ok(())
+}
+
+/// One answered line: its number, its JSON, and (answered) its tokens, tau and tokens/s.
+struct Line {
+    number: usize,
+    value: serde_json::Value,
+    stats: Option<(usize, f64, f64)>,
+    forwards: usize,
+}
+
+#[derive(Default)]
+struct Totals {
+    failed: usize,
+    tokens: usize,
+    forwards: usize,
+}
+
+impl Totals {
+    fn add(&mut self, line: &Line) {
+        match line.stats {
+            Some((tokens, ..)) => {
+                self.tokens += tokens;
+                self.forwards += line.forwards;
+            }
+            None => self.failed += 1,
+        }
+    }
+}
+
+/// Generates line `n`'s answer (or its error) on `generator`.
+fn answer_line(
+    session: &Session,
+    args: &GenerateArgs,
+    generator: &mut Generator<'_>,
+    n: usize,
+    ids: &anyhow::Result<Vec<u32>>,
+) -> Line {
+    let tok = &session.target.tokenizer;
+    let answer = ids.as_ref().map_err(|e| anyhow!("{e:#}")).and_then(|ids| {
+        let stops = TextStops::new(tok, args.stop.clone(), args.ignore_eos).map_err(anyhow::Error::msg)?;
+        let (out, mut stats) = generator.generate(ids, &session.config, |t| stops.is_stop(t), |_| Ok(()))?;
+        if stops.stopped() {
+            stats.stop_reason = "stop_string".into();
+        }
+        let value = answer_json(session, generator, args, &out, &stats, &stops)?;
+        Ok((value, (out.len(), stats.tau, stats.tokens_per_s), stats.target_forwards))
+    });
+    match answer {
+        Ok((mut v, stats, forwards)) => {
+            let mut line = json!({ "line": n });
+            line.as_object_mut().expect("an object").append(v.as_object_mut().expect("an object"));
+            Line { number: n, value: line, stats: Some(stats), forwards }
+        }
+        Err(e) => Line { number: n, value: json!({ "line": n, "error": format!("{e:#}") }), stats: None, forwards: 0 },
+    }
 }
 
 /// The ids of one input line ([`crate::tokenize::line_text`]: a prompt, or a conversation).

@@ -218,6 +218,18 @@ impl<'a> Generator<'a> {
         }
     }
 
+    /// The tokens the target cache holds from the last generation, which a new prompt's shared
+    /// prefix reuses ([`Self::set_prefix_reuse`]); empty after a failed generation.
+    pub fn cached_text(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Forgets the cached text: the next prompt runs whole (a server handing this generator to
+    /// another client does this, so that no client learns what another's prompt began with).
+    pub fn forget_cached_text(&mut self) {
+        self.history.clear();
+    }
+
     /// Records, from the next generation on, the target's log-probability of every generated
     /// token and its `top` most probable alternatives (`None`, the default: nothing), as
     /// [`crate::decode::logprobs`] defines them. They come from the rows the target ran anyway; each

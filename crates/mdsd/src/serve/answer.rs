@@ -1,18 +1,29 @@
-//! Answering a checked request: `n` choices for each of its prompts, one after the other on
-//! the one generator (choice `i`, counted over all prompts, with the seed `seed + i`; after a
+//! Answering a checked request on its slot's generator: `n` choices for each of its prompts, one
+//! after the other (choice `i`, counted over all prompts, with the seed `seed + i`; after a
 //! prompt's first choice, its cached rows are reused), in one JSON object or streamed as
-//! server-sent events.
+//! server-sent events. A client gone away (or the server shutting down past its grace period)
+//! ends the generation at its next token.
 
-use super::{logprobs, respond_error, respond_json, Checked, Kind, Prompt, State};
+use super::reply::{EventSink, Reply};
+use super::request::{Checked, Kind, Prompt};
+use super::{logprobs, App};
 use crate::report::message;
 use engine::decode::logprobs::TokenLogprobs;
 use engine::decode::stop::TextStops;
-use engine::decode::{GenerationConfig, Stats};
+use engine::decode::{GenerationConfig, Generator, Stats};
 use serde_json::{json, Value};
 use std::cell::Cell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
-use tiny_http::Request;
+
+/// One request being answered: the server's shared state, its slot's generator, its number
+/// (for its id) and the flag that ends it early (its client gone, the server stopping).
+pub(super) struct Answering<'a> {
+    pub(super) app: &'a App,
+    pub(super) generator: &'a mut Generator<'static>,
+    pub(super) number: u64,
+    pub(super) cancel: &'a super::Cancel,
+}
 
 /// What one choice answers: the endpoint, the checked request, its prompt's tokens, the text
 /// to echo before the answer, the path (for the log).
@@ -34,19 +45,18 @@ enum Streamed {
     Failed,
 }
 
-impl<'s> State<'s, '_> {
+impl Answering<'_> {
     /// Generates the request's choices and answers, streamed or in one object.
     pub(super) fn generate(
         &mut self,
-        request: Request,
+        reply: Reply,
         kind: Kind,
         req: &Checked,
         prompts: &[Prompt],
         config: &GenerationConfig,
         path: &str,
-    ) -> std::io::Result<()> {
-        self.served += 1;
-        let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, self.served);
+    ) {
+        let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, self.number);
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         self.generator.set_logprobs(req.logprobs);
         self.generator.set_logit_bias(req.logit_bias.clone());
@@ -74,44 +84,59 @@ impl<'s> State<'s, '_> {
                 match self.answer_whole(*ask, config, index, &mut prompt_records) {
                     Ok((choice, stats)) => {
                         choices.push(choice);
-                        self.load.add_choice(&stats);
+                        self.app.load.add_choice(&stats);
                         done.push((stats, config.seed));
                     }
-                    Err(msg) => return respond_error(request, 500, &msg),
+                    Err(msg) => return reply.error(500, &msg),
+                }
+                if self.cancel.is_set() {
+                    // Nobody is left to answer.
+                    return;
                 }
             }
             let body = json!({
                 "id": id,
                 "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
                 "created": created,
-                "model": self.model,
+                "model": self.app.model,
                 "choices": choices,
                 "usage": usage(prompt_tokens, &done),
-                "mdsd": mdsd_stats(&done),
+                "mdsd": mdsd_stats(&done, self.app.show_reused_tokens),
             });
-            return respond_json(request, 200, &body);
+            return reply.json(200, &body);
         }
-        let mut writer = request.into_writer();
-        writer.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n",
-        )?;
-        let model = self.model.clone();
+        let writer = reply.stream();
+        let model = self.app.model.clone();
         let mut events = Events { kind, index: 0, id: &id, created, model: &model, writer };
+        // A write that fails (the client gone or not reading) ends the answer: nothing more is sent.
+        let _ = self.stream_choices(&asks, req, &mut events, &mut prompt_records, &mut done, prompt_tokens);
+    }
+
+    /// The streamed choices, one after the other, and the end of the stream.
+    fn stream_choices(
+        &mut self,
+        asks: &[(Ask, GenerationConfig)],
+        req: &Checked,
+        events: &mut Events,
+        prompt_records: &mut Option<Vec<TokenLogprobs>>,
+        done: &mut Vec<(Stats, u64)>,
+        prompt_tokens: usize,
+    ) -> std::io::Result<()> {
         for (index, (ask, config)) in asks.iter().enumerate() {
             events.index = index;
             if index % req.n == 0 {
-                prompt_records = None;
+                *prompt_records = None;
             }
-            match self.answer_streamed(*ask, config, &mut events, &mut prompt_records)? {
+            match self.answer_streamed(*ask, config, events, prompt_records)? {
                 Streamed::Done(stats) => {
                     let stats = *stats;
-                    self.load.add_choice(&stats);
+                    self.app.load.add_choice(&stats);
                     let mut last = events.chunk(events.delta(String::new()), Some(finish_reason(&stats)), Value::Null);
                     done.push((stats, config.seed));
                     // The last event carries the request's usage and statistics.
                     if index + 1 == asks.len() {
-                        last["usage"] = usage(prompt_tokens, &done);
-                        last["mdsd"] = mdsd_stats(&done);
+                        last["usage"] = usage(prompt_tokens, done);
+                        last["mdsd"] = mdsd_stats(done, self.app.show_reused_tokens);
                     }
                     events.raw(&last.to_string())?;
                 }
@@ -123,11 +148,11 @@ impl<'s> State<'s, '_> {
     }
 
     /// Sets whether this choice scores the echoed prompt, and returns its stop matcher.
-    fn prepare(&mut self, ask: Ask, prompt_records: &Option<Vec<TokenLogprobs>>) -> TextStops<'s> {
+    fn prepare(&mut self, ask: Ask, prompt_records: &Option<Vec<TokenLogprobs>>) -> TextStops<'static> {
         let req = ask.req;
-        let session: &'s crate::session::Session = self.session;
+        let session: &'static crate::session::Session = self.app.session;
         let tok = &session.target.tokenizer;
-        let ignore_eos = req.ignore_eos || self.run.ignore_eos;
+        let ignore_eos = req.ignore_eos || self.app.run.ignore_eos;
         // Only a prompt's first choice scores the echoed prompt; the others take its records.
         let score = ask.echo.is_some() && req.logprobs.is_some() && prompt_records.is_none();
         self.generator.set_prompt_logprobs(score);
@@ -145,14 +170,19 @@ impl<'s> State<'s, '_> {
     ) -> Result<(Value, Stats), String> {
         let Ask { kind, req, ids, echo: echoed, path } = ask;
         let stops = self.prepare(ask, prompt_records);
-        let session = self.session;
+        let session = self.app.session;
         let tok = &session.target.tokenizer;
-        let (out, mut stats) = self.generator.generate(ids, config, |t| stops.is_stop(t), |_| Ok(())).map_err(|e| {
+        let cancel = self.cancel;
+        let (out, mut stats) =
+            self.generator.generate(ids, config, |t| cancel.is_set() || stops.is_stop(t), |_| Ok(())).map_err(|e| {
             let msg = message(&anyhow::Error::from(e));
             eprintln!("mdsd serve: POST {path}: {msg}");
             msg
         })?;
-        if stops.stopped() {
+        if cancel.is_set() {
+            stats.stop_reason = "client_gone".into();
+            self.app.load.ended(cancel.by_server());
+        } else if stops.stopped() {
             stats.stop_reason = "stop_string".into();
         }
         log(path, &stats);
@@ -201,8 +231,9 @@ impl<'s> State<'s, '_> {
     ) -> std::io::Result<Streamed> {
         let Ask { kind, req, ids, echo: echoed, path } = ask;
         let stops = self.prepare(ask, prompt_records);
-        let session = self.session;
+        let session = self.app.session;
         let tok = &session.target.tokenizer;
+        let cancel = self.cancel;
         if kind == Kind::Chat {
             events.send(json!({"role": "assistant", "content": ""}), Value::Null)?;
         }
@@ -226,7 +257,7 @@ impl<'s> State<'s, '_> {
         let result = self.generator.generate_emitting(
             ids,
             config,
-            |t| gone.get() || stops.is_stop(t),
+            |t| gone.get() || cancel.is_set() || stops.is_stop(t),
             |e| {
                 if std::mem::take(&mut echo_pending) {
                     let records = known.as_deref().unwrap_or(e.prompt_logprobs);
@@ -247,10 +278,13 @@ impl<'s> State<'s, '_> {
             },
         );
         match result {
-            Ok((_, mut stats)) if gone.get() => {
+            Ok((_, mut stats)) if gone.get() || cancel.is_set() => {
                 stats.stop_reason = "client_gone".into();
                 log(path, &stats);
-                eprintln!("mdsd serve: POST {path}: the client went away; the answer ended there");
+                let by_server = !gone.get() && cancel.by_server();
+                self.app.load.ended(by_server);
+                let why = if by_server { "the server is stopping" } else { "the client went away or stopped reading" };
+                eprintln!("mdsd serve: POST {path}: {why}; the answer ended there");
                 Ok(Streamed::Gone)
             }
             Ok((_, mut stats)) => {
@@ -297,7 +331,7 @@ pub(super) struct Events<'a> {
     id: &'a str,
     created: u64,
     model: &'a str,
-    writer: Box<dyn Write + Send>,
+    writer: EventSink,
 }
 
 impl Events<'_> {
@@ -331,18 +365,14 @@ impl Events<'_> {
         self.raw(&event.to_string())
     }
 
-    /// One `data:` event as one HTTP chunk, flushed.
+    /// One `data:` event.
     fn raw(&mut self, data: &str) -> std::io::Result<()> {
-        let event = format!("data: {data}\n\n");
-        write!(self.writer, "{:x}\r\n{event}\r\n", event.len())?;
-        self.writer.flush()
+        self.writer.write_all(format!("data: {data}\n\n").as_bytes())
     }
 
-    /// `data: [DONE]` and the chunked body's end.
+    /// `data: [DONE]`: the stream's end.
     fn finish(&mut self) -> std::io::Result<()> {
-        self.raw("[DONE]")?;
-        self.writer.write_all(b"0\r\n\r\n")?;
-        self.writer.flush()
+        self.raw("[DONE]")
     }
 }
 
@@ -361,11 +391,18 @@ fn usage(prompt: usize, done: &[(Stats, u64)]) -> Value {
 }
 
 /// The speculative decoding statistics and the seed of the first choice (a request's own seed or
-/// the one drawn for it); with several choices, `choices` holds each one's.
-fn mdsd_stats(done: &[(Stats, u64)]) -> Value {
+/// the one drawn for it); with several choices, `choices` holds each one's. `reused_tokens`
+/// only with `show_reused` (`--show-reused-tokens`): it tells how much of the prompt the
+/// caches held.
+fn mdsd_stats(done: &[(Stats, u64)], show_reused: bool) -> Value {
     let one = |(stats, seed): &(Stats, u64)| {
         let mut v = serde_json::to_value(stats).unwrap_or(Value::Null);
         v["seed"] = (*seed).into();
+        if !show_reused {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("reused_tokens");
+            }
+        }
         v
     };
     let mut v = done.first().map_or(Value::Null, one);

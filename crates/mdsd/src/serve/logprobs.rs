@@ -10,7 +10,7 @@
 //!
 //! Streamed, each event carries the entries of the tokens its text completes.
 
-use super::{refuse, Kind, Refusal};
+use super::request::{refuse, Kind, Refusal};
 use engine::decode::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use engine::decode::stop::TextStops;
 use engine::tokenizer::TextTokenizer;

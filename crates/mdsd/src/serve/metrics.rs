@@ -1,25 +1,15 @@
-//! What `/health` and `/metrics` report: the completion requests being answered and waiting, and
-//! totals over the server's life in Prometheus' text format (as vLLM's `/metrics`, with the
+//! What `/metrics` reports (with `/health`'s counts of the completion requests being answered
+//! and waiting): totals over the server's life in Prometheus' text format (as vLLM's `/metrics`, with the
 //! speculative-decoding counters that give τ and the acceptance per depth).
 
 use engine::decode::Stats;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-/// The server's load and totals, shared by the listening and generating threads.
+/// The server's totals, shared by the connections and the generation threads.
 #[derive(Default)]
 pub(super) struct Load {
-    queue: Mutex<Queue>,
     totals: Mutex<Totals>,
-}
-
-/// Completion requests admitted and not yet answered.
-#[derive(Default, Clone, Copy)]
-struct Queue {
-    /// Being answered (0 or 1).
-    running: usize,
-    /// Admitted, not yet taken by the generator.
-    waiting: usize,
 }
 
 /// What happened to a completion request.
@@ -67,56 +57,29 @@ struct Totals {
     accepted_at_depth: Vec<u64>,
     prefill_s: f64,
     decode_s: f64,
+    /// Answers ended early: their client went away or stopped reading, the server stopped.
+    ended_by_client: u64,
+    ended_by_shutdown: u64,
 }
 
 impl Load {
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Admits a completion request when fewer than `max_waiting` wait behind the one being
-    /// answered (counted from admission to the end of its answer, so a request arriving while
-    /// the generator is between two answers is judged by what is queued, not by timing); else
-    /// `Err` with the number waiting.
-    pub fn admit(&self, max_waiting: usize) -> Result<(), usize> {
-        let mut q = self.queue();
-        if q.running + q.waiting > max_waiting {
-            return Err(q.waiting);
-        }
-        q.waiting += 1;
-        Ok(())
-    }
-
-    /// The generator took an admitted request.
-    pub fn start(&self) {
-        let mut q = self.queue();
-        q.waiting = q.waiting.saturating_sub(1);
-        q.running = 1;
-    }
-
-    /// The generator finished a request.
-    pub fn finish(&self) {
-        self.queue().running = 0;
-    }
-
-    /// Undoes [`Self::admit`] for a request that never reached the queue.
-    pub fn withdraw(&self) {
-        let mut q = self.queue();
-        q.waiting = q.waiting.saturating_sub(1);
-    }
-
-    /// Requests being answered and waiting.
-    pub fn counts(&self) -> (usize, usize) {
-        let q = *self.queue();
-        (q.running, q.waiting)
-    }
-
     fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
         self.totals.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn count(&self, outcome: Outcome) {
         self.totals().requests[outcome as usize] += 1;
+    }
+
+    /// Counts an answer ended before its end: by its client (gone, or not reading) or by the
+    /// server stopping.
+    pub fn ended(&self, by_shutdown: bool) {
+        let mut t = self.totals();
+        if by_shutdown {
+            t.ended_by_shutdown += 1;
+        } else {
+            t.ended_by_client += 1;
+        }
     }
 
     /// Adds a finished choice's statistics.
@@ -141,9 +104,9 @@ impl Load {
         t.decode_s += (s.total_s - s.prefill_s).max(0.0);
     }
 
-    /// The `/metrics` text: Prometheus' exposition format, version 0.0.4.
-    pub fn prometheus(&self) -> String {
-        let (running, waiting) = self.counts();
+    /// The `/metrics` text: Prometheus' exposition format, version 0.0.4, with the requests
+    /// `running` and `waiting` now.
+    pub fn prometheus(&self, running: usize, waiting: usize, batches: engine::model::BatchStats) -> String {
         let t = self.totals();
         let mut out = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
@@ -189,6 +152,23 @@ impl Load {
             "Steps that accepted at least `depth` drafts (over target_forwards_total: the acceptance at that depth).",
             &depths,
         );
+        metric(
+            "answers_ended_total",
+            "counter",
+            "Answers ended early: their client went away or stopped reading, or the server stopped.",
+            &[
+                ("{reason=\"client\"}".into(), t.ended_by_client.to_string()),
+                ("{reason=\"shutdown\"}".into(), t.ended_by_shutdown.to_string()),
+            ],
+        );
+        for (name, help, value) in [
+            ("batches_total", "Batched forwards (and logits products) of the running answers.", batches.batches),
+            ("batch_requests_total", "Forwards and logits products the batches ran.", batches.requests),
+            ("batch_rows_total", "Rows the batched forwards ran.", batches.rows),
+        ] {
+            metric(name, "counter", help, &one(value.to_string()));
+        }
+        metric("batch_widest", "gauge", "The most sequences one batched forward held.", &one(batches.widest.to_string()));
         metric("prefill_seconds_total", "counter", "Seconds in prompt passes.", &one(t.prefill_s.to_string()));
         metric("decode_seconds_total", "counter", "Seconds in decoding steps.", &one(t.decode_s.to_string()));
         out

@@ -1,8 +1,8 @@
 //! `/tokenize` and `/detokenize`, as vLLM's server has them: the token ids a completion request's
 //! prompt (or a chat request's messages, through the chat template) runs as, and the text of
-//! token ids. Answered off the generator's thread: they need the tokenizer alone.
+//! token ids. Answered on a blocking thread of their own: they need the tokenizer alone.
 
-use super::{chat_text, refuse, token_ids, ChatMessage, Refusal};
+use super::request::{chat_text, refuse, token_ids, ChatMessage, Refusal};
 use engine::tokenizer::TextTokenizer;
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -111,7 +111,7 @@ fn serve_ends_an_answer_whose_client_hung_up() {
     }
     let mut child = Killed(
         Command::new(env!("CARGO_BIN_EXE_mdsd"))
-            .args(["serve", "--port", "0", "--target", path.to_str().unwrap(), "--no-spec"])
+            .args(["serve", "--port", "0", "--target", path.to_str().unwrap(), "--no-spec", "--show-reused-tokens", "--max-batch", "1"])
             .env("MDSD_OFFLINE", "1")
             .stderr(Stdio::piped())
             .spawn()
@@ -127,7 +127,7 @@ fn serve_ends_an_answer_whose_client_hung_up() {
     let request = |body: &str| {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
         s.write_all(head.as_bytes()).unwrap();

@@ -78,6 +78,20 @@ pub fn two_token_counts(
     vocab: usize,
     draws: u64,
     config: impl Fn(u64) -> GenerationConfig + Sync,
+    each: impl FnMut(&Stats) + Send,
+) -> Vec<u64> {
+    two_token_counts_batched(None, generator, prompt, vocab, draws, config, each)
+}
+
+/// [`two_token_counts`] with the generations' forwards batched with other threads' on `batcher`
+/// (joined on the thread that runs them).
+pub fn two_token_counts_batched(
+    batcher: Option<&std::sync::Arc<engine::model::Batcher>>,
+    generator: &mut Generator,
+    prompt: &[u32],
+    vocab: usize,
+    draws: u64,
+    config: impl Fn(u64) -> GenerationConfig + Sync,
     mut each: impl FnMut(&Stats) + Send,
 ) -> Vec<u64> {
     let mut counts = vec![0u64; vocab * vocab];
@@ -92,6 +106,7 @@ pub fn two_token_counts(
     // element, without the handoff.
     let inline = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a one-thread rayon pool");
     inline.install(|| {
+        let _member = batcher.map(|b| b.join());
         for seed in offset..offset + draws {
             let config = config(seed);
             if spec.is_none() {

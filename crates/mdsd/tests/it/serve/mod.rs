@@ -4,6 +4,8 @@
 //! running. Log-probabilities are in [`logprobs`], `/tokenize` and chat template
 //! variables in [`tokenize`].
 
+mod batching;
+mod load;
 mod logprobs;
 mod tokenize;
 
@@ -23,8 +25,16 @@ pub(crate) fn s(p: &Path) -> &str {
 
 /// A running `mdsd serve`, killed when dropped.
 pub(crate) struct Server {
-    child: Child,
-    port: u16,
+    pub(crate) child: Child,
+    pub(crate) port: u16,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Server {
+    /// What the server printed to its standard error so far.
+    pub(crate) fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
 }
 
 impl Drop for Server {
@@ -60,8 +70,16 @@ pub(crate) fn start_with(args: &[&str], env: &[(&str, &str)]) -> Server {
         seen.push(line);
     };
     // Keep reading the log so that the server never blocks on it.
-    std::thread::spawn(move || lines.for_each(drop));
-    Server { child, port }
+    let log = std::sync::Arc::new(std::sync::Mutex::new(seen.join("\n")));
+    let kept = std::sync::Arc::clone(&log);
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let mut log = kept.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    Server { child, port, log }
 }
 
 /// One HTTP/1.1 exchange: the status and the body (de-chunked).
@@ -158,7 +176,7 @@ fn serve_answers_as_generate_does() {
     let target = Tiny::chat_llama(51).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(52) }.write_hf(&dir.join("draft"));
     let models = ["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2"];
-    let server = start(&[&models[..], &["--temperature", "0"]].concat());
+    let server = start(&[&models[..], &["--temperature", "0", "--show-reused-tokens"]].concat());
     let port = server.port;
 
     let (status, health) = http(port, "GET", "/health", "");
@@ -238,11 +256,17 @@ fn serve_answers_as_generate_does() {
     {
         let body = json!({"prompt": "ABCD", "max_tokens": 200, "ignore_eos": true, "stream": true}).to_string();
         let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
             .unwrap();
         let mut first = [0u8; 64];
         stream.read_exact(&mut first).unwrap();
         assert!(first.starts_with(b"HTTP/1.1 200"));
+    }
+    // Once that answer ended, its slot (the one holding the text) is free again.
+    let t = std::time::Instant::now();
+    while serde_json::from_str::<Value>(&http(port, "GET", "/health", "").1).unwrap()["running"] != 0 {
+        assert!(t.elapsed().as_secs() < 30, "the hung-up answer still runs");
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let (status, v) = post(port, "/v1/completions", &json!({"prompt": "ABCD", "max_tokens": 1}));
     assert_eq!(
@@ -282,20 +306,20 @@ fn serve_answers_as_generate_does() {
 }
 
 /// While a completion is generated, `/health` and `/v1/models` answer at once and `/health`
-/// counts it running; with `--max-waiting 0` another completion request gets 503 with
+/// counts it running; with `--max-batch 1 --max-waiting 0` another completion request gets 503 with
 /// `Retry-After`. When the streaming client hangs up, the generator is free again.
 #[test]
 fn serve_stays_responsive_while_generating() {
     let dir = temp_dir("serve-busy");
     let target = Tiny { context: 4096, ..Tiny::llama(61) }.write_hf(&dir.join("target"));
-    let server = start(&["--target", s(&target), "--no-spec", "--temperature", "1", "--max-waiting", "0"]);
+    let server = start(&["--target", s(&target), "--no-spec", "--temperature", "1", "--max-batch", "1", "--max-waiting", "0"]);
     let port = server.port;
     // 64 answers of up to 4,000 tokens: minutes of work unless the client goes away.
     let body = json!({"prompt": vec!["ABC"; 64], "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     // A failure reads an error, not forever (a 503 here once left the connection open).
     stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
-    write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(stream, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     while !line.starts_with("data: ") {
@@ -317,7 +341,7 @@ fn serve_stays_responsive_while_generating() {
     let small = json!({"prompt": "AB", "max_tokens": 1}).to_string();
     write!(
         busy,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{small}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{small}",
         small.len()
     )
     .unwrap();
@@ -352,8 +376,12 @@ fn serve_refuses_bad_requests() {
     let target = Tiny::chat_llama(53).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let server = start(&["--target", s(&target), "--no-spec", "--context", "32"]);
     let port = server.port;
-    let cases: [(&str, &str, &str, u16, &str); 16] = [
+    let many_stops = format!(r#"{{"prompt": "AB", "stop": {}}}"#, json!(vec!["x"; 17]));
+    let long_stop = format!(r#"{{"prompt": "AB", "stop": "{}"}}"#, "x".repeat(513));
+    let cases: [(&str, &str, &str, u16, &str); 18] = [
         ("POST", "/v1/completions", "nonsense", 400, "not a valid request"),
+        ("POST", "/v1/completions", &many_stops, 400, "stop: at most 16 strings of at most 512 characters"),
+        ("POST", "/v1/completions", &long_stop, 400, "stop: at most 16 strings of at most 512 characters"),
         ("POST", "/v1/completions", r#"{"max_tokens": 4}"#, 400, "prompt: missing"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "n": 20}"#, 400, "n: from 1 to 16"),
         ("POST", "/v1/completions", r#"{"prompt": "AB", "stop": ["C", 7]}"#, 400, "stop: a string or an array"),
@@ -418,7 +446,7 @@ fn serve_refuses_bad_requests() {
     // A body announced and never sent holds up no other request (it was read on the
     // generator's thread, which then waited for it).
     let mut stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(stalled, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{{").unwrap();
+    write!(stalled, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
     let (sent, answered) = std::sync::mpsc::channel();
     std::thread::spawn(move || sent.send(post(port, "/v1/completions", &json!({"prompt": "AB", "max_tokens": 2}))));
@@ -479,7 +507,7 @@ fn serve_reports_metrics() {
     let dir = temp_dir("serve-metrics");
     let target = Tiny::llama(55).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(56) }.write_hf(&dir.join("draft"));
-    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2", "--temperature", "1"]);
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2", "--temperature", "1", "--show-reused-tokens"]);
     let port = server.port;
     let zero = metrics(port);
     assert_eq!((zero["requests_running"], zero["requests_waiting"], zero["choices_total"]), (0.0, 0.0, 0.0));
@@ -550,7 +578,7 @@ fn serve_generates_n_choices() {
     let dir = temp_dir("serve-n");
     let target = Tiny { scale: 0.8, ..Tiny::llama(57) }.write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(58) }.write_hf(&dir.join("draft"));
-    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2"]);
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2", "--show-reused-tokens"]);
     let port = server.port;
     let body = json!({"prompt": "ABCD", "max_tokens": 6, "ignore_eos": true, "temperature": 1.0, "seed": 5, "n": 3});
     let (status, v) = post(port, "/v1/completions", &body);
