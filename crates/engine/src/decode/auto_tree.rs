@@ -28,6 +28,17 @@
 //! same way (zero features, its logits through the target's output layer), and what each step
 //! measures follows.
 //!
+//! **In a batch** (generations whose forwards a [`crate::model::Batcher`] gathers), a step's
+//! forwards carry the other members' rows too, and every row slows every member: the choice
+//! maximizes the batch's tokens per second, `(E(T) + E_others) / C_batch(T)`, where
+//! `C_batch(T) = D(R_d + 1) + Σ_levels D(R_d + width) + T_target(R_t + |T|)` with `R_t`, `R_d`
+//! and `E_others` the rows and expected tokens the others posted for their next steps
+//! ([`crate::model::others_load`]). Alone (`R = 0`, `E_others = 0`) this is the rule above;
+//! where a forward's cost grows with its rows (a full batch on the CPU), rows that add fewer
+//! tokens than the batch's average are not worth their time, and the trees shrink, to none. The
+//! curves are measured alone ([`crate::model::Solo`]) and then follow what each step's batched
+//! forwards cost at the batch's total rows ([`crate::model::take_batched_cost`]).
+//!
 //! The tree without drafts (plain decoding, `E = 1`, `C = T_target(1)`) is a candidate too;
 //! while it wins no draft is tried, so every 16th such step drafts anyway to keep `α` honest.
 //! Whatever tree is picked, each step is exact: the choice depends only on past steps, never
@@ -36,7 +47,7 @@
 use crate::decode::host_copy::HostLogits;
 use crate::decode::tree::DraftTree;
 use crate::model::kv_cache::KvCache;
-use crate::model::{causal_bias, DecoderModel};
+use crate::model::{causal_bias, DecoderModel, SharedLoad};
 use crate::Result;
 use std::sync::Arc;
 use std::time::Instant;
@@ -257,24 +268,42 @@ impl AutoTree {
 
     /// Seconds of one step of `tree`, or `None` when a needed cost is unknown.
     pub fn step_cost(&self, tree: &DraftTree) -> Option<f64> {
-        let mut c = self.target.at(tree.len())?;
+        self.batch_step_cost(tree, &SharedLoad::NONE)
+    }
+
+    /// Seconds of one step of `tree` in a batch whose other members ask `others` (see the
+    /// module docs), or `None` when a needed cost is unknown.
+    pub fn batch_step_cost(&self, tree: &DraftTree, others: &SharedLoad) -> Option<f64> {
+        let mut c = self.target.at(others.target_rows + tree.len())?;
         if !tree.children(0).is_empty() {
-            c += self.draft.at(1)?;
+            c += self.draft.at(others.draft_rows + 1)?;
             for w in level_widths(tree) {
-                c += self.draft.at(w)?;
+                c += self.draft.at(others.draft_rows + w)?;
             }
         }
         Some(c)
     }
 
+    /// What a step of `tree` asks of a batch ([`SharedLoad`]): its rows and expected tokens.
+    pub fn load_of(&self, tree: &DraftTree) -> SharedLoad {
+        load_of_tree(tree, Self::expected_tokens(tree, &self.alphas()))
+    }
+
     /// Picks the tree for the next step (an index into `trees`) and ends the step's
     /// bookkeeping of the previous one (forgetting, exploration).
     pub fn choose(&mut self) -> usize {
+        self.choose_in_batch(&SharedLoad::NONE)
+    }
+
+    /// [`Self::choose`] for a member of a batch whose other members ask `others`: the tree
+    /// with the most tokens per second of the batch (see the module docs).
+    pub fn choose_in_batch(&mut self, others: &SharedLoad) -> usize {
         self.accepted.iter_mut().chain(self.tried.iter_mut()).flatten().for_each(|x| *x *= FORGET);
         let alphas = self.alphas();
         let rate = |i: usize| {
             let t = &self.trees[i].1;
-            self.step_cost(t).map(|c| Self::expected_tokens(t, &alphas) / c.max(1e-9))
+            self.batch_step_cost(t, others)
+                .map(|c| (Self::expected_tokens(t, &alphas) + others.tokens) / c.max(1e-9))
         };
         let best_of = |from: usize| {
             (from..self.trees.len())
@@ -325,6 +354,8 @@ impl AutoTree {
         pending: u32,
     ) -> Result<usize> {
         let (target_rows, draft_rows) = self.needed_rows();
+        // Alone, even in a batch: the curves are of the models' own forwards.
+        let _solo = crate::model::Solo::enter();
         let mut runs = measure(&mut self.target, &target_rows, &mut |rows| {
             time_forward(target, target_cache, host, rows, pending)
         })?;
@@ -349,6 +380,15 @@ impl AutoTree {
             .collect();
         format!("alpha {}; steps: {}", widths.join(", "), used.join(", "))
     }
+}
+
+/// What a step of `tree` expected to emit `tokens` asks of a batch: its target rows, and its
+/// draft forwards' mean rows (0 without drafts).
+pub fn load_of_tree(tree: &DraftTree, tokens: f64) -> SharedLoad {
+    let widths = level_widths(tree);
+    let draft_rows =
+        if tree.children(0).is_empty() { 0 } else { (1 + widths.iter().sum::<usize>()).div_ceil(1 + widths.len()) };
+    SharedLoad { target_rows: tree.len(), draft_rows, tokens }
 }
 
 /// Records into `curve` the [`anchors`] of `rows` it lacks: one warm-up forward, then one
@@ -638,6 +678,45 @@ mod tests {
         // Exploration: a draft step at the latest every EXPLORE_EVERY steps.
         let picks: Vec<usize> = (0..EXPLORE_EVERY).map(|_| b.choose()).collect();
         assert!(picks.iter().any(|&p| p != 0));
+    }
+
+    /// In a batch the trees shrink as the cost curve says: with forwards that cost little more
+    /// for a few rows and then grow with every row (a CPU's), drafts accepted at 0.7 make a
+    /// deep chain alone, a shorter one beside three members, and none beside fifteen whose
+    /// rows already fill the forward; the rate is the batch's (its tokens over its step).
+    #[test]
+    fn trees_shrink_as_the_batch_fills() {
+        let mut a = AutoTree::new(false);
+        // 25 ms up to 8 rows, then 2.5 ms per row (compute-bound); the draft a fifth of that.
+        let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
+        for r in 1..=200 {
+            a.target.record(r, cost(r));
+            a.draft.record(r, cost(r) / 5.0);
+        }
+        for _ in 0..60 {
+            a.record_node(1, Some(0));
+        }
+        for _ in 0..26 {
+            a.record_node(1, None);
+        }
+        let depth = |a: &AutoTree, i: usize| a.trees[i].1.max_depth();
+        let alone = a.choose_in_batch(&SharedLoad::NONE);
+        assert_eq!(alone, a.clone().choose(), "alone, the batch rule is the solo rule");
+        let some = SharedLoad { target_rows: 9, draft_rows: 3, tokens: 6.0 };
+        let beside_three = a.choose_in_batch(&some);
+        let full = SharedLoad { target_rows: 60, draft_rows: 15, tokens: 30.0 };
+        let beside_fifteen = a.choose_in_batch(&full);
+        assert!(depth(&a, alone) >= 3, "alone: {}", a.trees[alone].0);
+        assert!(depth(&a, beside_three) < depth(&a, alone), "beside three: {}", a.trees[beside_three].0);
+        assert_eq!(a.trees[beside_fifteen].0, "no-drafts");
+        // The rate chosen is the best of the batch's: no candidate gives the batch more.
+        let alphas = a.alphas();
+        let rate = |i: usize, o: &SharedLoad| {
+            (AutoTree::expected_tokens(&a.trees[i].1, &alphas) + o.tokens) / a.batch_step_cost(&a.trees[i].1, o).unwrap()
+        };
+        for i in 0..a.trees.len() {
+            assert!(rate(i, &some) <= rate(beside_three, &some) + 1e-12, "{} beats {}", a.trees[i].0, a.trees[beside_three].0);
+        }
     }
 
     /// With multi-draft candidates, second drafts are drafted only when they are accepted:

@@ -493,8 +493,13 @@ impl<'a> Generator<'a> {
                         (DraftSource::NgramFirst { tree, .. }, _, _) if lookup => (tree, None),
                         (_, TreeChoice::Fixed(t), _) => (t, None),
                         (_, TreeChoice::Auto, Some(a)) => {
-                            let i = a.choose();
+                            // In a batch, knowing what the others' next steps ask.
+                            let i = match crate::model::others_load() {
+                                Some(others) => a.choose_in_batch(&others),
+                                None => a.choose(),
+                            };
                             chosen = Arc::clone(&a.trees[i].1);
+                            crate::model::post_load(Some(a.load_of(&chosen)));
                             (&*chosen, Some(a))
                         }
                         (_, TreeChoice::Auto, None) => unreachable!("auto state made above"),
@@ -502,6 +507,12 @@ impl<'a> Generator<'a> {
                     // The last positions of the context, or of a draft model's shorter one: the
                     // root alone, a plain step through the same path, so the text ends where
                     // `--no-spec`'s does (at temperature 0, with the same tokens).
+                    if auto.is_none() {
+                        // A fixed tree (or n-gram lookup) posts its rows and the tokens its steps
+                        // emitted so far, for the members choosing theirs in a batch.
+                        let tau = (out.len() as f64 / stats.target_forwards.max(1) as f64).max(1.0);
+                        crate::model::post_load(Some(crate::decode::auto_tree::load_of_tree(tree, tau)));
+                    }
                     let fits = tree.len() <= room && (lookup || self.draft_fits(tree, draft_pending.len())?);
                     stats.undrafted_steps += (!fits && tree.len() > 1) as usize;
                     let (tree, auto, lookup) = if fits { (tree, auto, lookup) } else { (&root_only, None, false) };
@@ -573,6 +584,8 @@ impl<'a> Generator<'a> {
             stats.auto_tree = a.summary();
             self.auto = Some(a);
         }
+        // Between generations a member of a batch asks nothing of it.
+        crate::model::post_load(None);
         Ok((out, stats))
     }
 }

@@ -67,7 +67,10 @@ impl Generator<'_> {
         let root_pos = self.target_cache.len();
         b.root_pos = root_pos;
 
-        // 1. Draft, level by level.
+        // 1. Draft, level by level. (Batched, a forward's cost is its batch's: rows and seconds
+        // of the batched run, without the wait for the other members.)
+        let batched = crate::model::take_batched_cost;
+        let _ = batched();
         let t0 = Instant::now();
         let mut level_nodes: Vec<usize> = Vec::new();
         let mut draft_committed = 0;
@@ -99,7 +102,8 @@ impl Generator<'_> {
             let logits = draft.logits(&hidden.narrow(0, m - 1, 1)?)?;
             draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
             if let Some(a) = auto.as_deref_mut() {
-                a.draft.record(m, t0.elapsed().as_secs_f64());
+                let (rows, secs) = batched().unwrap_or((m, t0.elapsed().as_secs_f64()));
+                a.draft.record(rows, secs);
             }
             // Draft cache rows up to the root's (its positions may skip part of the context).
             let committed = dbase + m;
@@ -118,12 +122,14 @@ impl Generator<'_> {
                 // Columns: the committed prefix (all visible), then this step's tree nodes.
                 let bias = tree_bias(tree, committed, &level_nodes, &b.draft_fed, draft.dtype(), draft.device())?;
                 let t_level = Instant::now();
+                let _ = batched();
                 let hidden = draft.forward(&tokens, &pos, &bias, dcache)?;
                 stats.draft_forwards += 1;
                 let logits = draft.logits(&hidden)?;
                 draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
                 if let Some(a) = auto.as_deref_mut() {
-                    a.draft.record(level_nodes.len(), t_level.elapsed().as_secs_f64());
+                    let (rows, secs) = batched().unwrap_or((level_nodes.len(), t_level.elapsed().as_secs_f64()));
+                    a.draft.record(rows, secs);
                 }
             }
         }
@@ -131,6 +137,7 @@ impl Generator<'_> {
 
         // 2. Target: the whole tree in one forward.
         let t1 = Instant::now();
+        let _ = batched();
         b.row_of.clear();
         let live: Vec<usize> = (0..nodes).filter(|&i| b.token[i].is_some()).collect();
         b.row_of.resize(nodes, usize::MAX);
@@ -152,7 +159,8 @@ impl Generator<'_> {
         stats.target_rows += live.len();
         timings[1] += t1.elapsed();
         if let Some(a) = auto.as_deref_mut() {
-            a.target.record(live.len(), t1.elapsed().as_secs_f64());
+            let (rows, secs) = batched().unwrap_or((live.len(), t1.elapsed().as_secs_f64()));
+            a.target.record(rows, secs);
         }
 
         // 3. Verify from the root.

@@ -14,16 +14,94 @@
 //!
 //! A member must not block on anything but the batcher for long while it generates (a
 //! callback that waits for a slow reader would hold every other generation up).
+//!
+//! For `--tree auto` knowing the batch, members post what their next step will ask
+//! ([`SharedLoad`]: target rows, draft rows per level, expected tokens) and read the sum of the
+//! others' ([`others_load`]); a member reads what its last forwards cost as run in their batch
+//! ([`take_batched_cost`]: the batch's rows and seconds, not the time spent waiting for the
+//! others), and can run forwards of its own outside the batch ([`Solo`], for timing its
+//! models alone: the others wait meanwhile, as they wait for any member).
 
 use super::{BatchItem, DecoderModel, KvCache};
 use candle_core::{Result, Tensor};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 thread_local! {
-    /// The batcher this thread is a member of ([`Batcher::join`]).
-    static MEMBER_OF: RefCell<Option<Arc<Batcher>>> = const { RefCell::new(None) };
+    /// The batcher this thread is a member of ([`Batcher::join`]), and its member id.
+    static MEMBER_OF: RefCell<Option<(Arc<Batcher>, u64)>> = const { RefCell::new(None) };
+    /// Forwards run outside the batch ([`Solo`]).
+    static SOLO: Cell<bool> = const { Cell::new(false) };
+    /// Rows and seconds of the batched runs that answered this thread since the last
+    /// [`take_batched_cost`] (rows: the largest forward's; seconds: all summed).
+    static COST: Cell<Option<(usize, f64)>> = const { Cell::new(None) };
+}
+
+/// What a member's next step asks of the batch (or the sum of several members').
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedLoad {
+    /// Target rows of the step (its tree's nodes).
+    pub target_rows: usize,
+    /// Draft rows per draft forward of the step (0: no drafts).
+    pub draft_rows: usize,
+    /// Tokens the step is expected to emit.
+    pub tokens: f64,
+}
+
+impl SharedLoad {
+    /// Nothing: a batch of one.
+    pub const NONE: SharedLoad = SharedLoad { target_rows: 0, draft_rows: 0, tokens: 0.0 };
+    /// A member that posted nothing: one row, one token (a plain step, or a prompt's chunk).
+    pub const PLAIN: SharedLoad = SharedLoad { target_rows: 1, draft_rows: 0, tokens: 1.0 };
+}
+
+/// The sum of what the other members of this thread's batcher posted ([`post_load`]; those that
+/// posted nothing count as [`SharedLoad::PLAIN`]), or `None` outside a batcher.
+pub fn others_load() -> Option<SharedLoad> {
+    let (batcher, me) = MEMBER_OF.with(|m| m.borrow().clone())?;
+    let st = batcher.lock();
+    let mut sum = SharedLoad::NONE;
+    for (id, load) in &st.loads {
+        if *id != me {
+            let l = load.unwrap_or(SharedLoad::PLAIN);
+            sum.target_rows += l.target_rows;
+            sum.draft_rows += l.draft_rows;
+            sum.tokens += l.tokens;
+        }
+    }
+    Some(sum)
+}
+
+/// Posts what this member's next step asks (`None`: forget it, e.g. between generations).
+pub fn post_load(load: Option<SharedLoad>) {
+    if let Some((batcher, me)) = MEMBER_OF.with(|m| m.borrow().clone()) {
+        batcher.lock().loads.insert(me, load);
+    }
+}
+
+/// The rows and seconds of the batched runs that answered this thread since the last call
+/// (`None`: none did, e.g. outside a batcher); resets them.
+pub fn take_batched_cost() -> Option<(usize, f64)> {
+    COST.with(|c| c.take())
+}
+
+/// While alive, this thread's forwards run at once, outside its batcher (the other members wait
+/// for them as for any member's work).
+pub struct Solo {
+    was: bool,
+}
+
+impl Solo {
+    pub fn enter() -> Self {
+        Self { was: SOLO.with(|s| s.replace(true)) }
+    }
+}
+
+impl Drop for Solo {
+    fn drop(&mut self) {
+        SOLO.with(|s| s.set(self.was));
+    }
 }
 
 /// Gathers the forwards of its members (see the module docs).
@@ -55,8 +133,10 @@ struct State {
     /// Members (threads between `join` and the end of their membership).
     members: usize,
     waiting: Vec<Request>,
-    answers: HashMap<u64, Result<Tensor>>,
+    answers: HashMap<u64, Answer>,
     next_id: u64,
+    /// What each member (by id) posted for its next step.
+    loads: HashMap<u64, Option<SharedLoad>>,
     /// A member is running a batch.
     running: bool,
     stats: BatchStats,
@@ -75,9 +155,20 @@ pub struct BatchStats {
     pub widest: u64,
 }
 
+/// A request's answer with the run that computed it.
+type Answer = (Result<Tensor>, Run);
+
+/// The rows and seconds of the batched run that answered a request.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    rows: usize,
+    secs: f64,
+}
+
 /// Membership of a thread in a [`Batcher`]; ends when dropped.
 pub struct Membership {
     batcher: Arc<Batcher>,
+    id: u64,
 }
 
 impl Drop for Membership {
@@ -85,6 +176,7 @@ impl Drop for Membership {
         MEMBER_OF.with(|m| *m.borrow_mut() = None);
         let mut st = self.batcher.lock();
         st.members -= 1;
+        st.loads.remove(&self.id);
         // The others may all be waiting now: run their batch.
         let st = self.batcher.lead_if_ready(st);
         drop(st);
@@ -100,9 +192,21 @@ impl Batcher {
     /// Makes the calling thread a member until the returned guard is dropped: its models'
     /// forwards and logits go through this batcher.
     pub fn join(self: &Arc<Self>) -> Membership {
-        MEMBER_OF.with(|m| *m.borrow_mut() = Some(Arc::clone(self)));
-        self.lock().members += 1;
-        Membership { batcher: Arc::clone(self) }
+        let id = {
+            let mut st = self.lock();
+            st.members += 1;
+            let id = st.next_id;
+            st.next_id += 1;
+            st.loads.insert(id, None);
+            id
+        };
+        MEMBER_OF.with(|m| *m.borrow_mut() = Some((Arc::clone(self), id)));
+        Membership { batcher: Arc::clone(self), id }
+    }
+
+    /// Members now.
+    pub fn members(&self) -> usize {
+        self.lock().members
     }
 
     /// Counters of the batches run so far.
@@ -112,7 +216,10 @@ impl Batcher {
 
     /// The batcher the calling thread is a member of.
     pub(crate) fn current() -> Option<Arc<Batcher>> {
-        MEMBER_OF.with(|m| m.borrow().clone())
+        if SOLO.with(|s| s.get()) {
+            return None;
+        }
+        MEMBER_OF.with(|m| m.borrow().as_ref().map(|(b, _)| Arc::clone(b)))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -126,13 +233,20 @@ impl Batcher {
         let id = st.next_id;
         st.next_id += 1;
         st.waiting.push(Request { id, model, work });
+        let answered = |(answer, run): Answer| {
+            COST.with(|c| {
+                let (rows, secs) = c.get().unwrap_or((0, 0.0));
+                c.set(Some((rows.max(run.rows), secs + run.secs)));
+            });
+            answer
+        };
         loop {
             if let Some(answer) = st.answers.remove(&id) {
-                return answer;
+                return answered(answer);
             }
             st = self.lead_if_ready(st);
             if let Some(answer) = st.answers.remove(&id) {
-                return answer;
+                return answered(answer);
             }
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
@@ -145,7 +259,24 @@ impl Batcher {
             return st;
         }
         st.running = true;
-        let batch = std::mem::take(&mut st.waiting);
+        // The heaviest model's forwards (the target's) wait while anything else waits (draft
+        // levels, logits): members drafting then reach their target forwards together, and the
+        // target runs once per step for all of them, instead of once per draft level beside
+        // the drafts of members whose steps drifted apart.
+        let weight = |r: &Request| match r.work {
+            // SAFETY: see `Request`: the model is a waiting member's.
+            Work::Forward { .. } => unsafe { &*r.model }.weight_count(),
+            Work::Logits { .. } => 0,
+        };
+        let heaviest = st.waiting.iter().map(weight).max().unwrap_or(0);
+        let batch = if st.waiting.iter().any(|r| weight(r) < heaviest) {
+            let (held, now): (Vec<Request>, Vec<Request>) =
+                std::mem::take(&mut st.waiting).into_iter().partition(|r| weight(r) == heaviest);
+            st.waiting = held;
+            now
+        } else {
+            std::mem::take(&mut st.waiting)
+        };
         drop(st);
         let ids: Vec<u64> = batch.iter().map(|r| r.id).collect();
         let (answers, stats) =
@@ -153,7 +284,7 @@ impl Batcher {
                 // Every member of the batch gets an error rather than waiting forever.
                 let answers = ids
                     .iter()
-                    .map(|&id| (id, Err(candle_core::Error::Msg("a batched forward panicked".into()))))
+                    .map(|&id| (id, (Err(candle_core::Error::Msg("a batched forward panicked".into())), Run::default())))
                     .collect();
                 (answers, BatchStats::default())
             });
@@ -174,7 +305,7 @@ type QueuedForward = (u64, Vec<u32>, Vec<u32>, Tensor, *mut KvCache);
 
 /// Runs a batch: the forwards of each model as one batched forward, then the logits of each
 /// model as one product; every request gets its answer (an error of its group's run, if any).
-fn run(batch: Vec<Request>) -> (Vec<(u64, Result<Tensor>)>, BatchStats) {
+fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
     let mut stats = BatchStats::default();
     let mut answers = Vec::with_capacity(batch.len());
     let mut forwards: Vec<(*const DecoderModel, Vec<QueuedForward>)> = Vec::new();
@@ -202,7 +333,7 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Result<Tensor>)>, BatchStats) {
             match model.check_forward(tokens, positions, bias, unsafe { &**cache }) {
                 Ok(()) => true,
                 Err(e) => {
-                    answers.push((*id, Err(e)));
+                    answers.push((*id, (Err(e), Run::default())));
                     false
                 }
             }
@@ -223,15 +354,21 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Result<Tensor>)>, BatchStats) {
         stats.requests += group.len() as u64;
         stats.rows += group.iter().map(|g| g.1.len() as u64).sum::<u64>();
         stats.widest = stats.widest.max(group.len() as u64);
-        match model.forward_batch(&mut items) {
-            Ok(hidden) => answers.extend(group.iter().map(|g| g.0).zip(hidden.into_iter().map(Ok))),
-            Err(e) => answers.extend(group.iter().map(|g| (g.0, Err(candle_core::Error::Msg(crate::plain_error(&e)))))),
+        let started = std::time::Instant::now();
+        let result = model.forward_batch(&mut items);
+        let run = Run { rows: group.iter().map(|g| g.1.len()).sum(), secs: started.elapsed().as_secs_f64() };
+        match result {
+            Ok(hidden) => answers.extend(group.iter().map(|g| g.0).zip(hidden.into_iter().map(|h| (Ok(h), run)))),
+            Err(e) => answers.extend(
+                group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))),
+            ),
         }
     }
     for (model, group) in logits {
         let model = unsafe { &*model };
         stats.batches += 1;
         stats.requests += group.len() as u64;
+        let started = std::time::Instant::now();
         let result = (|| -> Result<Vec<Tensor>> {
             if group.len() == 1 {
                 return Ok(vec![model.logits_now(&group[0].1)?]);
@@ -247,9 +384,13 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Result<Tensor>)>, BatchStats) {
             }
             Ok(out)
         })();
+        // Logits add their seconds to the forward's; rows are the forward's.
+        let run = Run { rows: 0, secs: started.elapsed().as_secs_f64() };
         match result {
-            Ok(l) => answers.extend(group.iter().map(|g| g.0).zip(l.into_iter().map(Ok))),
-            Err(e) => answers.extend(group.iter().map(|g| (g.0, Err(candle_core::Error::Msg(crate::plain_error(&e)))))),
+            Ok(l) => answers.extend(group.iter().map(|g| g.0).zip(l.into_iter().map(|l| (Ok(l), run)))),
+            Err(e) => answers.extend(
+                group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))),
+            ),
         }
     }
     (answers, stats)

@@ -24,7 +24,7 @@ mod rotary;
 
 use crate::kernels::attention as cpu_attention;
 use crate::kernels::device::{CacheAttention, RopeRows};
-pub use batcher::{BatchStats, Batcher, Membership};
+pub use batcher::{others_load, post_load, take_batched_cost, BatchStats, Batcher, Membership, SharedLoad, Solo};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};
@@ -202,6 +202,14 @@ impl DecoderModel {
         self.layers.len()
     }
 
+    /// About the number of weights of the layers (attention and MLP products): what a
+    /// forward's cost grows with, to order models by.
+    pub fn weight_count(&self) -> usize {
+        let c = &self.config;
+        let attention = c.hidden_size * (2 * c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim);
+        c.num_layers * (attention + 3 * c.hidden_size * c.intermediate_size)
+    }
+
     /// An empty KV cache for this model holding up to `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache> {
         KvCache::new(
@@ -329,7 +337,12 @@ impl DecoderModel {
         if tokens.is_empty() {
             candle_core::bail!("forward: 0 tokens");
         }
-        let chunk = if self.device.is_cpu() { PREFILL_CHUNK_CPU } else { PREFILL_CHUNK_GPU };
+        let batched = Batcher::current().is_some_and(|b| b.members() > 1);
+        let chunk = match (self.device.is_cpu(), batched) {
+            (true, true) => PREFILL_CHUNK_CPU_BATCHED,
+            (true, false) => PREFILL_CHUNK_CPU,
+            (false, _) => PREFILL_CHUNK_GPU,
+        };
         let mut parts = Vec::with_capacity(tokens.len().div_ceil(chunk));
         progress(0);
         for (i, c) in tokens.chunks(chunk).enumerate() {
@@ -589,6 +602,12 @@ pub fn attention_bias(
 /// 2.0-2.1 s in chunks of 64 to 256 tokens, 2.3 s in chunks of 512 and 2.4 s in one forward
 /// through the same attention (docs/results/README.md#const-prefill-chunk-cpu).
 pub const PREFILL_CHUNK_CPU: usize = cpu_attention::MAX_ROWS;
+
+/// Prompt tokens per forward of [`DecoderModel::forward_chain`] on the CPU in a batch of several
+/// generations: each chunk delays the others' next step by its own time, and a 64-token chunk
+/// costs about a quarter of a 256-token one at nearly the same cost per token
+/// (docs/results/README.md#const-prefill-chunk-cpu).
+pub const PREFILL_CHUNK_CPU_BATCHED: usize = 64;
 
 /// Prompt tokens per forward of [`DecoderModel::forward_chain`] on a GPU, which wants large
 /// forwards; the bound keeps the attention scores of long prompts in memory.

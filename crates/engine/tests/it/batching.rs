@@ -5,7 +5,7 @@
 use crate::common::{self, load_cpu, temp_dir, Tiny};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Tensor};
-use engine::decode::{GenerationConfig, Generator};
+use engine::decode::{GenerationConfig, Generator, Randomness, TreeChoice};
 use engine::model::{attention_bias, causal_bias, BatchItem, Batcher, DecoderModel, KvCache};
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -91,25 +91,38 @@ fn a_batched_forward_gives_each_sequence_its_own_forward() {
     }
 }
 
-/// Generations on four threads, members of one batcher, each with its own prompt, tree and seed:
-/// each emits what it emits alone, at temperature 0 and at 0.8 (stream sampling: each its own
-/// random stream), with a draft model on trees and plain; and the batcher did batch them.
+/// Generations on five threads, members of one batcher, each with its own prompt, tree and
+/// seed: each emits what it emits alone, at temperature 0 and at 0.8 (stream sampling: each its
+/// own random stream), with a draft model on trees and plain; and the batcher did batch them.
+/// The fifth chooses its trees (`auto`, knowing the batch) with
+/// positional randomness, which makes its text independent of the trees.
 #[test]
 fn batched_generations_emit_their_solo_tokens() {
     let (target, draft, _) = common::target_draft_head(43, "batch-generate");
-    let prompts: [Vec<u32>; 4] = [vec![3, 9, 27], vec![4, 12, 36, 9, 27, 30], vec![1], vec![5, 6, 7, 8, 9, 10, 11]];
+    let prompts: [Vec<u32>; 5] =
+        [vec![3, 9, 27], vec![4, 12, 36, 9, 27, 30], vec![1], vec![5, 6, 7, 8, 9, 10, 11], vec![2, 4, 8, 16]];
     for temperature in [0.0, 0.8] {
         let config = |i: usize| {
-            let tree = ["chain-3", "drafts-2-depth-2", "mc_sim_7b_63", "none"][i];
-            let speculative = (tree != "none").then(|| {
-                common::spec(DraftTree::preset(tree).unwrap(), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)
-            });
+            let tree = ["chain-3", "drafts-2-depth-2", "mc_sim_7b_63", "none", "auto"][i];
+            let speculative = match tree {
+                "none" => None,
+                "auto" => Some(common::spec(TreeChoice::Auto, DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)),
+                _ => Some(common::spec(
+                    DraftTree::preset(tree).unwrap(),
+                    DraftConstruction::Greedy,
+                    Verifier::Greedy,
+                    None,
+                    0.0,
+                )),
+            };
+            let randomness = if tree == "auto" { Randomness::Positional } else { Randomness::Stream };
             GenerationConfig {
                 speculative,
+                randomness,
                 ..GenerationConfig { warp: Warp::temperature(temperature), ..common::greedy(24, 100 + i as u64) }
             }
         };
-        let solo: Vec<Vec<u32>> = (0..4)
+        let solo: Vec<Vec<u32>> = (0..5)
             .map(|i| {
                 let mut g = Generator::new(&target, Some(&draft), 100).unwrap();
                 g.generate(&prompts[i], &config(i), |_| false, |_| Ok(())).unwrap().0
@@ -117,7 +130,7 @@ fn batched_generations_emit_their_solo_tokens() {
             .collect();
         let batcher = Batcher::new();
         let together: Vec<Vec<u32>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..4)
+            let handles: Vec<_> = (0..5)
                 .map(|i| {
                     let (batcher, target, draft, prompt, config) = (&batcher, &target, &draft, &prompts[i], config(i));
                     s.spawn(move || {
