@@ -45,8 +45,11 @@ pub fn generate_lines(args: &GenerateArgs, plan: Plan) -> anyhow::Result<()> {
     let capacity = session.capacity(longest, args.max_new_tokens);
     let workers = args.max_batch.map_or(1, usize::from).min(prompts.len()).max(1);
     let mut generators = Vec::with_capacity(workers);
+    // The workers run the same models: `--tree auto` times them once for all.
+    let costs = engine::decode::auto_tree::CostBook::new();
     for _ in 0..workers {
         let mut generator = session.generator(args, capacity)?;
+        generator.share_costs(costs.clone());
         generator.set_logprobs(args.logprobs);
         generator.set_prompt_logprobs(args.prompt_logprobs);
         generator.set_prefix_reuse(!args.prompt_logprobs);

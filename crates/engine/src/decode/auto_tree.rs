@@ -66,6 +66,11 @@ const PRIOR_WEIGHT: f64 = 4.0;
 const FORGET: f64 = 0.98;
 /// Steps without drafts after which one step drafts anyway.
 const EXPLORE_EVERY: usize = 16;
+/// Tokens an n-gram lookup step is assumed to emit before a text has shown its own (hopeful,
+/// so that lookups are tried: a text that declines them learns nothing more about them)
+/// ([`AutoTree::lookup_pays_in_batch`]), as if seen on this many steps.
+pub const LOOKUP_PRIOR_TOKENS: f64 = 3.0;
+pub const LOOKUP_PRIOR_WEIGHT: f64 = 4.0;
 
 /// The candidate trees: chains of depth 1 to 6, plus multi-draft trees when the draft keeps
 /// a temperature (a one-hot q yields one distinct draft per node, so wider trees would only
@@ -111,6 +116,15 @@ impl CostCurve {
         });
     }
 
+    /// Takes `other`'s measurements of the row counts this curve lacks.
+    pub fn fill_from(&mut self, other: &CostCurve) {
+        for (rows, secs) in other.secs.iter().enumerate() {
+            if let (Some(secs), false) = (secs, self.has(rows)) {
+                self.record(rows, *secs);
+            }
+        }
+    }
+
     /// Whether `rows` has a measurement.
     pub fn has(&self, rows: usize) -> bool {
         self.secs.get(rows).copied().flatten().is_some()
@@ -135,6 +149,26 @@ impl CostCurve {
             None if known.len() >= 2 => Some(line(known[known.len() - 2], last)),
             None => Some(last.1 * rows as f64 / last.0 as f64),
         }
+    }
+}
+
+/// Forward costs shared by the generators of the same models on one machine (`mdsd serve`'s
+/// slots, `generate --jsonl`'s workers): a generator starting a text takes the costs the book
+/// has, measures only what neither has (holding the book meanwhile, so that generators
+/// starting together measure once), and leaves its curves in the book when the text ends.
+/// Without it each new slot timed its models again on its first request (seconds of forwards
+/// that the other streams wait for).
+#[derive(Debug, Clone, Default)]
+pub struct CostBook(Arc<std::sync::Mutex<(CostCurve, CostCurve)>>);
+
+impl CostBook {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The book's (target, draft) curves, locked.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, (CostCurve, CostCurve)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -284,6 +318,21 @@ impl AutoTree {
         Some(c)
     }
 
+    /// Whether an n-gram lookup step of `rows` target rows (no draft forward), expected to emit
+    /// `tokens`, gives a batch whose other members ask `others` at least the tokens per second of
+    /// a plain step (true when a cost is unknown). Alone, lookups are nearly free at a few rows;
+    /// in a batch their rows are paid by every member: on a 2-vCPU AVX2 EPYC a row of the
+    /// default target costs ~12 ms beside others against ~30 ms for a one-row forward
+    /// (`examples/batch_timing`), so a lookup that emits 1.3 tokens loses the batch time.
+    pub fn lookup_pays_in_batch(&self, rows: usize, tokens: f64, others: &SharedLoad) -> bool {
+        match (self.target.at(others.target_rows + rows), self.target.at(others.target_rows + 1)) {
+            (Some(lookup), Some(plain)) => {
+                (tokens + others.tokens) / lookup.max(1e-9) >= (1.0 + others.tokens) / plain.max(1e-9)
+            }
+            _ => true,
+        }
+    }
+
     /// What a step of `tree` asks of a batch ([`SharedLoad`]): its rows and expected tokens.
     pub fn load_of(&self, tree: &DraftTree) -> SharedLoad {
         load_of_tree(tree, Self::expected_tokens(tree, &self.alphas()))
@@ -328,7 +377,10 @@ impl AutoTree {
         let best_drafting = drafting.map_or(0, |(i, _)| i);
         if pick == 0 {
             self.steps_without_drafts += 1;
-            if self.steps_without_drafts >= EXPLORE_EVERY {
+            // In a batch every member's exploration costs them all (the others wait for its
+            // draft forwards): the batch explores as often as one generation alone would.
+            let members = 1 + others.target_rows.min(64);
+            if self.steps_without_drafts >= EXPLORE_EVERY * members {
                 pick = best_drafting;
             }
         }
@@ -759,5 +811,57 @@ mod tests {
         }
         let pick = often.choose();
         assert!(second_drafts(&often, pick), "{} at {:?}", often.trees[pick].0, often.alphas());
+    }
+
+    /// A lookup of 5 rows pays alone where rows are cheap beside the first, not where each row
+    /// costs 40% of a one-row forward (this machine's AVX2 kernels), and in a full batch only
+    /// when it emits enough for everyone's wait.
+    #[test]
+    fn lookups_pay_only_when_their_rows_do() {
+        let curve = |first: f64, per_row: f64| {
+            let mut a = AutoTree::new(false);
+            for r in 1..=40 {
+                a.target.record(r, first + per_row * (r - 1) as f64);
+            }
+            a
+        };
+        let cheap_rows = curve(0.030, 0.001);
+        let dear_rows = curve(0.030, 0.012);
+        let alone = SharedLoad::NONE;
+        assert!(cheap_rows.lookup_pays_in_batch(5, 1.5, &alone));
+        assert!(!dear_rows.lookup_pays_in_batch(5, 1.5, &alone));
+        // 5 rows at 0.078 s against one at 0.030 s: 2.6 tokens break even.
+        assert!(dear_rows.lookup_pays_in_batch(5, 2.7, &alone));
+        assert!(!dear_rows.lookup_pays_in_batch(5, 2.5, &alone));
+        // Beside three plain members: (t + 3) / C(8) >= 4 / C(4).
+        let three = SharedLoad { target_rows: 3, draft_rows: 0, tokens: 3.0 };
+        let (c8, c4) = (0.030 + 0.012 * 7.0, 0.030 + 0.012 * 3.0);
+        let even = 4.0 * c8 / c4 - 3.0;
+        assert!(dear_rows.lookup_pays_in_batch(5, even + 0.05, &three));
+        assert!(!dear_rows.lookup_pays_in_batch(5, even - 0.05, &three));
+        // Unknown costs: take the lookup.
+        assert!(AutoTree::new(false).lookup_pays_in_batch(5, 1.0, &three));
+    }
+
+    /// Generators sharing a book measure once: the second takes the first's costs and keeps
+    /// its own where it has them.
+    #[test]
+    fn a_cost_book_fills_what_a_curve_lacks() {
+        let book = CostBook::new();
+        {
+            let mut costs = book.lock();
+            costs.0.record(1, 0.03);
+            costs.0.record(8, 0.1);
+            costs.1.record(1, 0.01);
+        }
+        let mut a = AutoTree::new(false);
+        a.target.record(8, 0.2);
+        let costs = book.lock();
+        a.target.fill_from(&costs.0);
+        a.draft.fill_from(&costs.1);
+        assert_eq!(a.target.at(1), Some(0.03));
+        assert_eq!(a.target.at(8), Some(0.2), "its own measurement stays");
+        assert_eq!(a.draft.at(1), Some(0.01));
+        assert!(!a.target.has(4) && a.target.has(1));
     }
 }

@@ -81,6 +81,8 @@ pub struct Generator<'a> {
     target_host: HostLogits,
     /// `--tree auto` state, kept across generations (costs are the models').
     auto: Option<AutoTree>,
+    /// Forward costs shared with other generators of the same models ([`Self::share_costs`]).
+    cost_book: Option<crate::decode::auto_tree::CostBook>,
     /// An EAGLE head as the draft source (instead of `draft`).
     eagle: Option<EagleDraft<'a>>,
     /// The context for n-gram drafting ([`DraftSource`]).
@@ -171,6 +173,7 @@ impl<'a> Generator<'a> {
             buf: StepBuffers::default(),
             target_host: HostLogits::default(),
             auto: None,
+            cost_book: None,
             eagle: None,
             ngram: NgramDrafter::default(),
             draft_context: DraftContext::default(),
@@ -294,6 +297,13 @@ impl<'a> Generator<'a> {
     /// The `--tree auto` state (costs measured so far, acceptance); `None` before the first
     /// generation with [`TreeChoice::Auto`]. Tools and tests may seed it: rows whose cost is
     /// already known are not measured again.
+    /// Shares `--tree auto`'s measured forward costs with the other generators given the same
+    /// `book` (they must run the same models on the same device): see
+    /// [`crate::decode::auto_tree::CostBook`].
+    pub fn share_costs(&mut self, book: crate::decode::auto_tree::CostBook) {
+        self.cost_book = Some(book);
+    }
+
     pub fn auto_tree_mut(&mut self) -> &mut Option<AutoTree> {
         &mut self.auto
     }
@@ -414,6 +424,12 @@ impl<'a> Generator<'a> {
                 // Nothing to generate (`max_new_tokens` 0, e.g. a prompt scored for its
                 // log-probabilities): no step needs the costs, so they wait for a generation.
                 if config.max_new_tokens > 0 {
+                    let book = self.cost_book.clone();
+                    let mut shared = book.as_ref().map(|b| b.lock());
+                    if let Some(costs) = &shared {
+                        a.target.fill_from(&costs.0);
+                        a.draft.fill_from(&costs.1);
+                    }
                     let measuring = Instant::now();
                     let target = self.target;
                     let (target_host, draft_host) = (&mut self.target_host, &mut self.buf.draft_host);
@@ -429,6 +445,10 @@ impl<'a> Generator<'a> {
                     };
                     if runs > 0 {
                         stats.auto_costs_s = measuring.elapsed().as_secs_f64();
+                    }
+                    if let Some(costs) = shared.as_mut() {
+                        costs.0.fill_from(&a.target);
+                        costs.1.fill_from(&a.draft);
                     }
                 }
                 Some(a)
@@ -486,7 +506,24 @@ impl<'a> Generator<'a> {
                     let lookup = match &s.source {
                         DraftSource::Model => false,
                         DraftSource::Ngram(_) => true,
-                        DraftSource::NgramFirst { .. } => self.ngram.has_match(),
+                        // With `--tree auto`, a lookup step is taken when it pays: alone, when
+                        // its extra rows cost less than its extra tokens bring; in a batch, for
+                        // the batch, since its rows cost every member (`lookup_pays_in_batch`).
+                        DraftSource::NgramFirst { tree, .. } => {
+                            self.ngram.has_match()
+                                && match auto.as_ref() {
+                                    Some(a) => {
+                                        let others = crate::model::others_load()
+                                            .unwrap_or(crate::model::SharedLoad::NONE);
+                                        let w = crate::decode::auto_tree::LOOKUP_PRIOR_WEIGHT;
+                                        let tokens = (stats.ngram_tokens as f64
+                                            + crate::decode::auto_tree::LOOKUP_PRIOR_TOKENS * w)
+                                            / (stats.ngram_steps as f64 + w);
+                                        a.lookup_pays_in_batch(tree.len(), tokens, &others)
+                                    }
+                                    None => true,
+                                }
+                        }
                     };
                     let chosen;
                     let (tree, auto) = match (&s.source, &s.tree, auto.as_mut()) {
@@ -582,6 +619,10 @@ impl<'a> Generator<'a> {
         stats.tokens_per_s = if decode_s > 0.0 { out.len() as f64 / decode_s } else { 0.0 };
         if let Some(a) = auto {
             stats.auto_tree = a.summary();
+            // The costs as the steps refined them, for the generators that start next.
+            if let Some(book) = &self.cost_book {
+                *book.lock() = (a.target.clone(), a.draft.clone());
+            }
             self.auto = Some(a);
         }
         // Between generations a member of a batch asks nothing of it.

@@ -7,6 +7,7 @@
 
 use super::{http, post, s, start, Server};
 use crate::common::{temp_dir, Tiny};
+use candle_core::quantized::GgmlDType;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -330,6 +331,32 @@ fn serve_keeps_prefix_caches_per_tenant() {
         let v = request(server.port, a);
         assert!(v["mdsd"].is_object() && v["mdsd"].get("reused_tokens").is_none(), "{v}");
     }
+}
+
+/// `--tree auto` times the models once for every slot: a second client, answered by another
+/// slot, measures nothing (each slot timed them again on its first request, seconds of forwards
+/// that the running streams waited for).
+#[test]
+fn serve_slots_share_auto_costs() {
+    let dir = temp_dir("serve-auto-slots");
+    let target = Tiny::llama(75).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(76) }.write_hf(&dir.join("draft"));
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto", "--max-batch", "2"]);
+    let request = |from: [u8; 4], prompt: &str| -> Value {
+        let body = json!({"prompt": prompt, "max_tokens": 4, "ignore_eos": true, "temperature": 0}).to_string();
+        let mut c = connect(server.port, from, None);
+        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+    };
+    let costs = |v: &Value| v["mdsd"]["auto_costs_s"].as_f64().unwrap_or_else(|| panic!("no auto_costs_s: {v}"));
+    let first = request([127, 0, 0, 1], "ABCD");
+    assert!(costs(&first) > 0.0, "the first request measures: {first}");
+    // Another tenant: the least used free slot, not the first one.
+    let second = request([127, 0, 0, 2], "DCBA");
+    assert_eq!(costs(&second), 0.0, "the second slot measured again: {second}");
 }
 
 /// SIGTERM: the server stops accepting and lets a running answer end within the grace period
