@@ -13,10 +13,13 @@ Each engine is started on the same GGUF files (default: the default pair from th
 at temperature 0 with 128-token answers (`ignore_eos`), chat completions streamed. A level of
 C clients sends max(4, --requests x C) requests in all, C at a time: each of C client threads
 takes the next prompt of the set as soon as its last answer ended (prompts: the first turn of each question, in file order,
-from ../shared/data). Measured per request: time to the first streamed text (TTFT), the gaps
+from ../shared/data; each level starts where the last one stopped, so that no level finds its
+prompts cached by an earlier one). Measured per request: time to the first streamed text (TTFT), the gaps
 between streamed pieces (ITL; a speculative step may send several tokens at once), the
 completion tokens (usage). Per level: aggregate tokens/s (all completion tokens over the wall
-time of the level), TTFT and ITL p50/p99. Writes every record and the summary to --out and
+time of the level), TTFT and ITL p50/p99, and TTFT p50/p99 of the requests after the first
+wave (the first C arrive at once, so their prefills queue behind each other whatever the
+server does; later ones arrive one by one while the others decode). Writes every record and the summary to --out and
 prints a Markdown table. Needs no package beyond the standard library.
 """
 import argparse, http.client, json, os, signal, socket, subprocess, sys, threading, time
@@ -64,7 +67,7 @@ def start_engine(name, a, max_clients):
     else:
         lib = a.llama
         cmd = [f"{lib}/llama-server", "-m", a.target, "-md", a.draft, "-np", str(max_clients),
-               "-c", str(a.context * max_clients), "-cd", str(a.context), "-t", str(a.threads), "-td", str(a.threads),
+               "-c", str(a.context * max_clients), "-t", str(a.threads), "-td", str(a.threads),
                "--port", str(port), "--temp", "0"] + a.llama_args.split()
         env = dict(os.environ, LD_LIBRARY_PATH=lib)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -119,7 +122,7 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def run_level(port, prompts, clients, total, max_tokens):
+def run_level(port, prompts, clients, total, max_tokens, offset=0):
     queue = list(range(total))
     lock = threading.Lock()
     records, errors = [], []
@@ -131,8 +134,10 @@ def run_level(port, prompts, clients, total, max_tokens):
                     return
                 i = queue.pop(0)
             try:
-                rec = one_request(port, prompts[i % len(prompts)], max_tokens)
-                rec["prompt"] = i % len(prompts)
+                rec = one_request(port, prompts[(offset + i) % len(prompts)], max_tokens)
+                rec["prompt"] = (offset + i) % len(prompts)
+                # The first wave arrives at once; later requests arrive as earlier ones end.
+                rec["first_wave"] = i < clients
                 with lock:
                     records.append(rec)
             except Exception as e:  # noqa: BLE001 - reported
@@ -148,11 +153,13 @@ def run_level(port, prompts, clients, total, max_tokens):
     wall = time.time() - start
     tokens = sum(r["tokens"] for r in records)
     ttft = [r["first"] - r["sent"] for r in records if r["first"]]
+    steady = [r["first"] - r["sent"] for r in records if r["first"] and not r["first_wave"]]
     itl = [b - a for r in records for a, b in zip(r["times"], r["times"][1:])]
     return {
         "clients": clients, "requests": len(records), "errors": errors, "wall_s": wall, "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else 0,
         "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+        "ttft_steady_p50_s": pct(steady, 50), "ttft_steady_p99_s": pct(steady, 99),
         "itl_p50_s": pct(itl, 50), "itl_p99_s": pct(itl, 99),
         "records": [{k: v for k, v in r.items() if k != "times"} | {"pieces": len(r["times"])} for r in records],
     }
@@ -196,9 +203,13 @@ def main():
             one_request(port, "Say hello.", 16)
             for s in a.sets.split(","):
                 prompts = prompts_of(s, 10_000)
+                # Each level asks prompts the levels before did not (no prefix cached by one
+                # level helps the next), as far as the set goes.
+                offset = 0
                 for c in levels:
                     total = max(4, a.requests * c)
-                    level = run_level(port, prompts, c, total, a.max_tokens)
+                    level = run_level(port, prompts, c, total, a.max_tokens, offset)
+                    offset += total
                     level.update({"engine": engine, "set": s, "command": cmd})
                     result["runs"].append(level)
                     print(f"{engine:8} {s:10} {c:2} clients: {level['tokens_per_s']:7.1f} tok/s, TTFT p50 "
@@ -212,12 +223,13 @@ def main():
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    print("\n| engine | set | clients | tokens/s | x 1 client | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| engine | set | clients | tokens/s | x 1 client | TTFT p50 | TTFT p99 | TTFT p99 after the first wave | ITL p50 | ITL p99 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result["runs"]:
         one = next(x for x in result["runs"] if x["engine"] == r["engine"] and x["set"] == r["set"] and x["clients"] == levels[0])
         print(f"| {r['engine']} | {r['set']} | {r['clients']} | {r['tokens_per_s']:.1f} | "
               f"{r['tokens_per_s'] / one['tokens_per_s']:.2f} | {r['ttft_p50_s'] or 0:.2f} s | {r['ttft_p99_s'] or 0:.2f} s | "
+              f"{'%.2f s' % r['ttft_steady_p99_s'] if r['ttft_steady_p99_s'] is not None else '-'} | "
               f"{1e3 * (r['itl_p50_s'] or 0):.0f} ms | {1e3 * (r['itl_p99_s'] or 0):.0f} ms |")
     json.dump(result, open(a.out, "w"), indent=1)
 

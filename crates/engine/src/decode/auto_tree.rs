@@ -184,6 +184,9 @@ pub struct AutoTree {
     steps_without_drafts: usize,
     /// Steps taken with each tree (same order as `trees`).
     pub uses: Vec<usize>,
+    /// Rows of the next step's first draft forward: the tokens a draft model has not run yet
+    /// (it catches up on them before drafting) and the root; 1 for an EAGLE head.
+    pub draft_lag: usize,
 }
 
 impl AutoTree {
@@ -198,6 +201,7 @@ impl AutoTree {
             tried: [[0.0; WIDTHS]; WIDTHS],
             steps_without_drafts: 0,
             uses,
+            draft_lag: 1,
         }
     }
 
@@ -310,7 +314,7 @@ impl AutoTree {
     pub fn batch_step_cost(&self, tree: &DraftTree, others: &SharedLoad) -> Option<f64> {
         let mut c = self.target.at(others.target_rows + tree.len())?;
         if !tree.children(0).is_empty() {
-            c += self.draft.at(others.draft_rows + 1)?;
+            c += self.draft.at(others.draft_rows + self.draft_lag.max(1))?;
             for w in level_widths(tree) {
                 c += self.draft.at(others.draft_rows + w)?;
             }
@@ -377,10 +381,10 @@ impl AutoTree {
         let best_drafting = drafting.map_or(0, |(i, _)| i);
         if pick == 0 {
             self.steps_without_drafts += 1;
-            // In a batch every member's exploration costs them all (the others wait for its
-            // draft forwards): the batch explores as often as one generation alone would.
-            let members = 1 + others.target_rows.min(64);
-            if self.steps_without_drafts >= EXPLORE_EVERY * members {
+            // Not in a batch: there every member waits for the explorer's draft forwards, the
+            // first of which catches the draft up on every token since its last draft (with 8
+            // generations on a 2-vCPU EPYC, such catch-ups took a fifth of the decoding time).
+            if others.target_rows == 0 && self.steps_without_drafts >= EXPLORE_EVERY {
                 pick = best_drafting;
             }
         }
@@ -514,354 +518,5 @@ fn level_widths(tree: &DraftTree) -> Vec<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A new text forgets the acceptance of the last one (back to a fresh state's estimate and
-    /// choice) and keeps the measured costs.
-    #[test]
-    fn a_new_text_forgets_acceptance_and_keeps_costs() {
-        let mut a = AutoTree::new(false);
-        for (i, rows) in [1usize, 2, 3, 4, 5, 6, 7].into_iter().enumerate() {
-            a.target.record(rows, 0.020 + 0.001 * i as f64);
-            a.draft.record(rows, 0.006 + 0.001 * i as f64);
-        }
-        let fresh = a.alphas();
-        let first = a.choose();
-        for _ in 0..200 {
-            a.record_node(1, None);
-        }
-        assert!(a.alphas()[0][0] < fresh[0][0], "rejections did not lower the estimate");
-        a.new_text();
-        assert_eq!(a.alphas(), fresh);
-        assert_eq!(a.choose(), first);
-        assert!(a.target.has(3) && a.draft.has(3), "costs were forgotten");
-        assert!(a.uses.iter().all(|&u| u <= 1));
-    }
-
-    /// A change of candidates (a draft temperature of 0, then of 0.7) keeps the measured costs
-    /// and starts the acceptance afresh; the same candidates keep the whole state.
-    #[test]
-    fn other_candidates_keep_the_costs() {
-        let mut chains = AutoTree::new(false);
-        for rows in [1, 2, 4, 7] {
-            chains.target.record(rows, 0.020 + 0.001 * rows as f64);
-        }
-        chains.draft.record(1, 0.006);
-        for _ in 0..50 {
-            chains.record_node(1, None);
-        }
-        let same = chains.clone().for_candidates(false);
-        assert_eq!(same.alphas(), chains.alphas());
-        let multi = chains.clone().for_candidates(true);
-        assert_eq!(multi.trees.len(), AutoTree::new(true).trees.len());
-        assert!(multi.trees.len() > chains.trees.len());
-        assert_eq!(multi.alphas(), AutoTree::new(true).alphas());
-        for rows in [1, 2, 4, 7] {
-            assert_eq!(multi.target.at(rows), chains.target.at(rows));
-        }
-        assert_eq!(multi.draft.at(1), Some(0.006));
-        let back = multi.for_candidates(false);
-        assert_eq!(back.trees.len(), chains.trees.len());
-        assert!(back.target.has(7) && back.draft.has(1));
-    }
-
-    /// `α_{1,0} = c` for single drafts, `α_{2,·} = (a0, a1)` and `α_{3,·} = (b0, b1, b2)`.
-    fn alphas(c: f64, (a0, a1): (f64, f64), (b0, b1, b2): (f64, f64, f64)) -> Alphas {
-        [[c, 0.0, 0.0], [a0, a1, 0.0], [b0, b1, b2]]
-    }
-
-    #[test]
-    fn expected_tokens_of_a_chain_is_a_geometric_sum() {
-        let t = DraftTree::preset("chain-3").unwrap();
-        let a: f64 = 0.7;
-        let want = 1.0 + a + a * a + a * a * a;
-        // A chain only ever uses the single-draft estimate.
-        let al = alphas(a, (0.1, 0.2), (0.3, 0.4, 0.5));
-        assert!((AutoTree::expected_tokens(&t, &al) - want).abs() < 1e-12);
-        assert_eq!(AutoTree::expected_tokens(&DraftTree::root_only(), &al), 1.0);
-    }
-
-    /// Two drafts at a node: P(first accepted) = a0, P(second) = (1-a0) a1. In
-    /// `chain-2-forks-1` the root has two drafts and the first one a single draft below it
-    /// (estimate c); three drafts use the third row, and ranks beyond 3 its last entry.
-    #[test]
-    fn expected_tokens_by_width_and_rank() {
-        let (c, a0, a1) = (0.65, 0.5, 0.4);
-        let al = alphas(c, (a0, a1), (0.6, 0.3, 0.2));
-        let t = DraftTree::preset("drafts-2-depth-1").unwrap();
-        assert!((AutoTree::expected_tokens(&t, &al) - (1.0 + a0 + (1.0 - a0) * a1)).abs() < 1e-12);
-        let forked = DraftTree::preset("chain-2-forks-1").unwrap();
-        let want = 1.0 + a0 * (1.0 + c) + (1.0 - a0) * a1;
-        assert!((AutoTree::expected_tokens(&forked, &al) - want).abs() < 1e-12);
-        let three = DraftTree::preset("drafts-3-depth-1").unwrap();
-        let want = 1.0 + 0.6 + 0.4 * 0.3 + 0.4 * 0.7 * 0.2;
-        assert!((AutoTree::expected_tokens(&three, &al) - want).abs() < 1e-12);
-        let four = DraftTree::preset("drafts-4-depth-1").unwrap();
-        let want = 1.0 + 0.6 + 0.4 * 0.3 + 0.4 * 0.7 * 0.2 + 0.4 * 0.7 * 0.8 * 0.2;
-        assert!((AutoTree::expected_tokens(&four, &al) - want).abs() < 1e-12);
-    }
-
-    /// Verifications count by node width and rank: a node accepting its second draft rejected
-    /// its first; a chain's draft is counted apart from the first of two.
-    #[test]
-    fn acceptance_is_counted_by_width_and_rank() {
-        let mut a = AutoTree::new(true);
-        let prior = a.alphas();
-        for _ in 0..100 {
-            a.record_node(1, Some(0)); // a chain's draft accepted
-            a.record_node(1, None); // ... rejected
-            a.record_node(2, Some(0)); // first of two accepted
-            a.record_node(2, Some(1)); // first rejected, second accepted
-            a.record_node(2, None); // both rejected
-            a.record_node(3, None); // three rejected
-        }
-        let w = PRIOR_WEIGHT;
-        let got = a.alphas();
-        // Each rank's estimate over all widths is the prior of every width's own.
-        let pooled = [
-            (100.0 + 100.0 + prior[0][0] * w) / (200.0 + 300.0 + 100.0 + w),
-            (100.0 + prior[1][1] * w) / (200.0 + 100.0 + w),
-            (prior[2][2] * w) / (100.0 + w),
-        ];
-        let want = [
-            (0, 0, (100.0 + pooled[0] * w) / (200.0 + w)),
-            (1, 0, (100.0 + pooled[0] * w) / (300.0 + w)),
-            (1, 1, (100.0 + pooled[1] * w) / (200.0 + w)),
-            (2, 0, (pooled[0] * w) / (100.0 + w)),
-            (2, 2, (pooled[2] * w) / (100.0 + w)),
-        ];
-        for (k, j, e) in want {
-            assert!((got[k][j] - e).abs() < 1e-12, "alpha[{k}][{j}] = {} against {e}", got[k][j]);
-        }
-        let summary = a.summary();
-        assert!(
-            summary.starts_with("alpha 0.50 (1 draft), 0.33 / 0.50 (2 drafts), 0.01 / 0.01 / 0.00 (3 drafts);"),
-            "{summary}"
-        );
-        // Only the widths tried are shown.
-        assert!(AutoTree::new(false).summary().starts_with("alpha 0.60 (1 draft);"));
-    }
-
-    /// A width not tried yet starts from what the others showed: after forks' first drafts
-    /// were accepted 84 times in 100, a chain's draft is expected at about that, not at the
-    /// prior 0.6, and a cheap chain is tried.
-    #[test]
-    fn an_untried_width_starts_from_the_others_acceptance() {
-        let mut a = AutoTree::new(true);
-        for i in 0..100 {
-            a.record_node(
-                2,
-                if i < 84 {
-                    Some(0)
-                } else if i < 92 {
-                    Some(1)
-                } else {
-                    None
-                },
-            );
-        }
-        let alphas = a.alphas();
-        assert!((alphas[0][0] - 0.84).abs() < 0.02, "{alphas:?}");
-        assert!((alphas[2][0] - 0.84).abs() < 0.02 && (alphas[2][1] - 0.5).abs() < 0.05, "{alphas:?}");
-        // Each target row past the first costs a fifth of the first: the second drafts' 8 in
-        // 100 do not pay for their rows.
-        for r in 1..=16 {
-            a.target.record(r, 0.020 + 0.004 * (r - 1) as f64);
-        }
-        for r in 1..=9 {
-            a.draft.record(r, 0.006 + 0.003 * (r - 1) as f64);
-        }
-        let pick = a.choose();
-        assert!(a.trees[pick].0.starts_with("chain-") && !a.trees[pick].0.contains("forks"), "{}", a.trees[pick].0);
-    }
-
-    #[test]
-    fn anchors_are_the_ends_and_the_powers_of_two_between() {
-        assert_eq!(anchors(&[1, 2, 3, 4, 5, 6, 7, 9, 13, 15]), [1, 2, 4, 8, 15]);
-        assert_eq!(anchors(&[2, 3, 8]), [2, 4, 8]);
-        assert_eq!(anchors(&[3]), [3]);
-        assert!(anchors(&[]).is_empty());
-        // Every candidate's rows are covered: at the anchors or between two of them.
-        let a = AutoTree::new(true);
-        let (target, draft) = a.needed_rows();
-        for rows in [target, draft] {
-            let anchors = anchors(&rows);
-            assert!(rows.iter().all(|r| anchors.first() <= Some(r) && Some(r) <= anchors.last()));
-        }
-    }
-
-    #[test]
-    fn cost_curve_interpolates_and_extrapolates() {
-        let mut c = CostCurve::default();
-        assert_eq!(c.at(3), None);
-        c.record(1, 1.0);
-        assert_eq!(c.at(4), Some(4.0)); // one point: proportional
-        c.record(3, 2.0);
-        assert_eq!(c.at(2), Some(1.5));
-        assert_eq!(c.at(5), Some(3.0));
-        assert_eq!(c.at(1), Some(1.0));
-        c.record(1, 2.0); // moving average
-        assert!((c.at(1).unwrap() - 1.2).abs() < 1e-12);
-    }
-
-    /// With a costly target row and a cheap draft, long chains win at high acceptance and
-    /// no drafts win at low acceptance.
-    #[test]
-    fn choice_follows_acceptance_and_cost() {
-        let mut a = AutoTree::new(false);
-        for r in 1..=7 {
-            a.target.record(r, 0.040 + 0.002 * (r - 1) as f64);
-        }
-        a.draft.record(1, 0.004);
-        for _ in 0..50 {
-            a.record_node(1, Some(0));
-        }
-        let pick = a.choose();
-        assert_eq!(a.trees[pick].0, "chain-6", "alpha {:?}", a.alphas());
-        let mut b = AutoTree::new(false);
-        b.target = a.target.clone();
-        b.draft.record(1, 0.030);
-        for _ in 0..50 {
-            b.record_node(1, None);
-        }
-        let pick = b.choose();
-        assert_eq!(b.trees[pick].0, "no-drafts", "alpha {:?}", b.alphas());
-        // Exploration: a draft step at the latest every EXPLORE_EVERY steps.
-        let picks: Vec<usize> = (0..EXPLORE_EVERY).map(|_| b.choose()).collect();
-        assert!(picks.iter().any(|&p| p != 0));
-    }
-
-    /// In a batch the trees shrink as the cost curve says: with forwards that cost little more
-    /// for a few rows and then grow with every row (a CPU's), drafts accepted at 0.7 make a
-    /// deep chain alone, a shorter one beside three members, and none beside fifteen whose
-    /// rows already fill the forward; the rate is the batch's (its tokens over its step).
-    #[test]
-    fn trees_shrink_as_the_batch_fills() {
-        let mut a = AutoTree::new(false);
-        // 25 ms up to 8 rows, then 2.5 ms per row (compute-bound); the draft a fifth of that.
-        let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
-        for r in 1..=200 {
-            a.target.record(r, cost(r));
-            a.draft.record(r, cost(r) / 5.0);
-        }
-        for _ in 0..60 {
-            a.record_node(1, Some(0));
-        }
-        for _ in 0..26 {
-            a.record_node(1, None);
-        }
-        let depth = |a: &AutoTree, i: usize| a.trees[i].1.max_depth();
-        let alone = a.choose_in_batch(&SharedLoad::NONE);
-        assert_eq!(alone, a.clone().choose(), "alone, the batch rule is the solo rule");
-        let some = SharedLoad { target_rows: 9, draft_rows: 3, tokens: 6.0 };
-        let beside_three = a.choose_in_batch(&some);
-        let full = SharedLoad { target_rows: 60, draft_rows: 15, tokens: 30.0 };
-        let beside_fifteen = a.choose_in_batch(&full);
-        assert!(depth(&a, alone) >= 3, "alone: {}", a.trees[alone].0);
-        assert!(depth(&a, beside_three) < depth(&a, alone), "beside three: {}", a.trees[beside_three].0);
-        assert_eq!(a.trees[beside_fifteen].0, "no-drafts");
-        // The rate chosen is the best of the batch's: no candidate gives the batch more.
-        let alphas = a.alphas();
-        let rate = |i: usize, o: &SharedLoad| {
-            (AutoTree::expected_tokens(&a.trees[i].1, &alphas) + o.tokens) / a.batch_step_cost(&a.trees[i].1, o).unwrap()
-        };
-        for i in 0..a.trees.len() {
-            assert!(rate(i, &some) <= rate(beside_three, &some) + 1e-12, "{} beats {}", a.trees[i].0, a.trees[beside_three].0);
-        }
-    }
-
-    /// With multi-draft candidates, second drafts are drafted only when they are accepted:
-    /// cheap target rows and a cheap draft, first drafts accepted at 0.7; second drafts never
-    /// accepted give a tree without second drafts, second drafts accepted at 0.6 one with them.
-    #[test]
-    fn second_drafts_follow_their_own_acceptance() {
-        let costs = |a: &mut AutoTree| {
-            for r in 1..=16 {
-                a.target.record(r, 0.020 + 0.0005 * (r - 1) as f64);
-            }
-            for r in 1..=9 {
-                a.draft.record(r, 0.005 + 0.0005 * (r - 1) as f64);
-            }
-        };
-        let second_drafts =
-            |a: &AutoTree, i: usize| (0..a.trees[i].1.len()).any(|v| a.trees[i].1.children(v).len() > 1);
-        let mut never = AutoTree::new(true);
-        costs(&mut never);
-        for i in 0..200 {
-            // Single drafts and first drafts accepted at 0.7, second drafts never.
-            never.record_node(1, (i % 10 < 7).then_some(0));
-            if i % 10 < 7 {
-                never.record_node(2, Some(0));
-            } else {
-                never.record_node(2, None);
-            }
-        }
-        let pick = never.choose();
-        assert!(!second_drafts(&never, pick), "{} at {:?}", never.trees[pick].0, never.alphas());
-        let mut often = AutoTree::new(true);
-        costs(&mut often);
-        for i in 0..200 {
-            often.record_node(1, (i % 10 < 7).then_some(0));
-            match i % 10 {
-                0..7 => often.record_node(2, Some(0)),
-                7 | 8 => often.record_node(2, Some(1)),
-                _ => often.record_node(2, None),
-            }
-        }
-        let pick = often.choose();
-        assert!(second_drafts(&often, pick), "{} at {:?}", often.trees[pick].0, often.alphas());
-    }
-
-    /// A lookup of 5 rows pays alone where rows are cheap beside the first, not where each row
-    /// costs 40% of a one-row forward (this machine's AVX2 kernels), and in a full batch only
-    /// when it emits enough for everyone's wait.
-    #[test]
-    fn lookups_pay_only_when_their_rows_do() {
-        let curve = |first: f64, per_row: f64| {
-            let mut a = AutoTree::new(false);
-            for r in 1..=40 {
-                a.target.record(r, first + per_row * (r - 1) as f64);
-            }
-            a
-        };
-        let cheap_rows = curve(0.030, 0.001);
-        let dear_rows = curve(0.030, 0.012);
-        let alone = SharedLoad::NONE;
-        assert!(cheap_rows.lookup_pays_in_batch(5, 1.5, &alone));
-        assert!(!dear_rows.lookup_pays_in_batch(5, 1.5, &alone));
-        // 5 rows at 0.078 s against one at 0.030 s: 2.6 tokens break even.
-        assert!(dear_rows.lookup_pays_in_batch(5, 2.7, &alone));
-        assert!(!dear_rows.lookup_pays_in_batch(5, 2.5, &alone));
-        // Beside three plain members: (t + 3) / C(8) >= 4 / C(4).
-        let three = SharedLoad { target_rows: 3, draft_rows: 0, tokens: 3.0 };
-        let (c8, c4) = (0.030 + 0.012 * 7.0, 0.030 + 0.012 * 3.0);
-        let even = 4.0 * c8 / c4 - 3.0;
-        assert!(dear_rows.lookup_pays_in_batch(5, even + 0.05, &three));
-        assert!(!dear_rows.lookup_pays_in_batch(5, even - 0.05, &three));
-        // Unknown costs: take the lookup.
-        assert!(AutoTree::new(false).lookup_pays_in_batch(5, 1.0, &three));
-    }
-
-    /// Generators sharing a book measure once: the second takes the first's costs and keeps
-    /// its own where it has them.
-    #[test]
-    fn a_cost_book_fills_what_a_curve_lacks() {
-        let book = CostBook::new();
-        {
-            let mut costs = book.lock();
-            costs.0.record(1, 0.03);
-            costs.0.record(8, 0.1);
-            costs.1.record(1, 0.01);
-        }
-        let mut a = AutoTree::new(false);
-        a.target.record(8, 0.2);
-        let costs = book.lock();
-        a.target.fill_from(&costs.0);
-        a.draft.fill_from(&costs.1);
-        assert_eq!(a.target.at(1), Some(0.03));
-        assert_eq!(a.target.at(8), Some(0.2), "its own measurement stays");
-        assert_eq!(a.draft.at(1), Some(0.01));
-        assert!(!a.target.has(4) && a.target.has(1));
-    }
-}
+#[path = "auto_tree_tests.rs"]
+mod tests;

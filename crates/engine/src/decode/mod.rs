@@ -530,6 +530,8 @@ impl<'a> Generator<'a> {
                         (DraftSource::NgramFirst { tree, .. }, _, _) if lookup => (tree, None),
                         (_, TreeChoice::Fixed(t), _) => (t, None),
                         (_, TreeChoice::Auto, Some(a)) => {
+                            // A draft model first catches up on the tokens it has not run.
+                            a.draft_lag = if self.eagle.is_none() { draft_pending.len().max(1) } else { 1 };
                             // In a batch, knowing what the others' next steps ask.
                             let i = match crate::model::others_load() {
                                 Some(others) => a.choose_in_batch(&others),

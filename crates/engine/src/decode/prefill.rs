@@ -34,6 +34,8 @@ impl Generator<'_> {
         ngram: Option<NgramConfig>,
         ngram_only: bool,
     ) -> Result<Prefilled> {
+        // In a batch, prompts are prefilled one at a time, in order of arrival.
+        let _prefilling = crate::model::Prefilling::enter();
         let n = prompt.len();
         // The cached prefix this prompt shares with the last text (`set_prefix_reuse`).
         let mut reused = if self.prefix_reuse {

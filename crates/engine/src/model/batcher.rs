@@ -36,6 +36,37 @@ thread_local! {
     /// Rows and seconds of the batched runs that answered this thread since the last
     /// [`take_batched_cost`] (rows: the largest forward's; seconds: all summed).
     static COST: Cell<Option<(usize, f64)>> = const { Cell::new(None) };
+    /// The ticket of the prompt this thread prefills ([`Prefilling`]).
+    static PREFILL: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Tickets of [`Prefilling`], in order of arrival.
+static NEXT_PREFILL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// While alive, this thread's forwards prefill a prompt. In a batch, prompts are prefilled one
+/// at a time in the order they began (the others' prompt chunks wait; the running generations'
+/// steps do not): a burst of n requests then gets its first tokens after 1, 2, ..., n prompts'
+/// work instead of all of them after n (every prompt's chunks shared each forward), for the
+/// same total work.
+pub struct Prefilling {
+    was: Option<u64>,
+}
+
+impl Prefilling {
+    pub fn enter() -> Self {
+        let was = PREFILL.with(|p| p.get());
+        if was.is_none() {
+            let ticket = NEXT_PREFILL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            PREFILL.with(|p| p.set(Some(ticket)));
+        }
+        Self { was }
+    }
+}
+
+impl Drop for Prefilling {
+    fn drop(&mut self) {
+        PREFILL.with(|p| p.set(self.was));
+    }
 }
 
 /// What a member's next step asks of the batch (or the sum of several members').
@@ -121,6 +152,8 @@ struct Request {
     id: u64,
     model: *const DecoderModel,
     work: Work,
+    /// The ticket of the prompt it prefills ([`Prefilling`]).
+    prefill: Option<u64>,
 }
 
 // SAFETY: the pointers are to a model and a cache owned by a member thread that waits, without
@@ -153,6 +186,9 @@ pub struct BatchStats {
     pub rows: u64,
     /// The most sequences one batched forward held.
     pub widest: u64,
+    /// The most prompts (of [`Prefilling`] members) whose prefill shared one batch: 1 once any
+    /// ran, since prompts are prefilled one at a time.
+    pub prefills_together: u64,
 }
 
 /// A request's answer with the run that computed it.
@@ -232,7 +268,7 @@ impl Batcher {
         let mut st = self.lock();
         let id = st.next_id;
         st.next_id += 1;
-        st.waiting.push(Request { id, model, work });
+        st.waiting.push(Request { id, model, work, prefill: PREFILL.with(|p| p.get()) });
         let answered = |(answer, run): Answer| {
             COST.with(|c| {
                 let (rows, secs) = c.get().unwrap_or((0, 0.0));
@@ -277,6 +313,19 @@ impl Batcher {
         } else {
             std::mem::take(&mut st.waiting)
         };
+        // One prompt's prefill at a time: the earliest begun (see `Prefilling`).
+        let first = batch.iter().filter_map(|r| r.prefill).min();
+        let batch = match first {
+            Some(first) if batch.iter().any(|r| r.prefill.is_some_and(|t| t != first)) => {
+                let (later, now): (Vec<Request>, Vec<Request>) =
+                    batch.into_iter().partition(|r| r.prefill.is_some_and(|t| t != first));
+                st.waiting.extend(later);
+                now
+            }
+            _ => batch,
+        };
+        let prefills = batch.iter().filter_map(|r| r.prefill).collect::<std::collections::BTreeSet<u64>>().len();
+        st.stats.prefills_together = st.stats.prefills_together.max(prefills as u64);
         drop(st);
         let ids: Vec<u64> = batch.iter().map(|r| r.id).collect();
         let (answers, stats) =

@@ -147,3 +147,44 @@ fn batched_generations_emit_their_solo_tokens() {
         assert!(stats.widest >= 2 && stats.requests > stats.batches, "temperature {temperature}: {stats:?}");
     }
 }
+
+/// Prompts arriving together are prefilled one at a time, in order (`engine::model::Prefilling`),
+/// while their generations are members of one batch: no batch holds two prompts' chunks, every
+/// prompt's chunks still run batched beside the others' work, and each generation emits its solo
+/// tokens.
+#[test]
+fn prompts_arriving_together_are_prefilled_one_at_a_time() {
+    let (target, draft, _) = common::target_draft_head(44, "batch-prefill");
+    // 150 tokens each: several prefill chunks per prompt in a batch.
+    let prompts: Vec<Vec<u32>> = (0..4u32).map(|k| (0..150).map(|i| (i * (k + 3) + k) % 40 + 1).collect()).collect();
+    let config = |i: usize| {
+        let spec = (i % 2 == 0).then(|| {
+            common::spec(DraftTree::preset("chain-2").unwrap(), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)
+        });
+        GenerationConfig { speculative: spec, ..common::greedy(6, 7 + i as u64) }
+    };
+    let solo: Vec<Vec<u32>> = (0..4)
+        .map(|i| Generator::new(&target, Some(&draft), 200).unwrap().generate(&prompts[i], &config(i), |_| false, |_| Ok(())).unwrap().0)
+        .collect();
+    let batcher = Batcher::new();
+    let all_joined = std::sync::Barrier::new(4);
+    let together: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let (batcher, all_joined, target, draft, prompt, config) =
+                    (&batcher, &all_joined, &target, &draft, &prompts[i], config(i));
+                s.spawn(move || {
+                    let _member = batcher.join();
+                    let mut g = Generator::new(target, Some(draft), 200).unwrap();
+                    all_joined.wait();
+                    g.generate(prompt, &config, |_| false, |_| Ok(())).unwrap().0
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, solo);
+    let stats = batcher.stats();
+    assert_eq!(stats.prefills_together, 1, "{stats:?}");
+    assert!(stats.widest >= 2, "nothing ran batched: {stats:?}");
+}
