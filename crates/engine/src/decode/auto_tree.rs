@@ -355,8 +355,7 @@ impl AutoTree {
         let alphas = self.alphas();
         let rate = |i: usize| {
             let t = &self.trees[i].1;
-            self.batch_step_cost(t, others)
-                .map(|c| (Self::expected_tokens(t, &alphas) + others.tokens) / c.max(1e-9))
+            self.batch_step_cost(t, others).map(|c| (Self::expected_tokens(t, &alphas) + others.tokens) / c.max(1e-9))
         };
         let best_of = |from: usize| {
             (from..self.trees.len())

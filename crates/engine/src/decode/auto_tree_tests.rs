@@ -252,7 +252,12 @@ fn trees_shrink_as_the_batch_fills() {
         (AutoTree::expected_tokens(&a.trees[i].1, &alphas) + o.tokens) / a.batch_step_cost(&a.trees[i].1, o).unwrap()
     };
     for i in 0..a.trees.len() {
-        assert!(rate(i, &some) <= rate(beside_three, &some) + 1e-12, "{} beats {}", a.trees[i].0, a.trees[beside_three].0);
+        assert!(
+            rate(i, &some) <= rate(beside_three, &some) + 1e-12,
+            "{} beats {}",
+            a.trees[i].0,
+            a.trees[beside_three].0
+        );
     }
 }
 
@@ -269,8 +274,7 @@ fn second_drafts_follow_their_own_acceptance() {
             a.draft.record(r, 0.005 + 0.0005 * (r - 1) as f64);
         }
     };
-    let second_drafts =
-        |a: &AutoTree, i: usize| (0..a.trees[i].1.len()).any(|v| a.trees[i].1.children(v).len() > 1);
+    let second_drafts = |a: &AutoTree, i: usize| (0..a.trees[i].1.len()).any(|v| a.trees[i].1.children(v).len() > 1);
     let mut never = AutoTree::new(true);
     costs(&mut never);
     for i in 0..200 {

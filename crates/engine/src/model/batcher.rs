@@ -333,7 +333,9 @@ impl Batcher {
                 // Every member of the batch gets an error rather than waiting forever.
                 let answers = ids
                     .iter()
-                    .map(|&id| (id, (Err(candle_core::Error::Msg("a batched forward panicked".into())), Run::default())))
+                    .map(|&id| {
+                        (id, (Err(candle_core::Error::Msg("a batched forward panicked".into())), Run::default()))
+                    })
                     .collect();
                 (answers, BatchStats::default())
             });
@@ -408,9 +410,9 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
         let run = Run { rows: group.iter().map(|g| g.1.len()).sum(), secs: started.elapsed().as_secs_f64() };
         match result {
             Ok(hidden) => answers.extend(group.iter().map(|g| g.0).zip(hidden.into_iter().map(|h| (Ok(h), run)))),
-            Err(e) => answers.extend(
-                group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))),
-            ),
+            Err(e) => {
+                answers.extend(group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))))
+            }
         }
     }
     for (model, group) in logits {
@@ -437,9 +439,9 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
         let run = Run { rows: 0, secs: started.elapsed().as_secs_f64() };
         match result {
             Ok(l) => answers.extend(group.iter().map(|g| g.0).zip(l.into_iter().map(|l| (Ok(l), run)))),
-            Err(e) => answers.extend(
-                group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))),
-            ),
+            Err(e) => {
+                answers.extend(group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))))
+            }
         }
     }
     (answers, stats)

@@ -24,7 +24,9 @@ mod rotary;
 
 use crate::kernels::attention as cpu_attention;
 use crate::kernels::device::{CacheAttention, RopeRows};
-pub use batcher::{others_load, post_load, take_batched_cost, BatchStats, Batcher, Membership, Prefilling, SharedLoad, Solo};
+pub use batcher::{
+    others_load, post_load, take_batched_cost, BatchStats, Batcher, Membership, Prefilling, SharedLoad, Solo,
+};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};

@@ -158,13 +158,19 @@ fn prompts_arriving_together_are_prefilled_one_at_a_time() {
     // 150 tokens each: several prefill chunks per prompt in a batch.
     let prompts: Vec<Vec<u32>> = (0..4u32).map(|k| (0..150).map(|i| (i * (k + 3) + k) % 40 + 1).collect()).collect();
     let config = |i: usize| {
-        let spec = (i % 2 == 0).then(|| {
+        let spec = i.is_multiple_of(2).then(|| {
             common::spec(DraftTree::preset("chain-2").unwrap(), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)
         });
         GenerationConfig { speculative: spec, ..common::greedy(6, 7 + i as u64) }
     };
     let solo: Vec<Vec<u32>> = (0..4)
-        .map(|i| Generator::new(&target, Some(&draft), 200).unwrap().generate(&prompts[i], &config(i), |_| false, |_| Ok(())).unwrap().0)
+        .map(|i| {
+            Generator::new(&target, Some(&draft), 200)
+                .unwrap()
+                .generate(&prompts[i], &config(i), |_| false, |_| Ok(()))
+                .unwrap()
+                .0
+        })
         .collect();
     let batcher = Batcher::new();
     let all_joined = std::sync::Barrier::new(4);

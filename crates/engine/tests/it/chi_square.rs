@@ -206,7 +206,15 @@ fn batched_generations_follow_the_target_law() {
                         },
                         _ => common::two_tokens(seed, warp, DraftTree::preset(name).unwrap().into(), c, v, None),
                     };
-                    common::two_token_counts_batched(Some(batcher), &mut generator, &SMALL_PROMPT, 5, 4000, config, |_| {})
+                    common::two_token_counts_batched(
+                        Some(batcher),
+                        &mut generator,
+                        &SMALL_PROMPT,
+                        5,
+                        4000,
+                        config,
+                        |_| {},
+                    )
                 })
             })
             .collect();

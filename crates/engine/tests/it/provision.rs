@@ -275,10 +275,12 @@ fn hub_files_are_verified_once_and_deleted_when_bad() {
 #[test]
 fn shard_names_from_an_index_are_checked() {
     let index = |map: &str| format!(r#"{{"metadata": {{}}, "weight_map": {map}}}"#);
-    let ok = shard_files("i.json", &index(r#"{"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-1.safetensors"}"#));
+    let ok =
+        shard_files("i.json", &index(r#"{"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-1.safetensors"}"#));
     assert_eq!(ok.unwrap(), vec!["m-1.safetensors", "m-2.safetensors"]);
     assert_eq!(shard_files("i.json", &index(r#"{"a": "sub/m.safetensors"}"#)).unwrap(), vec!["sub/m.safetensors"]);
-    let bad_names = [r#""/etc/passwd""#, r#""../../x.safetensors""#, r#""a/../../b""#, "\"\"", r#""a\\b""#, "7", r#""./m""#];
+    let bad_names =
+        [r#""/etc/passwd""#, r#""../../x.safetensors""#, r#""a/../../b""#, "\"\"", r#""a\\b""#, "7", r#""./m""#];
     for bad in bad_names {
         let e = shard_files("i.json", &index(&format!(r#"{{"w": {bad}}}"#))).unwrap_err();
         assert!(e.contains("i.json") && e.contains("`w`"), "{bad}: {e}");

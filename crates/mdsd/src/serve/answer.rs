@@ -175,10 +175,10 @@ impl Answering<'_> {
         let cancel = self.cancel;
         let (out, mut stats) =
             self.generator.generate(ids, config, |t| cancel.is_set() || stops.is_stop(t), |_| Ok(())).map_err(|e| {
-            let msg = message(&anyhow::Error::from(e));
-            eprintln!("mdsd serve: POST {path}: {msg}");
-            msg
-        })?;
+                let msg = message(&anyhow::Error::from(e));
+                eprintln!("mdsd serve: POST {path}: {msg}");
+                msg
+            })?;
         if cancel.is_set() {
             stats.stop_reason = "client_gone".into();
             self.app.load.ended(cancel.by_server());

@@ -14,7 +14,7 @@ use super::deadline::WriteDeadline;
 use super::pool::Refused;
 use super::reply::{self, busy_response, error_response, event_stream, json_response, Head};
 use super::request::{self, Kind, Refusal, MAX_BODY_BYTES};
-use super::{tokens, answer::Answering, App, Cancel};
+use super::{answer::Answering, tokens, App, Cancel};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method};
@@ -189,7 +189,8 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         let given = headers.get(header::AUTHORIZATION).and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
         let open = path == "/health" || path == "/metrics";
         // Every key is compared (in constant time), so the time says nothing of which matched.
-        let valid = given.is_some_and(|g| app.api_keys.iter().fold(false, |ok, key| same_secret(g, key.as_bytes()) | ok));
+        let valid =
+            given.is_some_and(|g| app.api_keys.iter().fold(false, |ok, key| same_secret(g, key.as_bytes()) | ok));
         if !open && !valid {
             if path.ends_with("completions") {
                 app.load.count(super::metrics::Outcome::Unauthorized);
@@ -237,7 +238,9 @@ async fn read_body(app: &App, body: Body) -> Result<String, Response> {
                 &format!("the body did not arrive within {} s", app.limits.body_timeout.as_secs_f64()),
             ))
         }
-        Ok(Err(e)) => return Err(error_response(413, &format!("reading the body: {e} (the limit is {MAX_BODY_BYTES} bytes)"))),
+        Ok(Err(e)) => {
+            return Err(error_response(413, &format!("reading the body: {e} (the limit is {MAX_BODY_BYTES} bytes)")))
+        }
         Ok(Ok(b)) => b,
     };
     String::from_utf8(bytes.to_vec()).map_err(|_| error_response(400, "the body is not UTF-8"))
@@ -270,7 +273,13 @@ impl Drop for CancelOnDrop {
 
 /// `/v1/completions` and `/v1/chat/completions`: the body read and checked, a slot waited for,
 /// the answer generated on a thread of its own, batched with the others'.
-async fn completion(State(app): State<Arc<App>>, Extension(peer): Extension<Peer>, headers: HeaderMap, body: Body, kind: Kind) -> Response {
+async fn completion(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<Peer>,
+    headers: HeaderMap,
+    body: Body,
+    kind: Kind,
+) -> Response {
     use super::metrics::Outcome;
     let path = if kind == Kind::Chat { "/v1/chat/completions" } else { "/v1/completions" };
     if app.stopping.load(Ordering::SeqCst) {

@@ -168,7 +168,12 @@ impl Load {
         ] {
             metric(name, "counter", help, &one(value.to_string()));
         }
-        metric("batch_widest", "gauge", "The most sequences one batched forward held.", &one(batches.widest.to_string()));
+        metric(
+            "batch_widest",
+            "gauge",
+            "The most sequences one batched forward held.",
+            &one(batches.widest.to_string()),
+        );
         metric("prefill_seconds_total", "counter", "Seconds in prompt passes.", &one(t.prefill_s.to_string()));
         metric("decode_seconds_total", "counter", "Seconds in decoding steps.", &one(t.decode_s.to_string()));
         out

@@ -150,7 +150,6 @@ pub(super) fn refuse<T>(status: u16, msg: impl Into<String>) -> Result<T, Refusa
     Err(Refusal(status, msg.into()))
 }
 
-
 /// Parses and checks a completion request: its prompts and generation settings.
 pub(super) fn check(kind: Kind, body: &str, d: &Defaults) -> Result<(Checked, Vec<Prompt>, GenerationConfig), Refusal> {
     // Parsed once: the typed request, and the whole object for the refused fields.
@@ -177,10 +176,9 @@ pub(super) fn check(kind: Kind, body: &str, d: &Defaults) -> Result<(Checked, Ve
             .iter()
             .map(|(id, bias)| match (id.parse::<u32>(), bias.as_f64()) {
                 (Ok(id), Some(b)) if (id as usize) < vocab && (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
-                _ => refuse(
-                    400,
-                    format!("logit_bias: {id}: {bias}: token ids below {vocab} to biases from -100 to 100"),
-                ),
+                _ => {
+                    refuse(400, format!("logit_bias: {id}: {bias}: token ids below {vocab} to biases from -100 to 100"))
+                }
             })
             .collect::<Result<_, _>>()?,
     };
@@ -283,4 +281,3 @@ fn prompts(prompt: &Value, tok: &engine::tokenizer::TextTokenizer) -> Result<Vec
         _ => refuse(400, "prompt: a string, an array of strings, an array of token ids, or an array of those"),
     }
 }
-

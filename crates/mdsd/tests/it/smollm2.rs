@@ -111,7 +111,17 @@ fn serve_ends_an_answer_whose_client_hung_up() {
     }
     let mut child = Killed(
         Command::new(env!("CARGO_BIN_EXE_mdsd"))
-            .args(["serve", "--port", "0", "--target", path.to_str().unwrap(), "--no-spec", "--show-reused-tokens", "--max-batch", "1"])
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--target",
+                path.to_str().unwrap(),
+                "--no-spec",
+                "--show-reused-tokens",
+                "--max-batch",
+                "1",
+            ])
             .env("MDSD_OFFLINE", "1")
             .stderr(Stdio::piped())
             .spawn()

@@ -54,7 +54,9 @@ fn serve_batched_answers_equal_solo_answers() {
     let target = Tiny { scale: 0.8, ..Tiny::llama(81) }.write_hf(&dir.join("target"));
     // The draft: the target's first layer (the same embedding), so that drafts are accepted.
     let draft = Tiny { scale: 0.8, layers: 1, ..Tiny::llama(81) }.write_hf(&dir.join("draft"));
-    for (flags, temperature_one) in [(&["--tree", "drafts-2-depth-2"][..], false), (&["--tree", "chain-3", "--reproducible"][..], true)] {
+    for (flags, temperature_one) in
+        [(&["--tree", "drafts-2-depth-2"][..], false), (&["--tree", "chain-3", "--reproducible"][..], true)]
+    {
         let models = [&["--target", s(&target), "--draft", s(&draft)][..], flags].concat();
         let solo = start(&[&models[..], &["--max-batch", "1"]].concat());
         let batched = start(&[&models[..], &["--max-batch", "4"]].concat());
@@ -96,8 +98,20 @@ fn jsonl_batched_equals_one_at_a_time() {
         let out = piped(
             "generate",
             &[
-                "--jsonl", "--target", s(&target), "--draft", s(&draft), "--tree", "chain-2",
-                "--temperature", "0", "--max-new-tokens", "12", "--ignore-eos", "--max-batch", batch,
+                "--jsonl",
+                "--target",
+                s(&target),
+                "--draft",
+                s(&draft),
+                "--tree",
+                "chain-2",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "12",
+                "--ignore-eos",
+                "--max-batch",
+                batch,
             ],
             &input,
         );

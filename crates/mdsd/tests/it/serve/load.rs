@@ -157,7 +157,8 @@ fn serve_survives_stalled_and_hostile_clients() {
     //    (their sockets still open), while another client is answered.
     // Events of 2-3 KB (20 log-probabilities each): more than the socket buffers and the
     // answer's channel hold.
-    let body = json!({"prompt": "AB", "max_tokens": 7000, "ignore_eos": true, "stream": true, "logprobs": 20}).to_string();
+    let body =
+        json!({"prompt": "AB", "max_tokens": 7000, "ignore_eos": true, "stream": true, "logprobs": 20}).to_string();
     let mut slow = Vec::new();
     for _ in 0..2 {
         let mut c = connect(port, [127, 0, 0, 1], Some(4096));
@@ -322,7 +323,15 @@ fn serve_keeps_prefix_caches_per_tenant() {
         assert_eq!(reused(&request(server.port, a)), 0, "the slot went to client b meanwhile");
     }
     {
-        let server = start(&["--target", s(&target), "--no-spec", "--max-batch", "1", "--show-reused-tokens", "--shared-prefix-cache"]);
+        let server = start(&[
+            "--target",
+            s(&target),
+            "--no-spec",
+            "--max-batch",
+            "1",
+            "--show-reused-tokens",
+            "--shared-prefix-cache",
+        ]);
         assert_eq!(reused(&request(server.port, a)), 0);
         assert!(reused(&request(server.port, b)) > 0, "--shared-prefix-cache shares nothing");
     }
@@ -388,7 +397,11 @@ fn serve_stops_gracefully_on_sigterm() {
         assert!(status.success(), "grace {grace}: {status:?}");
         let rest = reading.join().unwrap();
         if grace == "30" {
-            assert!(rest.contains("[DONE]"), "the answer was not finished: {}", &rest[rest.len().saturating_sub(200)..]);
+            assert!(
+                rest.contains("[DONE]"),
+                "the answer was not finished: {}",
+                &rest[rest.len().saturating_sub(200)..]
+            );
         }
         let log = server.log();
         assert!(log.contains("stopping") && log.contains(said), "grace {grace}: {log}");

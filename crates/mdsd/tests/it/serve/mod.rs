@@ -312,7 +312,8 @@ fn serve_answers_as_generate_does() {
 fn serve_stays_responsive_while_generating() {
     let dir = temp_dir("serve-busy");
     let target = Tiny { context: 4096, ..Tiny::llama(61) }.write_hf(&dir.join("target"));
-    let server = start(&["--target", s(&target), "--no-spec", "--temperature", "1", "--max-batch", "1", "--max-waiting", "0"]);
+    let server =
+        start(&["--target", s(&target), "--no-spec", "--temperature", "1", "--max-batch", "1", "--max-waiting", "0"]);
     let port = server.port;
     // 64 answers of up to 4,000 tokens: minutes of work unless the client goes away.
     let body = json!({"prompt": vec!["ABC"; 64], "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
@@ -507,7 +508,17 @@ fn serve_reports_metrics() {
     let dir = temp_dir("serve-metrics");
     let target = Tiny::llama(55).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(56) }.write_hf(&dir.join("draft"));
-    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "chain-2", "--temperature", "1", "--show-reused-tokens"]);
+    let server = start(&[
+        "--target",
+        s(&target),
+        "--draft",
+        s(&draft),
+        "--tree",
+        "chain-2",
+        "--temperature",
+        "1",
+        "--show-reused-tokens",
+    ]);
     let port = server.port;
     let zero = metrics(port);
     assert_eq!((zero["requests_running"], zero["requests_waiting"], zero["choices_total"]), (0.0, 0.0, 0.0));
