@@ -295,6 +295,18 @@ fn serve_caps_and_times_out_connections() {
     assert_eq!(http(port, "GET", "/health", "").0, 200);
 }
 
+/// A completion from the client address `from` (a loopback address of its own: a tenant of its
+/// own when no API key is set); its answer, asserted 200.
+fn completion_from(port: u16, from: [u8; 4], body: &Value) -> Value {
+    let body = body.to_string();
+    let mut c = connect(port, from, None);
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+}
+
 /// Prefix reuse stays within a tenant: a second client (another address) sending the first's
 /// prompt reuses nothing, the first client reuses its own prompt, `--shared-prefix-cache`
 /// lets everyone reuse, and `reused_tokens` leaves the answers without
@@ -304,15 +316,7 @@ fn serve_keeps_prefix_caches_per_tenant() {
     let dir = temp_dir("serve-tenant");
     let target = Tiny::llama(73).write_hf(&dir.join("target"));
     let prompt = "ABABABAB ABABAB";
-    let request = |port: u16, from: [u8; 4]| -> Value {
-        let body = json!({"prompt": prompt, "max_tokens": 2}).to_string();
-        let mut c = connect(port, from, None);
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let mut text = String::new();
-        c.read_to_string(&mut text).unwrap();
-        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-        serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap()
-    };
+    let request = |port: u16, from: [u8; 4]| completion_from(port, from, &json!({"prompt": prompt, "max_tokens": 2}));
     let reused = |v: &Value| v["mdsd"]["reused_tokens"].as_u64().unwrap_or_else(|| panic!("no reused_tokens: {v}"));
     let (a, b) = ([127, 0, 0, 1], [127, 0, 0, 2]);
     {
@@ -351,14 +355,12 @@ fn serve_slots_share_auto_costs() {
     let target = Tiny::llama(75).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(76) }.write_hf(&dir.join("draft"));
     let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto", "--max-batch", "2"]);
-    let request = |from: [u8; 4], prompt: &str| -> Value {
-        let body = json!({"prompt": prompt, "max_tokens": 4, "ignore_eos": true, "temperature": 0}).to_string();
-        let mut c = connect(server.port, from, None);
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let mut text = String::new();
-        c.read_to_string(&mut text).unwrap();
-        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-        serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+    let request = |from: [u8; 4], prompt: &str| {
+        completion_from(
+            server.port,
+            from,
+            &json!({"prompt": prompt, "max_tokens": 4, "ignore_eos": true, "temperature": 0}),
+        )
     };
     let costs = |v: &Value| v["mdsd"]["auto_costs_s"].as_f64().unwrap_or_else(|| panic!("no auto_costs_s: {v}"));
     let first = request([127, 0, 0, 1], "ABCD");
