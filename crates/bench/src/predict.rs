@@ -129,6 +129,9 @@ struct Measured {
     tokens: f64,
     secs: f64,
     steps: f64,
+    /// Target rows run (a tree's live nodes: at temperature 0 a node's second draft from a
+    /// one-hot draft distribution is never drawn, so multi-draft trees run as chains).
+    rows: f64,
     verify_s: f64,
     tried: [[u64; WIDTHS]; WIDTHS],
     accepted: [[u64; WIDTHS]; WIDTHS],
@@ -139,6 +142,7 @@ impl Measured {
         self.tokens += r.new_tokens as f64;
         self.secs += r.decode_s;
         self.steps += r.target_forwards as f64;
+        self.rows += r.target_rows as f64;
         self.verify_s += r.verify_s;
         for k in 0..WIDTHS {
             for j in 0..WIDTHS {
@@ -229,14 +233,14 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
         args.records.as_ref().map_or(String::new(), |p| format!(" and {}", p.display()))
     );
     println!(
-        "| tree | rows | α source | E (tokens/step) | step (ms) | tokens/s | speedup | measured speedup | error |"
+        "| tree | rows | α source | E (tokens/step) | step (ms) | tokens/s | measured tokens/s | speedup | measured speedup | error |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| plain | 1 | — | 1.00 | {:.3} | {:.1} | 1.00 | {} | |",
+        "| plain | 1 | — | 1.00 | {:.3} | {:.1} | {} | 1.00 | | |",
         plain_cost * 1e3,
         plain_rate,
-        if baseline.steps > 0.0 { format!("({:.1} tokens/s)", baseline.tokens_per_s()) } else { "—".into() }
+        if baseline.steps > 0.0 { format!("{:.1}", baseline.tokens_per_s()) } else { "—".into() }
     );
     let mut rows = Vec::new();
     for name in &tree_names {
@@ -252,21 +256,31 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
         let e = AutoTree::expected_tokens(&tree, &alphas);
         let overhead =
             args.overhead_ms.map(|m| m / 1e3).unwrap_or_else(|| own.map_or(pooled.overhead(), Measured::overhead));
-        let cost = auto.step_cost(&tree).context("the costs do not cover this tree")? + overhead;
+        // The target's forward over the rows the runs of this tree had per step (fewer than
+        // its nodes when drafts were not drawn), else over all of its nodes.
+        let live = own.filter(|m| m.steps > 0.0).map(|m| m.rows / m.steps).unwrap_or(tree.len() as f64);
+        let full = auto.target.at(tree.len()).context("the costs do not cover this tree")?;
+        let target_live = {
+            let (lo, hi) = (live.floor().max(1.0) as usize, live.ceil().max(1.0) as usize);
+            let (a, b) = (auto.target.at(lo).context("no target cost")?, auto.target.at(hi).context("no target cost")?);
+            a + (b - a) * (live - lo as f64).clamp(0.0, 1.0)
+        };
+        let cost = auto.step_cost(&tree).context("the costs do not cover this tree")? - full + target_live + overhead;
         let rate = e / cost;
         let speedup = rate / plain_rate;
         let measured =
             own.filter(|m| m.steps > 0.0 && baseline.steps > 0.0).map(|m| m.tokens_per_s() / baseline.tokens_per_s());
         let error = measured.map(|m| speedup / m - 1.0);
         println!(
-            "| {name} | {} | {source} | {e:.2} | {:.3} | {rate:.1} | {speedup:.2} | {} | {} |",
-            tree.len(),
+            "| {name} | {} | {source} | {e:.2} | {:.3} | {rate:.1} | {} | {speedup:.2} | {} | {} |",
+            if (live - tree.len() as f64).abs() > 1e-9 { format!("{} ({live:.1} live)", tree.len()) } else { tree.len().to_string() },
             cost * 1e3,
+            own.filter(|m| m.steps > 0.0).map_or("—".into(), |m| format!("{:.1}", m.tokens_per_s())),
             measured.map_or("—".into(), |m| format!("{m:.2}")),
             error.map_or(String::new(), |e| format!("{:+.1}%", e * 100.0))
         );
         rows.push(json!({
-            "tree": name, "rows": tree.len(), "alpha_source": source, "expected_tokens": e,
+            "tree": name, "rows": tree.len(), "live_rows": live, "alpha_source": source, "expected_tokens": e,
             "step_s": cost, "tokens_per_s": rate, "speedup": speedup,
             "measured_speedup": measured, "relative_error": error,
         }));

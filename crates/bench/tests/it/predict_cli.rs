@@ -56,6 +56,13 @@ fn predict_sets_predictions_beside_measured_speedups() {
     let trees = p["trees"].as_array().unwrap();
     assert_eq!(trees.iter().map(|t| t["tree"].as_str().unwrap()).collect::<Vec<_>>(), ["chain-2", "drafts-2-depth-2"]);
     for t in trees {
+        // The target's rows per step are the runs' own (live nodes), at most the tree's.
+        let runs: Vec<&&Value> = spec.iter().filter(|r| r["tree"] == t["tree"]).collect();
+        let rows: u64 = runs.iter().map(|r| r["target_rows"].as_u64().unwrap()).sum();
+        let steps: u64 = runs.iter().map(|r| r["target_forwards"].as_u64().unwrap()).sum();
+        let live = t["live_rows"].as_f64().unwrap();
+        assert!((live - rows as f64 / steps as f64).abs() < 1e-9, "{t}: {rows} rows in {steps} steps");
+        assert!(live <= t["rows"].as_f64().unwrap(), "{t}");
         assert_eq!(t["alpha_source"], "its runs", "{t}");
         let e = t["expected_tokens"].as_f64().unwrap();
         assert!((1.0..=3.0).contains(&e), "{t}");
@@ -80,6 +87,7 @@ fn predict_sets_predictions_beside_measured_speedups() {
     assert!((p["trees"][0]["expected_tokens"].as_f64().unwrap() - 2.5).abs() < 1e-6, "{p}");
     assert!(p["trees"][1]["expected_tokens"].as_f64().unwrap() > 2.5, "{p}");
     assert!(p["trees"][0]["measured_speedup"].is_null());
+    assert_eq!(p["trees"][1]["live_rows"].as_f64(), Some(5.0), "without records, all of chain-4's rows: {p}");
     let e = stderr(&bench(&["predict", "--costs", s(&costs)]));
     assert!(e.contains("--records") && e.contains("--tau"), "{e}");
     let e = stderr(&bench(&["predict", "--costs", "/nonexistent.json", "--tau", "2"]));
