@@ -273,7 +273,11 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
         let error = measured.map(|m| speedup / m - 1.0);
         println!(
             "| {name} | {} | {source} | {e:.2} | {:.3} | {rate:.1} | {} | {speedup:.2} | {} | {} |",
-            if (live - tree.len() as f64).abs() > 1e-9 { format!("{} ({live:.1} live)", tree.len()) } else { tree.len().to_string() },
+            if (live - tree.len() as f64).abs() > 1e-9 {
+                format!("{} ({live:.1} live)", tree.len())
+            } else {
+                tree.len().to_string()
+            },
             cost * 1e3,
             own.filter(|m| m.steps > 0.0).map_or("—".into(), |m| format!("{:.1}", m.tokens_per_s())),
             measured.map_or("—".into(), |m| format!("{m:.2}")),
