@@ -4,9 +4,11 @@
 //! mt-bench` records, or a τ fitted), with the model `--tree auto` uses to choose
 //! (`engine::decode::auto_tree`):
 //!
-//! - a step of tree `T` costs `C(T) = D(1) + Σ_levels D(width) + T(|T|) + o`, the draft's
-//!   forwards, the target's over the tree's rows, and `o` the step's other work (verification,
-//!   copies: the records' verification seconds per step, or `--overhead-ms`);
+//! - a step of tree `T` costs `C(T) = D(1 + P_leaf) + Σ_levels D(width) + T(|T|) + o`, the
+//!   draft's forwards (the root's also runs the last step's accepted leaf draft, which was
+//!   sampled but never run, with probability `P_leaf`: [`ends_at_leaf`]), the target's over
+//!   the tree's rows (its runs' live rows when records ran it), and `o` the step's other work
+//!   (verification, copies: the records' verification seconds per step, or `--overhead-ms`);
 //! - it emits `E(T)` tokens, from the acceptance `α_{k,j}` of the draft of rank `j` among `k`
 //!   ([`AutoTree::expected_tokens`]);
 //! - plain decoding emits 1 token per `T(1) + o_plain`.
@@ -101,6 +103,29 @@ pub fn alphas_from_counts(tried: &[[u64; WIDTHS]; WIDTHS], accepted: &[[u64; WID
             (true, t) => accepted[k][j] as f64 / t as f64,
         })
     })
+}
+
+/// The probability that a step of `tree` at acceptance `alphas` accepts a path ending at a leaf
+/// below the root (a draft never run through the draft model, which runs it at the next step's
+/// root): at each node the drafts are tried in order, as in [`AutoTree::expected_tokens`].
+pub fn ends_at_leaf(tree: &DraftTree, alphas: &Alphas) -> f64 {
+    // Children come after their parents, so a reverse pass sees children first.
+    let mut leaf = vec![0.0; tree.len()];
+    for v in (0..tree.len()).rev() {
+        let kids = tree.children(v);
+        if kids.is_empty() {
+            leaf[v] = if v == 0 { 0.0 } else { 1.0 };
+            continue;
+        }
+        let row = &alphas[kids.len().clamp(1, WIDTHS) - 1];
+        let mut reach = 1.0;
+        for (j, &c) in kids.iter().enumerate() {
+            let alpha = row[j.min(WIDTHS - 1)];
+            leaf[v] += reach * alpha * leaf[c];
+            reach *= 1.0 - alpha;
+        }
+    }
+    leaf[0]
 }
 
 /// One acceptance rate `a` for every draft such that `tree` emits `tau` tokens per step
@@ -265,7 +290,22 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
             let (a, b) = (auto.target.at(lo).context("no target cost")?, auto.target.at(hi).context("no target cost")?);
             a + (b - a) * (live - lo as f64).clamp(0.0, 1.0)
         };
-        let cost = auto.step_cost(&tree).context("the costs do not cover this tree")? - full + target_live + overhead;
+        // The root's draft forward also runs the last step's deepest accepted draft when that
+        // was a leaf (sampled, never run through the draft): 1 + P(the path ends at a leaf) rows.
+        let interpolate = |c: &CostCurve, x: f64| -> anyhow::Result<f64> {
+            let (lo, hi) = (x.floor().max(1.0) as usize, x.ceil().max(1.0) as usize);
+            let (a, b) = (c.at(lo).context("no draft cost")?, c.at(hi).context("no draft cost")?);
+            Ok(a + (b - a) * (x - lo as f64).clamp(0.0, 1.0))
+        };
+        let root_extra = if draft_role == "draft" && !tree.children(0).is_empty() {
+            interpolate(&auto.draft, 1.0 + ends_at_leaf(&tree, &alphas))? - interpolate(&auto.draft, 1.0)?
+        } else {
+            0.0
+        };
+        let cost = auto.step_cost(&tree).context("the costs do not cover this tree")? - full
+            + target_live
+            + root_extra
+            + overhead;
         let rate = e / cost;
         let speedup = rate / plain_rate;
         let measured =
@@ -335,5 +375,21 @@ mod tests {
         let a = fit_alpha(&chain, 1.0 + 0.5 + 0.25 + 0.125 + 0.0625).unwrap();
         assert!((a - 0.5).abs() < 1e-9, "{a}");
         assert!(fit_alpha(&chain, 6.0).is_err());
+    }
+
+    /// A path ends at a leaf: a chain only when every draft is accepted; two leaf drafts at the
+    /// root when either is (in order); no drafts never.
+    #[test]
+    fn paths_end_at_leaves_as_the_drafts_are_accepted() {
+        let mut alphas = [[0.0; WIDTHS]; WIDTHS];
+        alphas[0][0] = 0.7;
+        alphas[1][0] = 0.6;
+        alphas[1][1] = 0.3;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(ends_at_leaf(&DraftTree::preset("chain-1").unwrap(), &alphas), 0.7));
+        assert!(close(ends_at_leaf(&DraftTree::preset("chain-3").unwrap(), &alphas), 0.7 * 0.7 * 0.7));
+        let fork = DraftTree::from_paths(&[vec![0], vec![1]]).unwrap();
+        assert!(close(ends_at_leaf(&fork, &alphas), 0.6 + 0.4 * 0.3));
+        assert_eq!(ends_at_leaf(&DraftTree::root_only(), &alphas), 0.0);
     }
 }
