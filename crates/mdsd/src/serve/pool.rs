@@ -51,6 +51,15 @@ impl Lease {
     }
 }
 
+/// One request counted as waiting, until dropped.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Why a request did not get a slot.
 pub(super) enum Refused {
     /// `--max-waiting` requests wait already: the number waiting.
@@ -80,13 +89,16 @@ impl Pool {
     /// `--max-waiting` requests wait already.
     pub(super) async fn acquire(self: &Arc<Self>, tenant: &str, prompt: &[u32]) -> Result<Lease, Refused> {
         let waiting = self.waiting.fetch_add(1, Ordering::SeqCst);
-        // Counted from here: a request arriving while the slots are all in use waits, up to the limit.
+        // Counted from here until a slot is taken, refused, or the request is dropped while it
+        // waits (its client hung up): a count left behind by a dropped request kept `/health`
+        // saying "waiting" and brought the queue nearer to `--max-waiting` for good.
+        let counted = Counted(&self.waiting);
+        // A request arriving while the slots are all in use waits, up to the limit.
         if waiting >= self.max_waiting && self.free.available_permits() == 0 {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(Refused::QueueFull(waiting));
         }
         let permit = Arc::clone(&self.free).acquire_owned().await.expect("the pool's semaphore is never closed");
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        drop(counted);
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let shared = |s: &Slot| s.generator.cached_text().iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let best = slots

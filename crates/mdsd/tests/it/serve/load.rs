@@ -295,6 +295,50 @@ fn serve_caps_and_times_out_connections() {
     assert_eq!(http(port, "GET", "/health", "").0, 200);
 }
 
+/// Clients that hang up while their requests wait for a slot leave the queue: `/health` says
+/// nothing waits once the slot's own answer ended (their count stayed, for good, when the
+/// dropped requests never gave it back).
+#[test]
+fn serve_forgets_waiting_requests_whose_clients_hung_up() {
+    let dir = temp_dir("serve-waiting-hangup");
+    let target = Tiny { context: 8192, ..Tiny::llama(77) }.write_hf(&dir.join("target"));
+    let server = start(&["--target", s(&target), "--no-spec", "--max-batch", "1", "--context", "8192"]);
+    let port = server.port;
+    let health = || serde_json::from_str::<Value>(&http(port, "GET", "/health", "").1).unwrap();
+    // The only slot answers a long streamed request, read to its first event.
+    let long = json!({"prompt": "AB", "max_tokens": 6000, "ignore_eos": true, "stream": true}).to_string();
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    let mut running = BufReader::new(c);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(running.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
+    }
+    // Three more wait for it, then hang up.
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{COMPLETION}", COMPLETION.len()).unwrap();
+        waiting.push(c);
+    }
+    let t = Instant::now();
+    while health()["waiting"] != 3 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the three did not queue: {}", health());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for c in &waiting {
+        c.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    drop(waiting);
+    // The long answer ends when its client goes too.
+    drop(running);
+    idle(port, 30, "three waiting clients and the running one hung up");
+    // And the queue takes new requests as before.
+    let (status, v) = post(port, "/v1/completions", &serde_json::from_str(COMPLETION).unwrap());
+    assert_eq!(status, 200, "{v}");
+}
+
 /// A completion from the client address `from` (a loopback address of its own: a tenant of its
 /// own when no API key is set); its answer, asserted 200.
 fn completion_from(port: u16, from: [u8; 4], body: &Value) -> Value {
