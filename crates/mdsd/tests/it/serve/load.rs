@@ -186,6 +186,10 @@ fn serve_survives_stalled_and_hostile_clients() {
             assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
         }
     }
+    // Their answers end (before the next three, which must all get slots of their own).
+    idle(port, 30, "eight clients hung up mid-stream");
+    let m = super::metrics(port);
+    assert_eq!(m["answers_ended_total{reason=\"client\"}"], 10.0, "{m:?}");
     // And three that hang up while waiting for a whole (not streamed) answer.
     let whole = json!({"prompt": "AB", "max_tokens": 8000, "ignore_eos": true}).to_string();
     let mut waiting = Vec::new();
