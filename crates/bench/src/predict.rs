@@ -105,6 +105,14 @@ pub fn alphas_from_counts(tried: &[[u64; WIDTHS]; WIDTHS], accepted: &[[u64; WID
     })
 }
 
+/// The cost of a fractional number of rows (a mean over steps): linear between the whole
+/// numbers around it.
+fn at_rows(curve: &CostCurve, rows: f64) -> Option<f64> {
+    let (lo, hi) = (rows.floor().max(1.0) as usize, rows.ceil().max(1.0) as usize);
+    let (a, b) = (curve.at(lo)?, curve.at(hi)?);
+    Some(a + (b - a) * (rows - lo as f64).clamp(0.0, 1.0))
+}
+
 /// The probability that a step of `tree` at acceptance `alphas` accepts a path ending at a leaf
 /// below the root (a draft never run through the draft model, which runs it at the next step's
 /// root): at each node the drafts are tried in order, as in [`AutoTree::expected_tokens`].
@@ -285,20 +293,12 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<()> {
         // its nodes when drafts were not drawn), else over all of its nodes.
         let live = own.filter(|m| m.steps > 0.0).map(|m| m.rows / m.steps).unwrap_or(tree.len() as f64);
         let full = auto.target.at(tree.len()).context("the costs do not cover this tree")?;
-        let target_live = {
-            let (lo, hi) = (live.floor().max(1.0) as usize, live.ceil().max(1.0) as usize);
-            let (a, b) = (auto.target.at(lo).context("no target cost")?, auto.target.at(hi).context("no target cost")?);
-            a + (b - a) * (live - lo as f64).clamp(0.0, 1.0)
-        };
+        let target_live = at_rows(&auto.target, live).context("no target cost")?;
         // The root's draft forward also runs the last step's deepest accepted draft when that
         // was a leaf (sampled, never run through the draft): 1 + P(the path ends at a leaf) rows.
-        let interpolate = |c: &CostCurve, x: f64| -> anyhow::Result<f64> {
-            let (lo, hi) = (x.floor().max(1.0) as usize, x.ceil().max(1.0) as usize);
-            let (a, b) = (c.at(lo).context("no draft cost")?, c.at(hi).context("no draft cost")?);
-            Ok(a + (b - a) * (x - lo as f64).clamp(0.0, 1.0))
-        };
         let root_extra = if draft_role == "draft" && !tree.children(0).is_empty() {
-            interpolate(&auto.draft, 1.0 + ends_at_leaf(&tree, &alphas))? - interpolate(&auto.draft, 1.0)?
+            let root = |rows| at_rows(&auto.draft, rows).context("no draft cost");
+            root(1.0 + ends_at_leaf(&tree, &alphas))? - root(1.0)?
         } else {
             0.0
         };

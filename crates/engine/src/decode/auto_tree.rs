@@ -68,9 +68,9 @@ const FORGET: f64 = 0.98;
 const EXPLORE_EVERY: usize = 16;
 /// Tokens an n-gram lookup step is assumed to emit before a text has shown its own (hopeful,
 /// so that lookups are tried: a text that declines them learns nothing more about them)
-/// ([`AutoTree::lookup_pays_in_batch`]), as if seen on this many steps.
-pub const LOOKUP_PRIOR_TOKENS: f64 = 3.0;
-pub const LOOKUP_PRIOR_WEIGHT: f64 = 4.0;
+/// ([`AutoTree::lookup_tokens`]), as if seen on this many steps.
+const LOOKUP_PRIOR_TOKENS: f64 = 3.0;
+const LOOKUP_PRIOR_WEIGHT: f64 = 4.0;
 
 /// The candidate trees: chains of depth 1 to 6, plus multi-draft trees when the draft keeps
 /// a temperature (a one-hot q yields one distinct draft per node, so wider trees would only
@@ -320,6 +320,12 @@ impl AutoTree {
             }
         }
         Some(c)
+    }
+
+    /// The tokens a lookup step is expected to emit, from the `tokens` the text's `steps`
+    /// lookup steps emitted so far and a hopeful prior.
+    pub fn lookup_tokens(tokens: usize, steps: usize) -> f64 {
+        (tokens as f64 + LOOKUP_PRIOR_TOKENS * LOOKUP_PRIOR_WEIGHT) / (steps as f64 + LOOKUP_PRIOR_WEIGHT)
     }
 
     /// Whether an n-gram lookup step of `rows` target rows (no draft forward), expected to emit

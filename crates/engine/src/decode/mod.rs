@@ -294,9 +294,6 @@ impl<'a> Generator<'a> {
         self.draft_context.window()
     }
 
-    /// The `--tree auto` state (costs measured so far, acceptance); `None` before the first
-    /// generation with [`TreeChoice::Auto`]. Tools and tests may seed it: rows whose cost is
-    /// already known are not measured again.
     /// Shares `--tree auto`'s measured forward costs with the other generators given the same
     /// `book` (they must run the same models on the same device): see
     /// [`crate::decode::auto_tree::CostBook`].
@@ -304,6 +301,9 @@ impl<'a> Generator<'a> {
         self.cost_book = Some(book);
     }
 
+    /// The `--tree auto` state (costs measured so far, acceptance); `None` before the first
+    /// generation with [`TreeChoice::Auto`]. Tools and tests may seed it: rows whose cost is
+    /// already known are not measured again.
     pub fn auto_tree_mut(&mut self) -> &mut Option<AutoTree> {
         &mut self.auto
     }
@@ -503,6 +503,13 @@ impl<'a> Generator<'a> {
                     stats.target_rows += 1;
                 }
                 Some(s) => {
+                    // With `--tree auto`, what the other members of a batch ask of their next
+                    // steps (nothing alone).
+                    let others = if auto.is_some() {
+                        crate::model::others_load().unwrap_or(crate::model::SharedLoad::NONE)
+                    } else {
+                        crate::model::SharedLoad::NONE
+                    };
                     let lookup = match &s.source {
                         DraftSource::Model => false,
                         DraftSource::Ngram(_) => true,
@@ -511,18 +518,10 @@ impl<'a> Generator<'a> {
                         // the batch, since its rows cost every member (`lookup_pays_in_batch`).
                         DraftSource::NgramFirst { tree, .. } => {
                             self.ngram.has_match()
-                                && match auto.as_ref() {
-                                    Some(a) => {
-                                        let others =
-                                            crate::model::others_load().unwrap_or(crate::model::SharedLoad::NONE);
-                                        let w = crate::decode::auto_tree::LOOKUP_PRIOR_WEIGHT;
-                                        let tokens = (stats.ngram_tokens as f64
-                                            + crate::decode::auto_tree::LOOKUP_PRIOR_TOKENS * w)
-                                            / (stats.ngram_steps as f64 + w);
-                                        a.lookup_pays_in_batch(tree.len(), tokens, &others)
-                                    }
-                                    None => true,
-                                }
+                                && auto.as_ref().is_none_or(|a| {
+                                    let tokens = AutoTree::lookup_tokens(stats.ngram_tokens, stats.ngram_steps);
+                                    a.lookup_pays_in_batch(tree.len(), tokens, &others)
+                                })
                         }
                     };
                     let chosen;
@@ -533,10 +532,7 @@ impl<'a> Generator<'a> {
                             // A draft model first catches up on the tokens it has not run.
                             a.draft_lag = if self.eagle.is_none() { draft_pending.len().max(1) } else { 1 };
                             // In a batch, knowing what the others' next steps ask.
-                            let i = match crate::model::others_load() {
-                                Some(others) => a.choose_in_batch(&others),
-                                None => a.choose(),
-                            };
+                            let i = a.choose_in_batch(&others);
                             chosen = Arc::clone(&a.trees[i].1);
                             crate::model::post_load(Some(a.load_of(&chosen)));
                             (&*chosen, Some(a))

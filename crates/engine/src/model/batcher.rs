@@ -142,9 +142,10 @@ pub struct Batcher {
     changed: Condvar,
 }
 
-/// What one member asked for: a forward of a sequence, or logits of hidden states.
+/// What one member asked for: a forward of a sequence, or logits of hidden states. The
+/// forward's tokens and positions are the member's own slices, not copies (see `Request`).
 pub(crate) enum Work {
-    Forward { tokens: Vec<u32>, positions: Vec<u32>, bias: Tensor, cache: *mut KvCache },
+    Forward { tokens: *const [u32], positions: *const [u32], bias: Tensor, cache: *mut KvCache },
     Logits { hidden: Tensor },
 }
 
@@ -156,9 +157,9 @@ struct Request {
     prefill: Option<u64>,
 }
 
-// SAFETY: the pointers are to a model and a cache owned by a member thread that waits, without
-// touching them, until its request is answered; only the thread running the batch uses them
-// meanwhile.
+// SAFETY: the pointers are to a model, a cache and token and position slices owned by a member
+// thread that waits, without touching them, until its request is answered; only the thread
+// running the batch uses them meanwhile.
 unsafe impl Send for Request {}
 
 #[derive(Default)]
@@ -305,25 +306,20 @@ impl Batcher {
             Work::Logits { .. } => 0,
         };
         let heaviest = st.waiting.iter().map(weight).max().unwrap_or(0);
-        let batch = if st.waiting.iter().any(|r| weight(r) < heaviest) {
-            let (held, now): (Vec<Request>, Vec<Request>) =
-                std::mem::take(&mut st.waiting).into_iter().partition(|r| weight(r) == heaviest);
-            st.waiting = held;
-            now
-        } else {
-            std::mem::take(&mut st.waiting)
+        let mut batch = std::mem::take(&mut st.waiting);
+        // Requests that wait for a later batch.
+        let mut hold = |batch: &mut Vec<Request>, later: &dyn Fn(&Request) -> bool| {
+            let (held, now) = std::mem::take(batch).into_iter().partition(|r| later(r));
+            st.waiting.extend::<Vec<Request>>(held);
+            *batch = now;
         };
+        if batch.iter().any(|r| weight(r) < heaviest) {
+            hold(&mut batch, &|r| weight(r) == heaviest);
+        }
         // One prompt's prefill at a time: the earliest begun (see `Prefilling`).
-        let first = batch.iter().filter_map(|r| r.prefill).min();
-        let batch = match first {
-            Some(first) if batch.iter().any(|r| r.prefill.is_some_and(|t| t != first)) => {
-                let (later, now): (Vec<Request>, Vec<Request>) =
-                    batch.into_iter().partition(|r| r.prefill.is_some_and(|t| t != first));
-                st.waiting.extend(later);
-                now
-            }
-            _ => batch,
-        };
+        if let Some(first) = batch.iter().filter_map(|r| r.prefill).min() {
+            hold(&mut batch, &|r| r.prefill.is_some_and(|t| t != first));
+        }
         let prefills = batch.iter().filter_map(|r| r.prefill).collect::<std::collections::BTreeSet<u64>>().len();
         st.stats.prefills_together = st.stats.prefills_together.max(prefills as u64);
         drop(st);
@@ -352,7 +348,21 @@ impl Batcher {
 }
 
 /// A queued forward: request id, tokens, positions, bias and the member's cache.
-type QueuedForward = (u64, Vec<u32>, Vec<u32>, Tensor, *mut KvCache);
+type QueuedForward = (u64, *const [u32], *const [u32], Tensor, *mut KvCache);
+
+/// Adds `item` to `model`'s group.
+fn add_to_group<T>(groups: &mut Vec<(*const DecoderModel, Vec<T>)>, model: *const DecoderModel, item: T) {
+    match groups.iter_mut().find(|(m, _)| *m == model) {
+        Some((_, g)) => g.push(item),
+        None => groups.push((model, vec![item])),
+    }
+}
+
+/// The same error for every request (`ids`) of a failed group's run.
+fn failed(ids: impl Iterator<Item = u64>, e: &candle_core::Error, run: Run) -> Vec<(u64, Answer)> {
+    let msg = crate::plain_error(e);
+    ids.map(|id| (id, (Err(candle_core::Error::Msg(msg.clone())), run))).collect()
+}
 
 /// Runs a batch: the forwards of each model as one batched forward, then the logits of each
 /// model as one product; every request gets its answer (an error of its group's run, if any).
@@ -364,15 +374,9 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
     for r in batch {
         match r.work {
             Work::Forward { tokens, positions, bias, cache } => {
-                match forwards.iter_mut().find(|(m, _)| *m == r.model) {
-                    Some((_, g)) => g.push((r.id, tokens, positions, bias, cache)),
-                    None => forwards.push((r.model, vec![(r.id, tokens, positions, bias, cache)])),
-                }
+                add_to_group(&mut forwards, r.model, (r.id, tokens, positions, bias, cache))
             }
-            Work::Logits { hidden } => match logits.iter_mut().find(|(m, _)| *m == r.model) {
-                Some((_, g)) => g.push((r.id, hidden)),
-                None => logits.push((r.model, vec![(r.id, hidden)])),
-            },
+            Work::Logits { hidden } => add_to_group(&mut logits, r.model, (r.id, hidden)),
         }
     }
     for (model, mut group) in forwards {
@@ -381,7 +385,7 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
         // A sequence that cannot run (a position past the context, a full cache) gets its own
         // error; the others run.
         group.retain(|(id, tokens, positions, bias, cache)| {
-            match model.check_forward(tokens, positions, bias, unsafe { &**cache }) {
+            match model.check_forward(unsafe { &**tokens }, unsafe { &**positions }, bias, unsafe { &**cache }) {
                 Ok(()) => true,
                 Err(e) => {
                     answers.push((*id, (Err(e), Run::default())));
@@ -395,24 +399,23 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
         let mut items: Vec<BatchItem> = group
             .iter()
             .map(|(_, tokens, positions, bias, cache)| BatchItem {
-                tokens,
-                positions,
+                tokens: unsafe { &**tokens },
+                positions: unsafe { &**positions },
                 bias,
                 cache: unsafe { &mut **cache },
             })
             .collect();
+        let rows: usize = items.iter().map(|i| i.tokens.len()).sum();
         stats.batches += 1;
         stats.requests += group.len() as u64;
-        stats.rows += group.iter().map(|g| g.1.len() as u64).sum::<u64>();
+        stats.rows += rows as u64;
         stats.widest = stats.widest.max(group.len() as u64);
         let started = std::time::Instant::now();
         let result = model.forward_batch(&mut items);
-        let run = Run { rows: group.iter().map(|g| g.1.len()).sum(), secs: started.elapsed().as_secs_f64() };
+        let run = Run { rows, secs: started.elapsed().as_secs_f64() };
         match result {
             Ok(hidden) => answers.extend(group.iter().map(|g| g.0).zip(hidden.into_iter().map(|h| (Ok(h), run)))),
-            Err(e) => {
-                answers.extend(group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))))
-            }
+            Err(e) => answers.extend(failed(group.iter().map(|g| g.0), &e, run)),
         }
     }
     for (model, group) in logits {
@@ -439,9 +442,7 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
         let run = Run { rows: 0, secs: started.elapsed().as_secs_f64() };
         match result {
             Ok(l) => answers.extend(group.iter().map(|g| g.0).zip(l.into_iter().map(|l| (Ok(l), run)))),
-            Err(e) => {
-                answers.extend(group.iter().map(|g| (g.0, (Err(candle_core::Error::Msg(crate::plain_error(&e))), run))))
-            }
+            Err(e) => answers.extend(failed(group.iter().map(|g| g.0), &e, run)),
         }
     }
     (answers, stats)
@@ -457,7 +458,7 @@ impl DecoderModel {
         cache: &mut KvCache,
     ) -> Option<Result<Tensor>> {
         let batcher = Batcher::current()?;
-        let work = Work::Forward { tokens: tokens.to_vec(), positions: positions.to_vec(), bias: bias.clone(), cache };
+        let work = Work::Forward { tokens, positions, bias: bias.clone(), cache };
         Some(batcher.submit(self, work))
     }
 

@@ -85,6 +85,22 @@ fn idle(port: u16, secs: u64, after: &str) {
     }
 }
 
+/// Writes a completion request with `body` on `c` (the connection kept open).
+fn write_completion(c: &mut TcpStream, body: &str) {
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+}
+
+/// Reads `c`'s streamed answer up to its first event; the reader, for the rest.
+fn first_event(c: TcpStream) -> BufReader<TcpStream> {
+    let mut reader = BufReader::new(c);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
+    }
+    reader
+}
+
 /// A raw request's first response line, read within 10 s ("" when the server closed first).
 fn status_line(stream: &mut TcpStream) -> String {
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -162,7 +178,7 @@ fn serve_survives_stalled_and_hostile_clients() {
     let mut slow = Vec::new();
     for _ in 0..2 {
         let mut c = connect(port, [127, 0, 0, 1], Some(4096));
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write_completion(&mut c, &body);
         slow.push(c);
     }
     let t = Instant::now();
@@ -178,13 +194,8 @@ fn serve_survives_stalled_and_hostile_clients() {
     // 3. Eight clients hang up after their stream's first event.
     for _ in 0..8 {
         let mut c = connect(port, [127, 0, 0, 1], None);
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let mut reader = BufReader::new(c);
-        let mut line = String::new();
-        while !line.starts_with("data: ") {
-            line.clear();
-            assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
-        }
+        write_completion(&mut c, &body);
+        drop(first_event(c)); // hang up
     }
     // Their answers end (before the next three, which must all get slots of their own).
     idle(port, 30, "eight clients hung up mid-stream");
@@ -195,7 +206,7 @@ fn serve_survives_stalled_and_hostile_clients() {
     let mut waiting = Vec::new();
     for _ in 0..3 {
         let mut c = connect(port, [127, 0, 0, 1], None);
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{whole}", whole.len()).unwrap();
+        write_completion(&mut c, &whole);
         waiting.push(c);
     }
     let t = Instant::now();
@@ -312,18 +323,13 @@ fn serve_forgets_waiting_requests_whose_clients_hung_up() {
     // The only slot answers a long streamed request, read to its first event.
     let long = json!({"prompt": "AB", "max_tokens": 6000, "ignore_eos": true, "stream": true}).to_string();
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
-    let mut running = BufReader::new(c);
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        assert!(running.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
-    }
+    write_completion(&mut c, &long);
+    let running = first_event(c);
     // Three more wait for it, then hang up.
     let mut waiting = Vec::new();
     for _ in 0..3 {
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{COMPLETION}", COMPLETION.len()).unwrap();
+        write_completion(&mut c, COMPLETION);
         waiting.push(c);
     }
     let t = Instant::now();
@@ -429,13 +435,8 @@ fn serve_stops_gracefully_on_sigterm() {
         let port = server.port;
         let body = json!({"prompt": "AB", "max_tokens": tokens, "ignore_eos": true, "stream": true}).to_string();
         let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let mut reader = BufReader::new(c);
-        let mut line = String::new();
-        while !line.starts_with("data: ") {
-            line.clear();
-            assert!(reader.read_line(&mut line).unwrap() > 0);
-        }
+        write_completion(&mut c, &body);
+        let mut reader = first_event(c);
         // SAFETY: signalling a child process this test started.
         assert_eq!(unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) }, 0);
         let reading = std::thread::spawn(move || {
