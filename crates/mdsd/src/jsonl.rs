@@ -44,16 +44,11 @@ pub fn generate_lines(args: &GenerateArgs, plan: Plan) -> anyhow::Result<()> {
     let longest = prompts.iter().filter_map(|(_, p)| p.as_ref().ok()).map(Vec::len).max().unwrap_or(1);
     let capacity = session.capacity(longest, args.max_new_tokens);
     let workers = args.max_batch.map_or(1, usize::from).min(prompts.len()).max(1);
-    let mut generators = Vec::with_capacity(workers);
-    // The workers run the same models: `--tree auto` times them once for all.
-    let costs = engine::decode::auto_tree::CostBook::new();
-    for _ in 0..workers {
-        let mut generator = session.generator(args, capacity)?;
-        generator.share_costs(costs.clone());
+    let mut generators = session.generators(args, capacity, workers)?;
+    for generator in &mut generators {
         generator.set_logprobs(args.logprobs);
         generator.set_prompt_logprobs(args.prompt_logprobs);
         generator.set_prefix_reuse(!args.prompt_logprobs);
-        generators.push(generator);
     }
     let batcher = Batcher::new();
     let next = AtomicUsize::new(0);

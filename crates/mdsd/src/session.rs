@@ -199,6 +199,20 @@ impl Session {
         Ok(generator)
     }
 
+    /// `n` generators as [`Self::generator`] makes them, for generations that run at once
+    /// (`serve`'s slots, `--jsonl --max-batch`): they run the same models, so `--tree auto`
+    /// times them once for all (`engine::decode::auto_tree::CostBook`).
+    pub fn generators(&self, args: &GenerateArgs, capacity: usize, n: usize) -> anyhow::Result<Vec<Generator<'_>>> {
+        let costs = engine::decode::auto_tree::CostBook::new();
+        (0..n)
+            .map(|_| {
+                let mut generator = self.generator(args, capacity)?;
+                generator.share_costs(costs.clone());
+                Ok(generator)
+            })
+            .collect()
+    }
+
     /// The draft window a generator of this session uses (`None`: none, or no draft model).
     pub fn window(&self, generator: &Generator, args: &GenerateArgs) -> Option<DraftWindow> {
         generator.draft_window().filter(|_| self.draft.is_some() && !args.no_spec)

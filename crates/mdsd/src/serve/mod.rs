@@ -190,14 +190,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             capacity
         );
     }
-    let mut generators: Vec<Generator<'static>> = Vec::with_capacity(max_batch);
-    // The slots run the same models: `--tree auto` times them once for all.
-    let costs = engine::decode::auto_tree::CostBook::new();
-    for _ in 0..max_batch {
-        let mut g = session.generator(run, capacity)?;
+    let mut generators: Vec<Generator<'static>> = session.generators(run, capacity, max_batch)?;
+    for g in &mut generators {
         g.set_prefix_reuse(!args.no_prefix_reuse);
-        g.share_costs(costs.clone());
-        generators.push(g);
     }
     let model = session.target.path.file_stem().map_or("target".into(), |s| s.to_string_lossy().to_string());
     eprintln!("--- {}", crate::report::mode(run, session.verifier, session.window(&generators[0], run)));
