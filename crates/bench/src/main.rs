@@ -20,6 +20,7 @@ mod pair;
 mod predict;
 mod random_eagle;
 mod random_gguf;
+mod train_plot;
 mod run_info;
 mod stats;
 
@@ -51,6 +52,9 @@ enum Command {
     /// An EAGLE-1 head with random weights for a target (its sizes, the checkpoint layout),
     /// to time head steps where no real head exists.
     RandomEagle(random_eagle::RandomEagleArgs),
+    /// The loss and top-1 accuracy curves of an EAGLE training run (`mdsd train-eagle`'s
+    /// train_log.jsonl), as PNG and SVG.
+    TrainPlot(train_plot::TrainPlotArgs),
 }
 
 fn main() {
@@ -65,6 +69,7 @@ fn main() {
         Command::Predict(args) => predict::run(&args).map(|()| 0),
         Command::RandomGguf(args) => random_gguf::run(&args).map(|()| 0),
         Command::RandomEagle(args) => random_eagle::run(&args).map(|()| 0),
+        Command::TrainPlot(args) => train_plot::run(&args).map(|()| 0),
     };
     match result {
         Ok(0) => {}

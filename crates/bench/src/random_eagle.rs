@@ -12,7 +12,8 @@ use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use engine::load::gguf::GgufFile;
 use engine::load::hf::HfConfig;
-use engine::model::{Architecture, ModelConfig};
+use engine::model::ModelConfig;
+use engine::train::HeadShape;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -87,59 +88,22 @@ fn target_config(path: &Path) -> anyhow::Result<ModelConfig> {
     Ok(GgufFile::open(path)?.config()?)
 }
 
-/// EAGLE's `config.json` for a head of `c`: LLaMA fields and one layer; a Qwen2 head says
-/// `qkv_bias` (EAGLE's Qwen2 heads keep `model_type: llama`).
+/// EAGLE's `config.json` for a head of `c` (the engine's, as `mdsd train-eagle` writes it).
 fn config_json(c: &ModelConfig, dtype: &str) -> serde_json::Value {
     let torch_dtype = match dtype {
         "f32" => "float32",
         "f16" => "float16",
         _ => "bfloat16",
     };
-    let mut v = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_act": "silu",
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": 1,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.context_length,
-        "torch_dtype": torch_dtype,
-    });
-    if c.architecture == Architecture::Qwen2 {
-        v["qkv_bias"] = true.into();
-    }
-    v
+    HeadShape::for_target(c, None).config_json(torch_dtype)
 }
 
-/// The head's tensors and their shapes (`[out, in]` for matrices, as PyTorch stores them).
+/// The head's tensors and their shapes (`[out, in]` for matrices, as PyTorch stores them),
+/// with the head's own embedding if asked.
 fn tensor_shapes(c: &ModelConfig, own_embedding: bool) -> Vec<(String, Vec<usize>)> {
-    let (h, q, kv, m) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
-    let p = "layers.0.";
-    let mut out: Vec<(String, Vec<usize>)> = vec![
-        ("fc.weight".into(), vec![h, 2 * h]),
-        ("fc.bias".into(), vec![h]),
-        (format!("{p}self_attn.q_proj.weight"), vec![q, h]),
-        (format!("{p}self_attn.k_proj.weight"), vec![kv, h]),
-        (format!("{p}self_attn.v_proj.weight"), vec![kv, h]),
-        (format!("{p}self_attn.o_proj.weight"), vec![h, q]),
-        (format!("{p}post_attention_layernorm.weight"), vec![h]),
-        (format!("{p}mlp.gate_proj.weight"), vec![m, h]),
-        (format!("{p}mlp.up_proj.weight"), vec![m, h]),
-        (format!("{p}mlp.down_proj.weight"), vec![h, m]),
-    ];
-    if c.architecture == Architecture::Qwen2 {
-        out.push((format!("{p}self_attn.q_proj.bias"), vec![q]));
-        out.push((format!("{p}self_attn.k_proj.bias"), vec![kv]));
-        out.push((format!("{p}self_attn.v_proj.bias"), vec![kv]));
-    }
+    let mut out = HeadShape::for_target(c, None).tensors();
     if own_embedding {
-        out.push(("embed_tokens.weight".into(), vec![c.vocab_size, h]));
+        out.push(("embed_tokens.weight".into(), vec![c.vocab_size, c.hidden_size]));
     }
     out
 }
@@ -154,6 +118,7 @@ fn random_tensor(dims: &[usize], std: Option<f32>, seed: u64) -> candle_core::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine::model::Architecture;
 
     /// A Qwen2 head has the q/k/v biases and a LLaMA head none; every matrix maps the
     /// target's sizes; `fc` reads the two concatenated vectors.

@@ -3,12 +3,46 @@
 use crate::models::{manifest_model, pair_manifest};
 use anyhow::Context;
 use engine::load::provision::ModelKind;
+use clap::Parser;
+use engine::load::provision::TrainRecipe;
 use std::path::Path;
+
+/// `mdsd train-eagle`'s flags, parsed from a manifest's recipe.
+#[derive(Parser)]
+struct RecipeArgs {
+    #[command(flatten)]
+    args: crate::train_eagle::TrainEagleArgs,
+}
+
+/// Trains pair `pair`'s EAGLE head for `target` by its recipe into the cache, unless it is
+/// there (an interrupted run resumes), saying first how long it takes.
+fn train_head(pair: &str, recipe: &TrainRecipe, target: &Path) -> anyhow::Result<()> {
+    let out = crate::models::trained_head_dir(pair);
+    if out.join("head/model.safetensors").is_file() {
+        return Ok(());
+    }
+    eprintln!(
+        "mdsd: {pair}'s EAGLE head is trained here, not downloaded: `mdsd train-eagle {}` into {} \
+         (about {:.1} hours on {}; stop it any time, `mdsd fetch {pair}` resumes)",
+        recipe.args.join(" "),
+        out.display(),
+        recipe.hours,
+        recipe.measured_on
+    );
+    let mut argv: Vec<String> = vec!["train-eagle".into(), "--target".into(), target.display().to_string()];
+    argv.extend(recipe.args.iter().cloned());
+    argv.extend(["--out".into(), out.display().to_string()]);
+    let parsed = RecipeArgs::try_parse_from(&argv).with_context(|| format!("the recipe of {pair}: {}", argv.join(" ")))?;
+    crate::train_eagle::train_eagle(parsed.args)
+}
 
 /// Fetches pair `pair`'s target and draft (manifests in `models_dir`) and prints their paths.
 pub fn fetch(pair: &str, models_dir: Option<&Path>) -> anyhow::Result<()> {
     let manifest = pair_manifest(pair, models_dir)?;
     for (role, source) in [("target", &manifest.target), ("draft", &manifest.draft)] {
+        if let Some(recipe) = &source.train_eagle {
+            train_head(pair, recipe, &manifest_model(&manifest.target, "target", pair)?)?;
+        }
         let path = manifest_model(source, role, pair)?;
         println!("{role}: {}", path.display());
         // A GGUF draft is loaded `fast-cpu` by default: convert it now, not at the

@@ -17,6 +17,7 @@ mod report;
 mod serve;
 mod session;
 mod tokenize;
+mod train_eagle;
 
 #[derive(Parser)]
 #[command(name = "mdsd", version, about = "Multi-draft speculative decoding (lossless) on CPU and CUDA")]
@@ -55,6 +56,9 @@ enum Command {
     /// Token ids of a text with the target's tokenizer (--decode: the text of token ids);
     /// reads the tokenizer only, not the weights.
     Tokenize(Box<tokenize::TokenizeArgs>),
+    /// Train an EAGLE-1 draft head for a target (its own answers, features, training; each
+    /// stage resumable) and write it in EAGLE's layout for `generate --eagle`.
+    TrainEagle(Box<train_eagle::TrainEagleArgs>),
     /// Fetch and verify the files of a model pair without generating.
     Fetch {
         /// Model pair name (a manifest `models/NAME.toml`).
@@ -81,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(args) => chat::chat(*args),
         Command::Serve(args) => serve::serve(*args),
         Command::Tokenize(args) => tokenize::tokenize(*args),
+        Command::TrainEagle(args) => train_eagle::train_eagle(*args),
         Command::Fetch { pair, models_dir } => fetch::fetch(&pair, models_dir.as_deref()),
     }
 }

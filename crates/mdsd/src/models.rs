@@ -49,9 +49,27 @@ pub fn pair_manifest(pair: &str, models_dir: Option<&Path>) -> anyhow::Result<Pa
     Ok(PairManifest::find(pair, &models_dir.map_or_else(default_models_dir, Path::to_path_buf))?)
 }
 
-/// The `role` model of pair `pair`'s manifest: from the cache, else fetched ([`resolve`]).
+/// The `role` model of pair `pair`'s manifest: from the cache, else fetched ([`resolve`]). A
+/// head trained here ([`ModelSource::train_eagle`]) must have been trained by `mdsd fetch`.
 pub fn manifest_model(source: &ModelSource, role: &str, pair: &str) -> anyhow::Result<PathBuf> {
+    if let Some(recipe) = &source.train_eagle {
+        let head = trained_head_dir(pair).join("head");
+        if head.join("config.json").is_file() && head.join("model.safetensors").is_file() {
+            return Ok(head);
+        }
+        anyhow::bail!(
+            "the {role} of {pair} is an EAGLE head trained on this machine, not downloaded: run `mdsd fetch {pair}` \
+             first (it trains it: about {:.1} hours on {}, resumable)",
+            recipe.hours,
+            recipe.measured_on
+        );
+    }
     resolve(source, None, &FetchOptions::default()).with_context(|| format!("fetching the {role} of {pair}"))
+}
+
+/// Where `mdsd fetch` trains pair `pair`'s EAGLE head (`head/` inside it when done).
+pub fn trained_head_dir(pair: &str) -> PathBuf {
+    engine::load::provision::cache_dir().join("trained").join(pair)
 }
 
 /// `./models` when it exists, else the repository's `models/` (for `cargo run`).

@@ -12,7 +12,7 @@
 
 mod evaluate;
 mod generate;
-mod plot;
+pub(crate) mod plot;
 mod prompts;
 mod report;
 mod store;

@@ -22,7 +22,7 @@ const FONT_PATHS: &[&str] = &[
 ];
 
 /// Registers a font for plotters once; `Err` says why figures cannot be drawn.
-fn font() -> Result<(), String> {
+pub(crate) fn font() -> Result<(), String> {
     static FONT: OnceLock<Result<(), String>> = OnceLock::new();
     FONT.get_or_init(|| {
         let candidates: Vec<String> =
@@ -48,7 +48,7 @@ pub struct Figure<'a> {
     pub metrics: &'a [Metric],
 }
 
-const COLORS: [RGBColor; 8] = [
+pub(crate) const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),

