@@ -20,9 +20,9 @@ mod pair;
 mod predict;
 mod random_eagle;
 mod random_gguf;
-mod train_plot;
 mod run_info;
 mod stats;
+mod train_plot;
 
 use clap::{Parser, Subcommand};
 

@@ -38,7 +38,9 @@ pub fn read(log: &Path) -> anyhow::Result<Curves> {
         let s = &v["scores"];
         match v["event"].as_str() {
             Some("step") => c.train.push((step, num(&s["loss"]))),
-            Some("eval") if v["split"] == "validation" => c.validation.push((step, num(&s["loss"]), num(&s["acc_full"]))),
+            Some("eval") if v["split"] == "validation" => {
+                c.validation.push((step, num(&s["loss"]), num(&s["acc_full"])))
+            }
             Some("eval") => c.eval.push((step, num(&s["loss"]), num(&s["acc_full"]))),
             _ => {}
         }
@@ -68,8 +70,10 @@ where
         .build_cartesian_2d(0.0..last, 0.0..hi.max(1e-3))
         .map_err(err)?;
     chart.configure_mesh().x_desc("step").label_style(("sans-serif", 13)).draw().map_err(err)?;
-    let series = [("training (per step)", &c.train.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()),
-        ("validation (per epoch)", &c.validation.iter().map(|p| (p.0, p.1)).collect())];
+    let series = [
+        ("training (per step)", &c.train.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()),
+        ("validation (per epoch)", &c.validation.iter().map(|p| (p.0, p.1)).collect()),
+    ];
     for (k, (label, pts)) in series.iter().enumerate() {
         let color = COLORS[k];
         chart
@@ -87,7 +91,9 @@ where
         .build_cartesian_2d(0.0..last, 0.0..1.0)
         .map_err(err)?;
     chart.configure_mesh().x_desc("step").label_style(("sans-serif", 13)).draw().map_err(err)?;
-    for (k, (label, pts)) in [("validation", &c.validation), ("evaluation (MT-Bench answers)", &c.eval)].iter().enumerate() {
+    for (k, (label, pts)) in
+        [("validation", &c.validation), ("evaluation (MT-Bench answers)", &c.eval)].iter().enumerate()
+    {
         let color = COLORS[k + 2];
         let pts: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.2)).filter(|p| p.1.is_finite()).collect();
         chart

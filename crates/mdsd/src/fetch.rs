@@ -2,8 +2,8 @@
 
 use crate::models::{manifest_model, pair_manifest};
 use anyhow::Context;
-use engine::load::provision::ModelKind;
 use clap::Parser;
+use engine::load::provision::ModelKind;
 use engine::load::provision::TrainRecipe;
 use std::path::Path;
 
@@ -32,7 +32,8 @@ fn train_head(pair: &str, recipe: &TrainRecipe, target: &Path) -> anyhow::Result
     let mut argv: Vec<String> = vec!["train-eagle".into(), "--target".into(), target.display().to_string()];
     argv.extend(recipe.args.iter().cloned());
     argv.extend(["--out".into(), out.display().to_string()]);
-    let parsed = RecipeArgs::try_parse_from(&argv).with_context(|| format!("the recipe of {pair}: {}", argv.join(" ")))?;
+    let parsed =
+        RecipeArgs::try_parse_from(&argv).with_context(|| format!("the recipe of {pair}: {}", argv.join(" ")))?;
     crate::train_eagle::train_eagle(parsed.args)
 }
 

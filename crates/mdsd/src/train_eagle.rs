@@ -122,16 +122,14 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
 
     // 1. The target's own answers.
     let skip: Vec<&str> = data::MT_BENCH_CATEGORIES.to_vec();
-    let mut prompts: Vec<(String, String)> = data::first_turns(
-        &args.data.join("spec_bench_question.jsonl"),
-        &skip,
-        args.self_answers_per_category,
-    )?
-    .into_iter()
-    .map(|(c, t)| (format!("self/spec_bench/{c}"), t))
-    .collect();
+    let mut prompts: Vec<(String, String)> =
+        data::first_turns(&args.data.join("spec_bench_question.jsonl"), &skip, args.self_answers_per_category)?
+            .into_iter()
+            .map(|(c, t)| (format!("self/spec_bench/{c}"), t))
+            .collect();
     let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], usize::MAX)?;
-    prompts.extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));
+    prompts
+        .extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));
     let self_answers = answers(target, tok, &prompts, args.self_answer_tokens, &args.out.join("self_answers.jsonl"))?;
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], usize::MAX)?;
     let mt: Vec<(String, String)> =
@@ -144,7 +142,8 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     texts.extend(self_answers);
     let hidden = target.config().hidden_size;
     let mut store = features(target, tok, &texts, args.max_len, &args.out.join("features"), hidden, "features")?;
-    let mut eval = features(target, tok, &eval_answers, args.max_len, &args.out.join("eval_features"), hidden, "eval features")?;
+    let mut eval =
+        features(target, tok, &eval_answers, args.max_len, &args.out.join("eval_features"), hidden, "eval features")?;
 
     // 3. Training.
     let shape = HeadShape::for_target(target.config(), args.intermediate_size);
@@ -248,7 +247,10 @@ fn answers(
     done.truncate(prompts.len());
     for (c, (_, p)) in done.iter().zip(prompts) {
         if &c.prompt != p {
-            bail!("{}: its answers are to other prompts than these settings give; remove it or use another --out", file.display());
+            bail!(
+                "{}: its answers are to other prompts than these settings give; remove it or use another --out",
+                file.display()
+            );
         }
     }
     if done.len() == prompts.len() {
@@ -313,7 +315,10 @@ fn features(
     let mut store = FeatureStore::open(dir, hidden)?;
     let have = store.sequences().len();
     if have > tokenized.len() || store.sequences().iter().zip(&tokenized).any(|(s, t)| s.tokens != t.tokens) {
-        bail!("{}: its features are of other texts than these settings give; remove it or use another --out", dir.display());
+        bail!(
+            "{}: its features are of other texts than these settings give; remove it or use another --out",
+            dir.display()
+        );
     }
     if have == tokenized.len() {
         return Ok(store);

@@ -153,7 +153,7 @@ pub fn tokenize(tokenizer: &TextTokenizer, c: &Conversation, max_len: usize) -> 
     // newline, so the split costs no merge.
     let answer = tokenizer.encode(&c.answer)?;
     let bos = tokenizer.encode("")?;
-    tokens.extend(answer.iter().skip(usize::from(answer.first().is_some() && answer.first() == bos.first())));
+    tokens.extend(answer.iter().skip(usize::from(!bos.is_empty() && answer.first() == bos.first())));
     if let Some(&end) = tokenizer.stop_ids().first() {
         tokens.push(end);
     }

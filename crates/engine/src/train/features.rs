@@ -67,7 +67,8 @@ impl FeatureStore {
         }
         f.set_len(bytes).map_err(|e| file_error(&data, format!("cannot cut back: {e}")))?;
         // The index without a torn last line.
-        let text: String = sequences.iter().map(|s| serde_json::to_string(s).expect("JSON of a value") + "\n").collect();
+        let text: String =
+            sequences.iter().map(|s| serde_json::to_string(s).expect("JSON of a value") + "\n").collect();
         super::head::write_atomically(&index, text.as_bytes())?;
         Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None })
     }
@@ -115,7 +116,8 @@ impl FeatureStore {
             let data = self.dir.join("hidden.f16");
             let f = std::fs::File::open(&data).map_err(|e| file_error(&data, format!("cannot read: {e}")))?;
             // SAFETY: the file is only appended to by this store, which drops the map first.
-            self.map = Some(unsafe { memmap2::Mmap::map(&f) }.map_err(|e| file_error(&data, format!("cannot map: {e}")))?);
+            self.map =
+                Some(unsafe { memmap2::Mmap::map(&f) }.map_err(|e| file_error(&data, format!("cannot map: {e}")))?);
         }
         let map = self.map.as_ref().expect("mapped above");
         let (start, end) = (first * self.hidden * 2, (first + count) * self.hidden * 2);

@@ -121,7 +121,13 @@ impl TrainableHead {
                 vec![1.0; n]
             } else {
                 // A bias's fan-in is its matrix's input width.
-                let fan_in = if dims.len() == 2 { dims[1] } else if name == "fc.bias" { 2 * shape.hidden } else { shape.hidden };
+                let fan_in = if dims.len() == 2 {
+                    dims[1]
+                } else if name == "fc.bias" {
+                    2 * shape.hidden
+                } else {
+                    shape.hidden
+                };
                 let bound = 1.0 / (fan_in as f32).sqrt();
                 (0..n).map(|_| rng.random_range(-bound..bound)).collect()
             };
@@ -199,7 +205,10 @@ impl TrainableHead {
         let x1 = x.narrow(D::Minus1, 0, half)?;
         let x2 = x.narrow(D::Minus1, half, half)?;
         Tensor::cat(
-            &[&(x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?, &(x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?],
+            &[
+                &(x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?,
+                &(x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?,
+            ],
             D::Minus1,
         )
     }

@@ -102,10 +102,31 @@ pub struct Scores {
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum TrainEvent {
-    Step { epoch: usize, step: u64, batch: usize, batches: usize, lr: f64, grad_norm: f64, seconds: f64, scores: Scores },
-    Eval { epoch: usize, step: u64, split: String, scores: Scores },
-    Checkpoint { step: u64, path: PathBuf },
-    Stopped { step: u64, seconds: f64, reason: String },
+    Step {
+        epoch: usize,
+        step: u64,
+        batch: usize,
+        batches: usize,
+        lr: f64,
+        grad_norm: f64,
+        seconds: f64,
+        scores: Scores,
+    },
+    Eval {
+        epoch: usize,
+        step: u64,
+        split: String,
+        scores: Scores,
+    },
+    Checkpoint {
+        step: u64,
+        path: PathBuf,
+    },
+    Stopped {
+        step: u64,
+        seconds: f64,
+        reason: String,
+    },
 }
 
 /// A training run in folder `out` (see the module docs).
@@ -145,8 +166,8 @@ impl<'a> Trainer<'a> {
         let (head, optimizer, state) = if ckpt.join("state.json").is_file() {
             let state_path = ckpt.join("state.json");
             let text = std::fs::read_to_string(&state_path).map_err(|e| file_error(&state_path, e.to_string()))?;
-            let state: TrainState =
-                serde_json::from_str(&text).map_err(|e| file_error(&state_path, format!("not a training state: {e}")))?;
+            let state: TrainState = serde_json::from_str(&text)
+                .map_err(|e| file_error(&state_path, format!("not a training state: {e}")))?;
             let shape = head.shape().clone();
             let head = TrainableHead::load(shape, &ckpt.join("head.safetensors"), &device)
                 .map_err(|e| file_error(&ckpt, format!("a checkpoint of another head (or a damaged one): {e}")))?;
@@ -176,7 +197,8 @@ impl<'a> Trainer<'a> {
     /// epoch), taken in order until a batch holds `batch_rows` answer entries.
     fn batches(&self, store: &FeatureStore, train: &[usize], epoch: usize) -> Vec<Vec<Item>> {
         let mut order = train.to_vec();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(self.config.seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9));
+        let mut rng =
+            rand::rngs::StdRng::seed_from_u64(self.config.seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9));
         for i in (1..order.len()).rev() {
             order.swap(i, rng.random_range(0..=i));
         }
@@ -335,7 +357,19 @@ impl<'a> Trainer<'a> {
                 self.state.seconds = seconds_before + started.elapsed().as_secs_f64();
                 let step = self.state.step;
                 let seconds = self.state.seconds;
-                emit(TrainEvent::Step { epoch, step, batch: b + 1, batches: batches.len(), lr, grad_norm, seconds, scores }, on_event)?;
+                emit(
+                    TrainEvent::Step {
+                        epoch,
+                        step,
+                        batch: b + 1,
+                        batches: batches.len(),
+                        lr,
+                        grad_norm,
+                        seconds,
+                        scores,
+                    },
+                    on_event,
+                )?;
                 if step.is_multiple_of(self.config.checkpoint_every.max(1)) {
                     let path = self.checkpoint()?;
                     emit(TrainEvent::Checkpoint { step, path }, on_event)?;

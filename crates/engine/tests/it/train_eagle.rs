@@ -99,10 +99,8 @@ fn run(target: &DecoderModel, store: &mut FeatureStore, out: &std::path::Path, c
 }
 
 fn head_tensors(dir: &std::path::Path) -> Vec<(String, Tensor)> {
-    let mut t: Vec<_> = candle_core::safetensors::load(dir.join("head/model.safetensors"), &Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .collect();
+    let mut t: Vec<_> =
+        candle_core::safetensors::load(dir.join("head/model.safetensors"), &Device::Cpu).unwrap().into_iter().collect();
     t.sort_by(|a, b| a.0.cmp(&b.0));
     t
 }
@@ -144,7 +142,9 @@ fn training_lowers_the_loss_and_resumes_exactly() {
 
     let parts = temp_dir("train-loss-parts");
     let first_part = run(&target, &mut store, &parts, config(12, Some(7)));
-    assert!(matches!(first_part.last(), Some(TrainEvent::Stopped { step: 7, reason, .. }) if reason.contains("max-steps")));
+    assert!(
+        matches!(first_part.last(), Some(TrainEvent::Stopped { step: 7, reason, .. }) if reason.contains("max-steps"))
+    );
     run(&target, &mut store, &parts, config(12, None));
     let (a, b) = (head_tensors(&whole), head_tensors(&parts));
     assert_eq!(a.len(), b.len());
