@@ -77,6 +77,10 @@ pub struct TrainEagleArgs {
     /// Answer tokens per optimizer step.
     #[arg(long, default_value_t = 1024)]
     batch_rows: usize,
+    /// Weight of the token loss (cross-entropy against the target's distribution); EAGLE-1's is
+    /// 0.1 beside a regression weight of 1.
+    #[arg(long, default_value_t = 0.1)]
+    token_weight: f64,
     /// The head's MLP width (default: the target's). A narrower head trains and drafts faster
     /// on a CPU.
     #[arg(long)]
@@ -155,6 +159,8 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         seed: args.seed,
         max_seconds: args.max_hours * 3600.0,
         draft_vocab: args.draft_vocab,
+        max_steps: args.max_steps,
+        token_weight: args.token_weight,
         ..Default::default()
     };
     let mut trainer = Trainer::new(target, head, config, &args.out)?;

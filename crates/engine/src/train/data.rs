@@ -129,8 +129,8 @@ fn cut_at_word(text: &str, chars: usize) -> &str {
 
 /// CNN/DailyMail's tokenized highlights (`word , word .`) as plain sentences.
 fn detokenize_highlights(text: &str) -> String {
-    let mut s = text.replace(" .", ".").replace(" ,", ",").replace(" '", "'").replace(" n't", "n't");
-    s = s.replace("`` ", "\"").replace(" ''", "\"").replace("-lrb- ", "(").replace(" -rrb-", ")");
+    let mut s = text.replace("`` ", "\"").replace(" ''", "\"").replace("-lrb- ", "(").replace(" -rrb-", ")");
+    s = s.replace(" .", ".").replace(" ,", ",").replace(" '", "'").replace(" n't", "n't");
     s.trim().to_string()
 }
 

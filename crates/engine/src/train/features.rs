@@ -65,7 +65,9 @@ impl FeatureStore {
         if len < bytes {
             return Err(file_error(&data, format!("{len} bytes, but its index lists {rows} rows of {hidden}")));
         }
-        f.set_len(bytes).map_err(|e| file_error(&data, format!("cannot cut back: {e}")))?;
+        if len > bytes {
+            f.set_len(bytes).map_err(|e| file_error(&data, format!("cannot cut back: {e}")))?;
+        }
         // The index without a torn last line.
         let text: String =
             sequences.iter().map(|s| serde_json::to_string(s).expect("JSON of a value") + "\n").collect();

@@ -187,10 +187,14 @@ impl<'a> Trainer<'a> {
         &self.head
     }
 
-    /// The training and validation sequences of `store` (indices).
+    /// The training and validation sequences of `store` (indices): every `val_every`-th is
+    /// held out; a store with fewer (but two or more) holds out its last.
     pub fn split(&self, store: &FeatureStore) -> (Vec<usize>, Vec<usize>) {
-        let every = self.config.val_every.max(2);
-        (0..store.sequences().len()).partition(|i| i % every != every - 1)
+        let (n, every) = (store.sequences().len(), self.config.val_every.max(2));
+        if (2..every).contains(&n) {
+            return ((0..n - 1).collect(), vec![n - 1]);
+        }
+        (0..n).partition(|i| i % every != every - 1)
     }
 
     /// The batches of one epoch: the training sequences shuffled (seeded by the seed and the

@@ -9,3 +9,4 @@ mod common;
 mod corrupt_files;
 mod serve;
 mod smollm2;
+mod train_eagle;

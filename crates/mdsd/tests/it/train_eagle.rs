@@ -1,0 +1,123 @@
+//! `mdsd train-eagle` end to end on a tiny random target with a chat template and tiny prompt
+//! sets: every stage runs, the head loads in `generate --eagle` and its drafts keep the answer
+//! exact; run again, the command resumes (nothing recomputed, more epochs trained); bad input
+//! gets clear errors.
+
+use crate::cli::{fails, generate_greedy_json, s};
+use crate::common::{mdsd, temp_dir, Tiny};
+use candle_core::quantized::GgmlDType;
+
+fn write_data(dir: &std::path::Path) {
+    let w = |name: &str, text: String| std::fs::write(dir.join(name), text).unwrap();
+    let words = ["ABC", "DEF", "GHI", "JKL", "MNO", "PQR"];
+    let alpaca: String = (0..6)
+        .map(|i| {
+            format!(
+                "{{\"instruction\":\"{}\",\"input\":\"\",\"output\":\"{} {}\"}}\n",
+                words[i],
+                words[(i + 1) % 6],
+                words[(i + 2) % 6]
+            )
+        })
+        .collect();
+    w("alpaca_sample.jsonl", alpaca);
+    w("cnndm_frank_test.jsonl", "{\"article\":\"ABC DEF GHI\",\"highlights_tokenized\":\"DEF GHI .\"}\n".into());
+    w("wmt14_deen_test.jsonl", "{\"de\":\"ABC\",\"en\":\"DEF\"}\n".into());
+    w(
+        "spec_bench_question.jsonl",
+        "{\"category\":\"qa\",\"turns\":[\"GHI\"]}\n{\"category\":\"writing\",\"turns\":[\"JKL\"]}\n".into(),
+    );
+    w("eagle_alpaca_question.jsonl", "{\"category\":\"alpaca\",\"turns\":[\"MNO\"]}\n".into());
+    w(
+        "mt_bench_question.jsonl",
+        "{\"category\":\"writing\",\"turns\":[\"PQR\",\"x\"]}\n{\"category\":\"coding\",\"turns\":[\"ABC\"]}\n".into(),
+    );
+}
+
+#[test]
+fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
+    let dir = temp_dir("cli-train-eagle");
+    let target = Tiny { scale: 0.8, ..Tiny::chat_llama(47) }.write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    write_data(&data);
+    let out = dir.join("run");
+    let run = |epochs: &str| {
+        let args = [
+            "train-eagle",
+            "--target",
+            s(&target),
+            "--out",
+            s(&out),
+            "--data",
+            s(&data),
+            "--epochs",
+            epochs,
+            "--batch-rows",
+            "16",
+            "--lr",
+            "1e-3",
+            "--self-answer-tokens",
+            "6",
+            "--eval-answer-tokens",
+            "6",
+            "--intermediate-size",
+            "24",
+            "--draft-vocab",
+            "0",
+        ];
+        let o = mdsd(&args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    let first = run("1");
+    assert!(first.contains("wrote") && first.contains("head"), "{first}");
+    // MT-Bench's categories are never trained on: one Spec-Bench self answer (qa), one Alpaca.
+    let answers = std::fs::read_to_string(out.join("self_answers.jsonl")).unwrap();
+    assert_eq!(answers.lines().count(), 2, "{answers}");
+    assert!(!answers.contains("JKL"), "{answers}");
+    assert_eq!(std::fs::read_to_string(out.join("eval_answers.jsonl")).unwrap().lines().count(), 2);
+    let stored = |f: &str| std::fs::read_to_string(out.join(f).join("sequences.jsonl")).unwrap().lines().count();
+    let (train, eval) = (stored("features"), stored("eval_features"));
+    assert_eq!((train, eval), (10, 2), "6 Alpaca + 1 CNN/DM + 1 WMT + 2 self answers; 2 evaluation answers");
+    let log = std::fs::read_to_string(out.join("train_log.jsonl")).unwrap();
+    assert!(log.contains("\"split\":\"eval\"") && log.contains("\"split\":\"validation\""), "{log}");
+    let steps = |log: &str| log.lines().filter(|l| l.contains("\"event\":\"step\"")).count();
+    let steps_one = steps(&log);
+    assert!(steps_one > 0);
+
+    // Run again with more epochs: the answers and features are kept, training goes on.
+    let modified = std::fs::metadata(out.join("features/hidden.f16")).unwrap().modified().unwrap();
+    run("2");
+    assert_eq!(std::fs::metadata(out.join("features/hidden.f16")).unwrap().modified().unwrap(), modified);
+    assert_eq!(stored("features"), train);
+    let log = std::fs::read_to_string(out.join("train_log.jsonl")).unwrap();
+    assert_eq!(steps(&log), 2 * steps_one, "the second epoch only");
+
+    // The head drafts in `generate --eagle`, and the greedy answer is the plain one.
+    let head = out.join("head");
+    let plain = generate_greedy_json(&target, "ABC", "12", &["--no-spec", "--ignore-eos"]);
+    let drafted =
+        generate_greedy_json(&target, "ABC", "12", &["--eagle", s(&head), "--tree", "chain-3", "--ignore-eos"]);
+    assert_eq!(plain["text"], drafted["text"]);
+    assert!(drafted["draft_forwards"].as_u64().unwrap() > 0, "{drafted}");
+
+    // Clear errors: a missing data folder, answers of other prompts.
+    let e =
+        fails(&["train-eagle", "--target", s(&target), "--out", s(&dir.join("other")), "--data", s(&dir.join("none"))]);
+    assert!(e.contains("spec_bench_question.jsonl"), "{e}");
+    std::fs::write(data.join("spec_bench_question.jsonl"), "{\"category\":\"qa\",\"turns\":[\"DEF\"]}\n").unwrap();
+    let e = fails(&[
+        "train-eagle",
+        "--target",
+        s(&target),
+        "--out",
+        s(&out),
+        "--data",
+        s(&data),
+        "--self-answer-tokens",
+        "6",
+    ]);
+    assert!(e.contains("self_answers.jsonl") && e.contains("other prompts"), "{e}");
+}
