@@ -44,6 +44,15 @@ pub fn cli_model(spec: &str) -> anyhow::Result<PathBuf> {
     resolve_cli(spec, &FetchOptions::default()).with_context(|| format!("resolving `{spec}`"))
 }
 
+/// The target a command names: `--target` (a path or hub id) if given, else pair `pair`'s
+/// (its manifest in `models_dir`).
+pub fn target_path(target: Option<&str>, pair: &str, models_dir: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match target {
+        Some(t) => cli_model(t),
+        None => manifest_model(&pair_manifest(pair, models_dir)?.target, "target", pair),
+    }
+}
+
 /// The manifest of model pair `pair` in `models_dir` (default: [`default_models_dir`]).
 pub fn pair_manifest(pair: &str, models_dir: Option<&Path>) -> anyhow::Result<PairManifest> {
     Ok(PairManifest::find(pair, &models_dir.map_or_else(default_models_dir, Path::to_path_buf))?)

@@ -61,13 +61,7 @@ pub fn tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     if args.prompt.is_none() && args.prompt_file.is_none() && !args.jsonl && args.decode.is_none() {
         bail!("give a text with --prompt TEXT or --prompt-file FILE, JSON lines on standard input with --jsonl, or ids with --decode IDS");
     }
-    let path = match &args.target {
-        Some(t) => crate::models::cli_model(t)?,
-        None => {
-            let manifest = crate::models::pair_manifest(&args.pair, args.models_dir.as_deref())?;
-            crate::models::manifest_model(&manifest.target, "target", &args.pair)?
-        }
-    };
+    let path = crate::models::target_path(args.target.as_deref(), &args.pair, args.models_dir.as_deref())?;
     let mut tok = load_tokenizer(&path, args.tokenizer.as_deref())?;
     if let Some(kwargs) = &args.chat_template_kwargs {
         tok.set_chat_template_kwargs(kwargs.clone())?;

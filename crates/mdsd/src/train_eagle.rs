@@ -108,13 +108,7 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     if !(args.max_hours > 0.0 && args.lr > 0.0 && args.lr.is_finite()) || args.epochs == 0 || args.batch_rows == 0 {
         bail!("--max-hours, --lr, --epochs and --batch-rows must be positive");
     }
-    let path = match &args.target {
-        Some(t) => crate::models::cli_model(t)?,
-        None => {
-            let manifest = crate::models::pair_manifest(&args.pair, args.models_dir.as_deref())?;
-            crate::models::manifest_model(&manifest.target, "target", &args.pair)?
-        }
-    };
+    let path = crate::models::target_path(args.target.as_deref(), &args.pair, args.models_dir.as_deref())?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     keep_freed_memory();
     eprintln!("mdsd: loading the target {}", path.display());
@@ -125,12 +119,14 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     }
 
     // 1. The target's own answers.
-    let skip: Vec<&str> = data::MT_BENCH_CATEGORIES.to_vec();
-    let mut prompts: Vec<(String, String)> =
-        data::first_turns(&args.data.join("spec_bench_question.jsonl"), &skip, args.self_answers_per_category)?
-            .into_iter()
-            .map(|(c, t)| (format!("self/spec_bench/{c}"), t))
-            .collect();
+    let mut prompts: Vec<(String, String)> = data::first_turns(
+        &args.data.join("spec_bench_question.jsonl"),
+        &data::MT_BENCH_CATEGORIES,
+        args.self_answers_per_category,
+    )?
+    .into_iter()
+    .map(|(c, t)| (format!("self/spec_bench/{c}"), t))
+    .collect();
     let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], usize::MAX)?;
     prompts
         .extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));

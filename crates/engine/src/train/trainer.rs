@@ -81,7 +81,6 @@ pub struct TrainState {
     pub step: u64,
     /// Training seconds so far, over all runs.
     pub seconds: f64,
-    pub finished: bool,
 }
 
 /// Losses and accuracy over some entries.
@@ -390,7 +389,6 @@ impl<'a> Trainer<'a> {
                 let scores = self.evaluate(eval, &all)?;
                 emit(TrainEvent::Eval { epoch, step: self.state.step, split: "eval".into(), scores }, on_event)?;
             }
-            self.state.finished = self.state.epoch >= self.config.epochs;
             let path = self.checkpoint()?;
             emit(TrainEvent::Checkpoint { step: self.state.step, path }, on_event)?;
         }
