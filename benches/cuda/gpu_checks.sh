@@ -67,7 +67,7 @@ if has tests; then
     TEST_PIDS+=($!)
   }
   # dtype:binary[:skipped,names] each.
-  TESTS=${TESTS:-"f32:fused_decode bf16:fused_decode:equals_fused_plain f32:model_forward f32:decode f32:chi_square:one_percent f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
+  TESTS=${TESTS:-"f32:fused_decode bf16:fused_decode:equals_fused_plain,decode_as_eager f32:model_forward f32:decode f32:chi_square:one_percent f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
   if [ -n "${TEST_SPLIT:-}" ]; then
     # One process per test, TEST_SPLIT at a time, the chi-square tests (`law`, `exact`) first:
     # a binary's slowest test then bounds the step, not the sum of its tests.
@@ -176,6 +176,16 @@ if has gen; then
     done
     gen "$model speed T=0" "$F" "$P" "${N[@]}" --temperature 0 "${S[@]}" --tree drafts-2-depth-4 --draft-sampling greedy --draft-temperature 1
     gen "$model speed T=0" "$F" "$P" "${N[@]}" --temperature 0 "${DA[@]}" --tree chain-4
+    # CUDA graphs: the target's steps replayed (MDSD_CUDA_GRAPHS=1) against the same
+    # device-kernel path eager, T = 0. Texts must be equal: gen.md compares each row with its
+    # label's --no-spec text (and the two labels' no-spec texts must match); graph_forwards in
+    # the JSON counts the replayed steps.
+    for g in 0 1; do
+      lab=fused; [ $g = 1 ] && lab=graphs
+      MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=$g gen "$model $lab T=0" "$F" "$P" "${N[@]}" --temperature 0 --no-spec
+      MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=$g gen "$model $lab T=0" "$F" "$P" "${N[@]}" --temperature 0 "${S[@]}" --tree chain-4 --draft-sampling wr
+      MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=$g gen "$model $lab T=0" "$F" "$P" "${N[@]}" --temperature 0 "${DA[@]}" --tree mc_sim_7b_63
+    done
     # Exactness at T = 0: a repetition penalty keeps the text from looping on one token, so
     # equal texts say something. f32 (HF) and dequantized f32 (GGUF) are batch-invariant.
     if [ $model = t15 ]; then X=(--dtype f32); else X=(--target-weights f32 --draft-weights f32); fi
@@ -271,6 +281,22 @@ if has cost && before 470; then
       --device $DEV --ks 1,2,4,8,16 --reps 5 --json "$O/cost-eagle-fused$fused.json" >> "$O/cost.txt" 2>>"$E"
   done
   timeout 40 "$B/bench" forward-cost --target $M/t15 --draft $M/d05 --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --breakdown >> "$O/cost.txt" 2>>"$E"
+  # CUDA graph probe (`--graph`, engine::kernels::device::graph): each forward with its logits
+  # captured once and replayed, its replay timed and its logits checked against the eager
+  # forward's bit for bit; a capture that fails says why (in cost.txt's stderr, errors.txt,
+  # and the JSON's graph_errors). Separate runs, so that a failing capture spoils no eager cost.
+  for fused in 0 1; do
+    echo "== graph probe, MDSD_FUSED_DECODE=$fused" >> "$O/cost.txt"
+    MDSD_FUSED_DECODE=$fused timeout 60 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf --draft-weights stored \
+      --device $DEV --ks 1,2,4,8,16,32,64 --reps 5 --graph --json "$O/graph-t15q-fused$fused.json" >> "$O/cost.txt" 2>>"$E"
+    [ -d $M/e15 ] && MDSD_FUSED_DECODE=$fused timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --eagle $M/e15 \
+      --device $DEV --ks 1,2,4,8,16 --reps 5 --graph --json "$O/graph-eagle-fused$fused.json" >> "$O/cost.txt" 2>>"$E"
+  done
+  # The engine's one stream without event tracking (default) against candle's per-thread
+  # stream with cudarc's events (two per allocation): MDSD_CUDA_STREAM=per-thread.
+  echo "== MDSD_CUDA_STREAM=per-thread, MDSD_FUSED_DECODE=1" >> "$O/cost.txt"
+  MDSD_CUDA_STREAM=per-thread MDSD_FUSED_DECODE=1 timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf \
+    --draft-weights stored --device $DEV --ks 1,8,64 --reps 5 --json "$O/cost-t15q-perthread.json" >> "$O/cost.txt" 2>>"$E"
   stamp "cost done"
 fi
 

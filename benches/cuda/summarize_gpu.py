@@ -46,12 +46,34 @@ def main(out):
         e = ms_by_k(load(os.path.join(out, f"cost-eagle-fused{fused}.json")), "eagle_head")
         if e:
             summary.setdefault("eagle_step_ms", {})[label] = e
+        # The CUDA graph probe: replay ms (with the logits' copy), bit-equality, capture errors.
+        for name in (f"graph-t15q-fused{fused}.json", f"graph-eagle-fused{fused}.json"):
+            g = load(os.path.join(out, name)) or {}
+            for role, secs in g.get("graph_secs", {}).items():
+                ms = {k: round(v * 1e3, 4) for k, v in secs.items() if v is not None}
+                if ms:
+                    summary.setdefault("graph_replay_ms", {}).setdefault(label, {})[role] = ms
+                summary.setdefault("graph_equal", {}).setdefault(label, {})[role] = g["graph_equal"][role]
+                errors = {k: v for k, v in g.get("graph_errors", {}).get(role, {}).items() if v}
+                if errors:
+                    summary.setdefault("graph_errors", {}).setdefault(label, {})[role] = errors
+    per_thread = load(os.path.join(out, "cost-t15q-perthread.json"))
+    for role in ("target", "draft"):
+        v = ms_by_k(per_thread, role)
+        if v:
+            summary.setdefault("forward_ms_per_thread_stream", {})[role] = v
     gen = os.path.join(out, "gen.jsonl")
     if os.path.exists(gen):
         ar, spec = {}, {}
         for line in open(gen):
             r = json.loads(line)
             res = r.get("result")
+            if res and (r["label"].endswith("graphs T=0") or r["label"].endswith("fused T=0")):
+                kind = "mdsd_graphs_tok_s" if r["label"].endswith("graphs T=0") else "mdsd_fused_tok_s"
+                args = r["args"]
+                tree = "no-spec" if "--no-spec" in args else re.search(r"--tree (\S+)", args).group(1)
+                summary.setdefault(kind, {}).setdefault(r["label"].split()[0], {})[tree] = res.get("tokens_per_s")
+                continue
             if not res or not r["label"].endswith("speed T=0"):
                 continue
             model = r["label"].split()[0]

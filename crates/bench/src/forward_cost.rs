@@ -58,6 +58,27 @@ pub struct ForwardCostArgs {
     /// role (`target`, `draft`, `eagle_head`) and k, llama.cpp's apart.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also capture each timed forward (with its logits) once and time its replays
+    /// (`engine::kernels::device::graph`: one CUDA graph launch on a GPU, the calls again on
+    /// the CPU), and check that a replay's logits equal the eager forward's bit for bit. A
+    /// forward that cannot be captured is reported with candle's or the driver's error.
+    #[arg(long)]
+    graph: bool,
+}
+
+/// A model's timings: best-of-reps seconds per k, their splits (`--breakdown`), and the
+/// replays (`--graph`).
+struct Timed {
+    secs: Vec<f64>,
+    splits: Vec<Split>,
+    graphs: Vec<GraphProbe>,
+}
+
+/// `--graph` for one k: best-of-reps seconds of a replay and the copy of its logits, and
+/// whether the replay's logits equal the eager forward's bit for bit; or why the capture failed.
+enum GraphProbe {
+    Replayed { secs: f64, equal: bool },
+    Failed(String),
 }
 
 /// Best-of-reps seconds of one forward split in three parts.
@@ -89,7 +110,7 @@ pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
         load_model(&target, &device, &LoadOptions { weights: args.target_weights, ..Default::default() })?;
     let timed = time_model(&target_model, &ks, args)?;
     print_rows(&file_name(&target), "target", &format!("mdsd, {}", weights_name(args.target_weights)), &timed, args);
-    report.add("target", &target, &timed.0, target_model.fused_decode());
+    report.add("target", &target, &timed, target_model.fused_decode());
     report.add_llama_cpp("target", llama_cpp_row(&target, &ks, args)?);
     match draft {
         DraftFile::Model(path) => {
@@ -99,7 +120,7 @@ pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
             let timed = time_model(&draft_model, &ks, args)?;
             let engine = format!("mdsd, {}{}", weights_name(args.draft_weights), rows_note(draft_rows));
             print_rows(&file_name(&path), "draft", &engine, &timed, args);
-            report.add("draft", &path, &timed.0, draft_model.fused_decode());
+            report.add("draft", &path, &timed, draft_model.fused_decode());
             report.add_llama_cpp("draft", llama_cpp_row(&path, &ks, args)?);
         }
         DraftFile::EagleHead(dir) => {
@@ -108,7 +129,7 @@ pub fn run(args: &ForwardCostArgs) -> anyhow::Result<()> {
             head.set_output_rows(&target_model, args.draft_vocab)?;
             let timed = time_head(&target_model, &head, &ks, args)?;
             print_rows(&file_name(&dir), "EAGLE head", &format!("mdsd{}", rows_note(draft_rows)), &timed, args);
-            report.add("eagle_head", &dir, &timed.0, target_model.fused_decode());
+            report.add("eagle_head", &dir, &timed, target_model.fused_decode());
         }
     }
     if let Some(path) = &args.json {
@@ -146,10 +167,30 @@ impl CostReport {
         self.ks.iter().zip(secs).map(|(k, s)| (k.to_string(), serde_json::json!(s))).collect()
     }
 
-    fn add(&mut self, role: &str, file: &Path, secs: &[f64], fused: bool) {
-        self.value["secs"][role] = self.by_k(secs);
+    fn add(&mut self, role: &str, file: &Path, timed: &Timed, fused: bool) {
+        self.value["secs"][role] = self.by_k(&timed.secs);
         self.value["files"][role] = file.display().to_string().into();
         self.value["fused_decode"][role] = fused.into();
+        if !timed.graphs.is_empty() {
+            let probes = |f: fn(&GraphProbe) -> serde_json::Value| -> serde_json::Value {
+                self.ks.iter().zip(&timed.graphs).map(|(k, g)| (k.to_string(), f(g))).collect()
+            };
+            let graph_secs = probes(|g| match g {
+                GraphProbe::Replayed { secs, .. } => serde_json::json!(secs),
+                GraphProbe::Failed(_) => serde_json::Value::Null,
+            });
+            let graph_equal = probes(|g| match g {
+                GraphProbe::Replayed { equal, .. } => serde_json::json!(equal),
+                GraphProbe::Failed(_) => serde_json::Value::Null,
+            });
+            let graph_errors = probes(|g| match g {
+                GraphProbe::Replayed { .. } => serde_json::Value::Null,
+                GraphProbe::Failed(e) => serde_json::json!(e),
+            });
+            self.value["graph_secs"][role] = graph_secs;
+            self.value["graph_equal"][role] = graph_equal;
+            self.value["graph_errors"][role] = graph_errors;
+        }
     }
 
     fn add_llama_cpp(&mut self, role: &str, secs: Option<Vec<f64>>) {
@@ -168,8 +209,25 @@ fn load_model(path: &Path, device: &Device, opts: &LoadOptions) -> anyhow::Resul
 }
 
 /// The table's rows of one model: the whole forward per k, and with `--breakdown` its parts.
-fn print_rows(name: &str, role: &str, engine: &str, (secs, splits): &(Vec<f64>, Vec<Split>), args: &ForwardCostArgs) {
+fn print_rows(name: &str, role: &str, engine: &str, timed: &Timed, args: &ForwardCostArgs) {
+    let Timed { secs, splits, graphs } = timed;
     println!("| {name} ({role}) | {engine} | {} |", cells(secs));
+    if !graphs.is_empty() {
+        let replays: Vec<String> = graphs
+            .iter()
+            .map(|g| match g {
+                GraphProbe::Replayed { secs, equal: true } => cells(&[*secs]),
+                GraphProbe::Replayed { secs, equal: false } => format!("{} (logits differ)", cells(&[*secs])),
+                GraphProbe::Failed(_) => "capture failed".into(),
+            })
+            .collect();
+        println!("| | replayed | {} |", replays.join(" | "));
+        for (k, g) in args.ks.split(',').zip(graphs) {
+            if let GraphProbe::Failed(e) = g {
+                eprintln!("k={}: the capture failed: {e}", k.trim());
+            }
+        }
+    }
     if args.breakdown {
         let part = |f: fn(&Split) -> f64| splits.iter().map(f).collect::<Vec<_>>();
         let body = if role == "EAGLE head" { "head layer" } else { "blocks" };
@@ -202,7 +260,7 @@ fn cells(secs: &[f64]) -> String {
 
 /// Best-of-`reps` seconds of one forward of `m` plus the logits of every new row, per k, after
 /// `--prefix` cached tokens.
-fn time_model(m: &DecoderModel, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
+fn time_model(m: &DecoderModel, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<Timed> {
     let kmax = *ks.iter().max().expect("non-empty");
     let mut cache = m.new_cache(args.prefix + kmax + 1)?;
     // Token ids of no meaning, kept inside the model's vocabulary (tiny test models have 48).
@@ -227,12 +285,7 @@ fn time_model(m: &DecoderModel, ks: &[usize], args: &ForwardCostArgs) -> anyhow:
 
 /// [`time_model`] for an EAGLE head drafting for `target`: `k` entries (zero features, the
 /// target's output layer or its cut copy) after `--prefix` cached entries.
-fn time_head(
-    target: &DecoderModel,
-    head: &EagleHead,
-    ks: &[usize],
-    args: &ForwardCostArgs,
-) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
+fn time_head(target: &DecoderModel, head: &EagleHead, ks: &[usize], args: &ForwardCostArgs) -> anyhow::Result<Timed> {
     let (device, dtype) = (target.device(), target.dtype());
     let kmax = *ks.iter().max().expect("non-empty");
     let mut cache = head.new_cache(args.prefix + kmax + 1)?;
@@ -282,14 +335,15 @@ fn timed_inputs(
 
 /// Best-of-`reps` seconds per k (index `i` into `ks`) of `forward(i)` (which resets its cache
 /// to the prefix and runs the k rows) plus `logits` of its output copied to the host, as the
-/// engine's steps copy them (into a kept buffer); with `--breakdown`, the three parts apart.
+/// engine's steps copy them (into a kept buffer); with `--breakdown`, the three parts apart;
+/// with `--graph`, the replays.
 fn time_forwards(
     ks: &[usize],
     args: &ForwardCostArgs,
     device: &Device,
     mut forward: impl FnMut(usize) -> candle_core::Result<Tensor>,
     logits: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
-) -> anyhow::Result<(Vec<f64>, Vec<Split>)> {
+) -> anyhow::Result<Timed> {
     let mut out = Vec::with_capacity(ks.len());
     let mut splits = Vec::with_capacity(ks.len());
     let mut host = engine::decode::host_copy::HostLogits::default();
@@ -320,7 +374,37 @@ fn time_forwards(
         }
         splits.push(split);
     }
-    Ok((out, splits))
+    let mut graphs = Vec::new();
+    for i in 0..if args.graph { ks.len() } else { 0 } {
+        graphs.push(probe_graph(args.reps, device, &mut host, || logits(&forward(i)?))?);
+    }
+    Ok(Timed { secs: out, splits, graphs })
+}
+
+/// `--graph` for one forward (`run`: the forward and its logits): its eager logits, then its
+/// capture, the first replay's logits against them, and the best of `reps` replays with the
+/// copy of their logits to the host (what [`time_forwards`] times of the eager forward).
+fn probe_graph(
+    reps: usize,
+    device: &Device,
+    host: &mut engine::decode::host_copy::HostLogits,
+    mut run: impl FnMut() -> candle_core::Result<Tensor>,
+) -> anyhow::Result<GraphProbe> {
+    let want: Vec<u32> = host.copy(&run()?)?.iter().map(|x| x.to_bits()).collect();
+    let mut replayed = match engine::kernels::device::graph::ReplayedForward::capture(device, run) {
+        Ok(r) => r,
+        Err(e) => return Ok(GraphProbe::Failed(e.to_string())),
+    };
+    let first = replayed.replay()?;
+    let equal = host.copy(&first)?.iter().map(|x| x.to_bits()).eq(want.iter().copied());
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        let out = replayed.replay()?;
+        std::hint::black_box(host.copy(&out)?);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(GraphProbe::Replayed { secs: best, equal })
 }
 
 /// Runs `benches/llama_cpp_forward.py` and reads the seconds from its last table row.

@@ -1,6 +1,6 @@
 //! End-to-end tests of `bench mt-bench`, `bench acceptance`, `bench random-gguf` and `bench
-//! forward-cost`: the real binary on tiny random models written as GGUF files (with a chat
-//! template), two questions or prompts each.
+//! random-eagle`: the real binary on tiny random models written as GGUF files (with a chat
+//! template), two questions or prompts each. `bench forward-cost`'s are in `forward_cost_cli`.
 
 use crate::common;
 
@@ -492,38 +492,6 @@ fn random_gguf_copies_a_layout_with_random_weights() {
     let o = bench(&["random-gguf", "--like", "/nonexistent/m.gguf", "--out", s(&dir.join("x.gguf"))]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("/nonexistent/m.gguf"), "{}", stderr(&o));
-}
-
-/// `bench forward-cost` on a tiny pair: one row per model (and three more with `--breakdown`),
-/// a positive time per k; `--draft-vocab` cuts the draft's output layer and says so; bad `--ks`
-/// and a missing file are named.
-#[test]
-fn forward_cost_times_both_models() {
-    let dir = temp_dir("bench-forward-cost");
-    let (target, draft) = pair(&dir);
-    let args = ["forward-cost", "--target", s(&target), "--draft", s(&draft), "--ks", "1,3", "--reps", "2"];
-    let o = bench(&[&args[..], &["--breakdown", "--draft-vocab", "16"]].concat());
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| model")).collect();
-    assert_eq!(rows.len(), 8, "two models x (total, blocks, output layer, to host):\n{out}");
-    assert!(rows[0].contains("target.gguf (target)") && rows[0].contains("weights as stored"), "{out}");
-    assert!(rows[4].contains("draft.gguf (draft)") && rows[4].contains("logits of the first 16 ids"), "{out}");
-    for row in &rows {
-        let cells: Vec<f64> = row.trim_matches('|').split('|').skip(2).map(|c| c.trim().parse().unwrap()).collect();
-        assert_eq!(cells.len(), 2, "{row}");
-        assert!(cells.iter().all(|&c| c.is_finite() && c >= 0.0), "{row}");
-    }
-    let first = |row: &str| -> f64 { row.trim_matches('|').split('|').nth(2).unwrap().trim().parse().unwrap() };
-    assert!(first(rows[0]) > 0.0 && first(rows[4]) > 0.0, "whole forwards take time:\n{out}");
-    // Without --draft-vocab the draft's row names no cut.
-    let o = bench(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(!String::from_utf8_lossy(&o.stdout).contains("logits of the first"));
-    let e = stderr(&bench(&[&args[..5], &["--ks", "1,0"]].concat()));
-    assert!(e.contains("--ks needs positive numbers"), "{e}");
-    let e = stderr(&bench(&[&args[..3], &["--draft", "/nonexistent/d.gguf"]].concat()));
-    assert!(e.contains("/nonexistent/d.gguf"), "{e}");
 }
 
 /// `bench random-eagle` writes a head that the engine's loader accepts for its target (a

@@ -4,4 +4,5 @@ mod alpha_cli;
 mod bench_cli;
 #[path = "../../../engine/tests/it/common/mod.rs"]
 mod common;
+mod forward_cost_cli;
 mod predict_cli;

@@ -188,6 +188,11 @@ pub struct Stats {
     /// Steps that went without drafts because their tree did not fit: the positions left in
     /// the context, or in a draft model's shorter one (plain steps through the same path).
     pub undrafted_steps: usize,
+    /// Target forwards replayed from a graph's buckets ([`crate::decode::Generator::set_graphs`];
+    /// 0 when off).
+    pub graph_forwards: usize,
+    /// The draft model's forwards replayed so.
+    pub draft_graph_forwards: usize,
     /// Why generation stopped: `max_new_tokens`, `stop_token` (`is_stop` held) or
     /// `context_length`; callers that match stop strings in `is_stop` say `stop_string`.
     pub stop_reason: String,

@@ -61,7 +61,8 @@ impl HostLogits {
                 let source = cuda.as_cuda_slice::<f32>()?.slice(start..start + n);
                 // The first n values of the buffer, as a plain slice: cudarc copies as many
                 // bytes as the destination holds, so the destination must be exactly n long.
-                // (Nor can its own event order the copy: candle turns event tracking off.)
+                // (Nor can its own event order the copy: the engine's devices track no events,
+                // `crate::load::parse_device`; the synchronisation below does.)
                 // SAFETY: the buffer holds at least n values and lives in `self`, which the
                 // returned slice borrows; nothing else refers to it.
                 let host: &mut [f32] = unsafe {

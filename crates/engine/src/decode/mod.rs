@@ -34,6 +34,7 @@ pub mod auto_tree;
 pub(crate) mod buffers;
 mod config;
 pub mod draft;
+mod graphs;
 pub mod host_copy;
 pub mod logprobs;
 pub mod penalties;
@@ -104,6 +105,10 @@ pub struct Generator<'a> {
     prompt_logprobs: Vec<TokenLogprobs>,
     /// Told of each prefill chunk ([`Self::set_prefill_progress`]).
     prefill_progress: Option<Box<dyn FnMut(PrefillProgress) + Send>>,
+    /// The target's step forwards replayed from graphs ([`Self::set_graphs`]; `None`: off).
+    graphs: Option<crate::model::StepGraphs>,
+    /// The draft model's, on its own cache.
+    draft_graphs: Option<crate::model::StepGraphs>,
 }
 
 impl Generator<'_> {
@@ -164,7 +169,7 @@ impl<'a> Generator<'a> {
             Some(d) => Some(d.new_cache(capacity.min(d.config().context_length))?),
             None => None,
         };
-        Ok(Self {
+        let mut generator = Self {
             target,
             draft,
             target_cache,
@@ -184,7 +189,11 @@ impl<'a> Generator<'a> {
             score_prompt: false,
             prompt_logprobs: Vec::new(),
             prefill_progress: None,
-        })
+            graphs: None,
+            draft_graphs: None,
+        };
+        generator.set_graphs(graphs::from_env() && target.fused_decode())?;
+        Ok(generator)
     }
 
     /// A generator whose drafts come from an EAGLE head reading `target`'s hidden states
@@ -478,7 +487,7 @@ impl<'a> Generator<'a> {
                 None if self.device_argmax(config.warp) => {
                     // Greedy on the device: one id crosses to the host, not a vocabulary-wide row.
                     let t0 = Instant::now();
-                    let hidden = self.target.forward_chain(&[pending], &mut self.target_cache)?;
+                    let hidden = self.plain_step(pending, &mut stats)?;
                     let token = argmax_ids(self.target, &hidden)?[0];
                     timings[1] += t0.elapsed();
                     self.buf.emitted.push(token);
@@ -487,7 +496,7 @@ impl<'a> Generator<'a> {
                 }
                 None => {
                     let t0 = Instant::now();
-                    let hidden = self.target.forward_chain(&[pending], &mut self.target_cache)?;
+                    let hidden = self.plain_step(pending, &mut stats)?;
                     let logits = self.target_host.copy(&self.target.logits(&hidden)?)?;
                     timings[1] += t0.elapsed();
                     let t1 = Instant::now();

@@ -2,7 +2,7 @@
 //! target forward, verify from the root, keep the accepted path in both caches (the steps
 //! 1-4 of the module docs of [`super`]).
 
-use super::{argmax_ids, for_draft, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
+use super::{argmax_ids, for_draft, graphs, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
 use crate::decode::auto_tree::AutoTree;
 use crate::decode::draft::{draw_children, expandable, tree_bias};
 use crate::decode::tree::DraftTree;
@@ -92,10 +92,12 @@ impl Generator<'_> {
                     "draft cache at position {dpos} + {m} pending, target at {root_pos}"
                 )));
             }
-            let bias = crate::model::causal_bias(dbase, m, draft.dtype(), draft.device())?;
+            let bias = || Ok(crate::model::causal_bias(dbase, m, draft.dtype(), draft.device())?);
             let pos: Vec<u32> = (dpos..dpos + m).map(|p| p as u32).collect();
             let fed = for_draft(draft_pending, draft.config().vocab_size);
-            let hidden = draft.forward(&fed, &pos, &bias, dcache)?;
+            let chain = || Ok(crate::model::chain_masks(m));
+            let (buckets, replayed) = (&mut self.draft_graphs, &mut stats.draft_graph_forwards);
+            let hidden = graphs::step_forward(draft, buckets, dcache, (&fed, &pos), (chain, dbase), bias, replayed)?;
             stats.draft_forwards += 1;
             b.draft_slot[0] = Some(dbase + m - 1);
             level_nodes.push(0);
@@ -120,10 +122,13 @@ impl Generator<'_> {
                 let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
                 let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
                 // Columns: the committed prefix (all visible), then this step's tree nodes.
-                let bias = tree_bias(tree, committed, &level_nodes, &b.draft_fed, draft.dtype(), draft.device())?;
+                let bias = || tree_bias(tree, committed, &level_nodes, &b.draft_fed, draft.dtype(), draft.device());
+                let masks = || Ok(graphs::level_masks(tree, &b.draft_fed, &level_nodes));
                 let t_level = Instant::now();
                 let _ = batched();
-                let hidden = draft.forward(&tokens, &pos, &bias, dcache)?;
+                let (buckets, replayed) = (&mut self.draft_graphs, &mut stats.draft_graph_forwards);
+                let hidden =
+                    graphs::step_forward(draft, buckets, dcache, (&tokens, &pos), (masks, committed), bias, replayed)?;
                 stats.draft_forwards += 1;
                 let logits = draft.logits(&hidden)?;
                 draw_children(tree, spec.construction, qwarp, &logits, &level_nodes, self.vocab, rng, b)?;
@@ -147,8 +152,18 @@ impl Generator<'_> {
         let tokens: Vec<u32> = live.iter().map(|&i| b.token[i].expect("live")).collect();
         let pos: Vec<u32> = live.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
         let tbase = self.target_cache.len();
-        let bias = tree_bias(tree, tbase, &live, &live, self.target.dtype(), self.target.device())?;
-        let hidden = self.target.forward(&tokens, &pos, &bias, &mut self.target_cache)?;
+        let (dtype, device) = (self.target.dtype(), self.target.device().clone());
+        let masks = || graphs::tree_step_masks(tree, &live, &b.row_of);
+        let bias = || tree_bias(tree, tbase, &live, &live, dtype, &device);
+        let hidden = graphs::step_forward(
+            self.target,
+            &mut self.graphs,
+            &mut self.target_cache,
+            (&tokens, &pos),
+            (masks, tbase),
+            bias,
+            &mut stats.graph_forwards,
+        )?;
         // Greedy on the device: one id per row crosses to the host, not vocabulary-wide rows.
         let greedy = if on_device { Some(argmax_ids(self.target, &hidden)?) } else { None };
         let logits = match greedy {

@@ -135,5 +135,25 @@ pub fn parse_device(s: &str) -> Result<Device> {
              (or use --device cpu)"
         );
     }
-    Device::new_cuda(ordinal).map_err(|e| Error::Config(format!("device `{s}`: {}", crate::plain_error(&e))))
+    cuda_device(ordinal).map_err(|e| Error::Config(format!("device `{s}`: {}", crate::plain_error(&e))))
+}
+
+/// The CUDA device `ordinal` as the engine runs it: every thread's work on one stream, and
+/// cudarc's per-allocation event tracking off (two events created and destroyed with each of
+/// a forward's ~1,000 allocations, which only orders work across streams: with one stream,
+/// the stream orders it). One stream is also what a CUDA graph capture records
+/// ([`crate::kernels::device::graph`]). `MDSD_CUDA_STREAM=per-thread` gives candle's default
+/// instead (each host thread on its own default stream, events tracked), for A/B runs.
+fn cuda_device(ordinal: usize) -> candle_core::Result<Device> {
+    if std::env::var("MDSD_CUDA_STREAM").as_deref() == Ok("per-thread") {
+        return Device::new_cuda(ordinal);
+    }
+    let device = Device::new_cuda_with_stream(ordinal)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = &device {
+        // SAFETY: no tensor exists on this device yet, and all of its work goes to its one
+        // stream, so no slice is used on a stream other than the one it was made on.
+        unsafe { d.disable_event_tracking() };
+    }
+    Ok(device)
 }

@@ -35,6 +35,16 @@ impl TokenEmbedding {
         }
     }
 
+    /// [`Self::lookup`] of ids in a `u32` tensor on the embedding's device: a dense embedding
+    /// selects its rows on the device (nothing read back to the host, as a graph capture
+    /// needs); a quantized one (on the CPU) reads the ids.
+    pub fn lookup_tensor(&self, ids: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Dense(t) => t.index_select(&ids.contiguous()?, 0),
+            Self::Quantized(_) => self.lookup(&ids.to_vec1::<u32>()?, ids.device()),
+        }
+    }
+
     /// The rows of `ids` (each below the vocabulary size, which the caller checks): `[t, hidden]`
     /// on `device` (the dense tensor's own device and dtype, f32 on the CPU when quantized).
     pub fn lookup(&self, ids: &[u32], device: &Device) -> Result<Tensor> {

@@ -6,7 +6,7 @@
 //! accepted root-to-node path and drops the rest, with one small index upload per step and
 //! one gather per layer on the device (no host round trip per layer).
 
-use crate::kernels::device::{RopeIntoCache, RowsIntoCache};
+use crate::kernels::device::{RopeIntoCache, RowsIntoCache, Slots};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Keys and values of every layer of one model, for one sequence.
@@ -82,7 +82,10 @@ impl KvCache {
     /// kernels do: the keys `k` (`[t, kv_heads, head_dim]`) rotated at `positions` (`[t]`, u32)
     /// by `rotary`, the values `v` copied. Nothing is returned: [`crate::kernels::device::CacheAttention`]
     /// reads the buffers ([`Self::buffers`]). As with [`Self::append`], call [`Self::advance`]
-    /// after the forward.
+    /// after the forward. With `step` (a step's inputs, `crate::kernels::device::StepLayout`)
+    /// the rows go to the slot its start word holds when the kernels run (a graph replay reads
+    /// it anew), which the caller keeps equal to [`Self::len`].
+    #[allow(clippy::too_many_arguments)]
     pub fn write_rotated(
         &mut self,
         layer: usize,
@@ -91,19 +94,24 @@ impl KvCache {
         positions: &Tensor,
         rotary: &super::rotary::Rotary,
         interleaved: bool,
+        step: Option<&Tensor>,
     ) -> Result<()> {
         let (t, kv_heads, head_dim) = k.dims3()?;
         self.reserve(t)?;
+        let slots = match step {
+            Some(inputs) => Slots::Step(inputs),
+            None => Slots::From(self.len),
+        };
         let rope = RopeIntoCache {
             inv_freq: rotary.inv_freq(),
             attention_factor: rotary.attention_factor(),
             interleaved,
             kv_heads,
             head_dim,
-            start: self.len,
+            slots,
         };
         self.keys[layer].inplace_op3(&k.contiguous()?, positions, &rope)?;
-        let copy = RowsIntoCache { kv_heads, head_dim, start: self.len };
+        let copy = RowsIntoCache { kv_heads, head_dim, slots };
         self.values[layer].inplace_op2(&v.contiguous()?, &copy)
     }
 

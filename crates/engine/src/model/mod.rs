@@ -21,15 +21,17 @@ pub mod kv_cache;
 mod linear;
 pub mod rope_scaling;
 mod rotary;
+mod step_inputs;
 
 use crate::kernels::attention as cpu_attention;
-use crate::kernels::device::{CacheAttention, RopeRows};
+use crate::kernels::device::{CacheAttention, RopeRows, StepAttention};
 pub use batcher::{
     others_load, post_load, take_batched_cost, BatchStats, Batcher, Membership, Prefilling, SharedLoad, Solo,
 };
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};
+pub use step_inputs::{chain_masks, tree_masks, StepGraphs, StepInputs};
 
 /// The model families the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,7 +267,12 @@ impl DecoderModel {
                 .iter_mut()
                 .zip(&ropes)
                 .zip(&biases)
-                .map(|((item, rope), bias)| Part { rows: item.tokens.len(), rope, bias, cache: &mut *item.cache })
+                .map(|((item, rope), bias)| Part {
+                    rows: item.tokens.len(),
+                    rope,
+                    visibility: Visibility::Bias(bias),
+                    cache: &mut *item.cache,
+                })
                 .collect();
             x = block_parts(&self.config, l, layer, &x, &mut parts)?;
         }
@@ -401,17 +408,25 @@ pub(crate) fn block(
     cache: &mut KvCache,
 ) -> Result<Tensor> {
     let rows = x.dim(1)?;
-    block_parts(c, index, layer, x, &mut [Part { rows, rope, bias, cache }])
+    block_parts(c, index, layer, x, &mut [Part { rows, rope, visibility: Visibility::Bias(bias), cache }])
 }
 
 /// One sequence's rows of a block over several ([`block_parts`]): how many rows (they follow the
-/// previous part's), their rotary embedding, their attention bias (`[rows, cache.len() +
-/// rows]`) and their cache.
+/// previous part's), their rotary embedding, what they see and their cache.
 pub(crate) struct Part<'p, 'r> {
     pub(crate) rows: usize,
     pub(crate) rope: &'p Rope<'r>,
-    pub(crate) bias: &'p Tensor,
+    pub(crate) visibility: Visibility<'p>,
     pub(crate) cache: &'p mut KvCache,
+}
+
+/// What a forward's rows see of the cache and of each other: an additive attention bias
+/// (`[rows, cache.len() + rows]`), or a step's inputs ([`StepInputs`]: the cache before the
+/// step and the step's rows in each row's mask, read from device memory by the kernels).
+#[derive(Clone, Copy)]
+pub(crate) enum Visibility<'p> {
+    Bias(&'p Tensor),
+    Step(&'p Tensor),
 }
 
 /// A block over the rows of several sequences (`x`: `[1, rows, hidden]`, the parts' rows one
@@ -461,7 +476,7 @@ fn attention(
 ) -> Result<Tensor> {
     let t = part.rows;
     let eps = c.rms_norm_eps as f32;
-    let (bias, cache) = (part.bias, &mut *part.cache);
+    let (visibility, cache) = (part.visibility, &mut *part.cache);
     let head_norm = |y: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
         match w {
             Some(w) => candle_nn::ops::rms_norm(&y, w, eps),
@@ -474,8 +489,11 @@ fn attention(
             let q = head_norm(q.reshape((t, c.num_heads, c.head_dim))?, &layer.q_norm)?;
             let k = head_norm(k.reshape((t, c.num_kv_heads, c.head_dim))?, &layer.k_norm)?;
             let v = v.reshape((t, c.num_kv_heads, c.head_dim))?;
-            return fused_attention(c, index, &q, &k, &v, rotary, positions, bias, cache);
+            return fused_attention(c, index, &q, &k, &v, rotary, positions, visibility, cache);
         }
+    };
+    let Visibility::Bias(bias) = visibility else {
+        candle_core::bail!("a step's inputs are read by the device kernels only (set_fused_decode)")
     };
     let heads =
         |y: &Tensor, n: usize| -> Result<Tensor> { y.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous() };
@@ -527,8 +545,9 @@ impl<'a> Rope<'a> {
 
 /// Attention through the device kernels: the rotary embedding of `q` ([`RopeRows`]), `k`
 /// rotated and `v` copied into the cache in place ([`KvCache::write_rotated`]), and attention
-/// over the cache read in place ([`CacheAttention`]). `q`: `[t, heads, head_dim]`, `k` and `v`:
-/// `[t, kv_heads, head_dim]` (after the per-head norms). Returns `[1, t, heads * head_dim]`.
+/// over the cache read in place ([`CacheAttention`], or [`StepAttention`] for a step's inputs).
+/// `q`: `[t, heads, head_dim]`, `k` and `v`: `[t, kv_heads, head_dim]` (after the per-head
+/// norms). Returns `[1, t, heads * head_dim]`.
 #[allow(clippy::too_many_arguments)]
 fn fused_attention(
     c: &ModelConfig,
@@ -538,7 +557,7 @@ fn fused_attention(
     v: &Tensor,
     rotary: &rotary::Rotary,
     positions: &Tensor,
-    bias: &Tensor,
+    visibility: Visibility,
     cache: &mut KvCache,
 ) -> Result<Tensor> {
     let t = q.dim(0)?;
@@ -551,16 +570,23 @@ fn fused_attention(
     };
     let q = q.contiguous()?.apply_op2_no_bwd(positions, &rope_q)?;
     let start = cache.len();
-    cache.write_rotated(index, k, v, positions, rotary, c.rope_interleaved)?;
-    let (keys, values) = cache.buffers(index);
-    let attention = CacheAttention {
-        keys,
-        values,
-        total: start + t,
-        heads: c.num_heads,
-        scale: (1.0 / (c.head_dim as f64).sqrt()) as f32,
+    let step = match visibility {
+        Visibility::Step(inputs) => Some(inputs),
+        Visibility::Bias(_) => None,
     };
-    q.apply_op2_no_bwd(&bias.contiguous()?, &attention)?.unsqueeze(0)
+    cache.write_rotated(index, k, v, positions, rotary, c.rope_interleaved, step)?;
+    let (keys, values) = cache.buffers(index);
+    let scale = (1.0 / (c.head_dim as f64).sqrt()) as f32;
+    match visibility {
+        Visibility::Bias(bias) => {
+            let attention = CacheAttention { keys, values, total: start + t, heads: c.num_heads, scale };
+            q.apply_op2_no_bwd(&bias.contiguous()?, &attention)?.unsqueeze(0)
+        }
+        Visibility::Step(inputs) => {
+            let attention = StepAttention { keys, values, heads: c.num_heads, scale };
+            q.apply_op2_no_bwd(inputs, &attention)?.unsqueeze(0)
+        }
+    }
 }
 
 /// The rest of a block after attention: residual, MLP, residual.

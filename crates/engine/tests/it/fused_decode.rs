@@ -67,13 +67,193 @@ fn fused_speculative_decoding_equals_fused_plain_decoding() {
     assert!(runs.iter().any(|(_, source, s)| *source == "EAGLE" && s.tau > 1.0), "the head never drafted");
 }
 
+/// A forward captured for replays (`engine::kernels::device::graph`: a CUDA graph on a GPU, the
+/// calls again on the CPU) gives the eager forward's logits bit for bit, and a replay reads its
+/// buffers' current contents: after another prompt is run eagerly into the same cache rows, the
+/// replay gives the eager forward's logits on the new prompt. A three-row causal step, with the
+/// device kernels and with candle's ops.
+#[test]
+fn a_replayed_forward_equals_the_eager_forward_on_the_current_cache() {
+    use engine::kernels::device::graph::ReplayedForward;
+    use std::cell::RefCell;
+    let dir = temp_dir("fused-graph");
+    let path = Tiny::llama(65).write_gguf(&dir.join("llama.gguf"), GgmlDType::F32, &[]);
+    let bits = |t: candle_core::Result<Tensor>| -> Vec<u32> {
+        let t = t.unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+        t.to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()
+    };
+    let prompts: [Vec<u32>; 2] =
+        [(0..20u32).map(|i| (i * 5 + 1) % 48).collect(), (0..20u32).map(|i| (i * 11 + 7) % 48).collect()];
+    let (rows, pos) = ([3u32, 9, 27], [20u32, 21, 22]);
+    for fused in [false, true] {
+        let m = with_fused(load_on_test_device(&path), fused);
+        let dev = m.device().clone();
+        let bias = engine::model::causal_bias(20, 3, m.dtype(), &dev).unwrap();
+        let cache = RefCell::new(m.new_cache(32).unwrap());
+        let step = || -> candle_core::Result<Tensor> {
+            let mut c = cache.borrow_mut();
+            c.truncate(20);
+            let h = m.forward(&rows, &pos, &bias, &mut c)?;
+            m.logits(&h)
+        };
+        let eager = |prompt: &[u32]| {
+            let mut c = cache.borrow_mut();
+            c.truncate(0);
+            m.forward_chain(prompt, &mut c).unwrap();
+            drop(c);
+            bits(step())
+        };
+        let first = eager(&prompts[0]);
+        let mut replayed = ReplayedForward::capture(&dev, step).unwrap();
+        assert_eq!(replayed.is_graph(), !dev.is_cpu());
+        assert!(bits(replayed.replay()) == first, "fused {fused}: the replay differs from the eager forward");
+        let second = eager(&prompts[1]);
+        assert!(second != first, "the prompts give the same logits: the test shows nothing");
+        assert!(bits(replayed.replay()) == second, "fused {fused}: the replay did not read the rewritten cache");
+    }
+}
+
+/// Decoding with graph-replayed target steps (`Generator::set_graphs`: CUDA graphs on a GPU,
+/// the step forward itself on the CPU): at temperature 0 plain decoding gives the tokens it
+/// gives without graphs, and every tree and draft source gives plain decoding's tokens with
+/// drafts accepted; at temperature 0.8 the same seed gives the same text with and without
+/// graphs (the logits are the same). Every target step after the prompt went through a graph
+/// bucket, and the draft model's forwards did too.
+#[test]
+fn graph_replayed_steps_decode_as_eager_steps() {
+    let (target, draft, head) = common::target_draft_head(72, "fused-graphs");
+    let (target, draft) = (with_fused(target, true), with_fused(draft, true));
+    let prompt = [3u32, 9, 27, 4, 12, 36, 9, 27];
+    let base = common::greedy(40, 0);
+    let generate = |graphs: bool, config: &engine::decode::GenerationConfig| {
+        let mut g = Generator::new(&target, None, 200).unwrap();
+        g.set_graphs(graphs).unwrap();
+        assert_eq!(g.graphs(), graphs);
+        g.generate(&prompt, config, |_| false, |_| Ok(())).unwrap()
+    };
+    let (plain, _) = generate(false, &base);
+    let (replayed, stats) = generate(true, &base);
+    assert_eq!(replayed, plain);
+    assert!(stats.graph_forwards == stats.target_forwards && stats.target_forwards >= 39, "{stats:?}");
+    let runs = common::assert_every_source_equals_plain((&target, &draft, &head), &prompt, &base, &plain, |g| {
+        g.set_graphs(true).unwrap();
+    });
+    for (tree, source, s) in &runs {
+        assert!(s.graph_forwards == s.target_forwards && s.target_forwards > 0, "{tree}, {source}: {s:?}");
+        // The draft model's forwards replayed too (an EAGLE head's are not).
+        if *source != "EAGLE" && s.draft_forwards > 0 {
+            assert!(
+                s.draft_graph_forwards > 0 && s.draft_graph_forwards <= s.draft_forwards,
+                "{tree}, {source}: {s:?}"
+            );
+        } else {
+            assert_eq!(s.draft_graph_forwards, 0, "{tree}, {source}");
+        }
+    }
+    assert!(runs.iter().any(|(_, source, s)| *source == "1-layer" && s.tau > 1.0), "no drafts were accepted");
+    assert!(runs.iter().any(|(_, _, s)| s.tau > 1.5), "no drafts were accepted");
+    let sampled = engine::decode::GenerationConfig { warp: samplers::dist::Warp::temperature(0.8), ..base.clone() };
+    assert_eq!(generate(true, &sampled).0, generate(false, &sampled).0);
+    // Graphs need the device-kernel path.
+    let eager = common::target_draft_head(72, "fused-graphs-off").0;
+    let e = Generator::new(&eager, None, 200).unwrap().set_graphs(true).unwrap_err();
+    assert!(e.to_string().contains("MDSD_FUSED_DECODE"), "{e}");
+}
+
+/// A step forward from one input buffer (`DecoderModel::forward_step`), captured once and
+/// replayed with new inputs written into the buffer, across cache lengths (inside, at the end
+/// of and past a key chunk, and 1) and every bucket of 1 to 8 rows with chains, trees and
+/// padding: each replay's logits equal the eager step forward's on the same inputs bit for bit
+/// (on a GPU: CUDA graph against eager), and the live rows' logits equal the plain forward's
+/// with the bias that says the same (bit for bit on the CPU; within 1e-4 of the largest logit
+/// on a GPU, 2% in bf16, whose products may round a padded bucket differently).
+#[test]
+fn step_forwards_replayed_equal_eager_forwards() {
+    use engine::kernels::device::graph::ReplayedForward;
+    use engine::model::{chain_masks, tree_masks, StepInputs};
+    use std::cell::RefCell;
+    let dir = temp_dir("fused-step-graph");
+    let path = Tiny { context: 1024, ..Tiny::llama(66) }.write_gguf(&dir.join("llama.gguf"), GgmlDType::F32, &[]);
+    let m = with_fused(load_on_test_device(&path), true);
+    let dev = m.device().clone();
+    let host = |t: &Tensor| -> Vec<f32> {
+        t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    };
+    let prompt: Vec<u32> = (0..600u32).map(|i| (i * 13 + 5) % 48).collect();
+    let cache = RefCell::new(m.new_cache(620).unwrap());
+    let vocab = m.config().vocab_size;
+    // Live rows' masks for a step of n rows: a chain, or a tree (row r's parent (r - 1) / 2).
+    let masks = |n: usize, tree: bool| {
+        if tree {
+            tree_masks(&(0..n).map(|r| (r > 0).then(|| (r - 1) / 2)).collect::<Vec<_>>()).unwrap()
+        } else {
+            chain_masks(n)
+        }
+    };
+    for bucket in [1usize, 2, 4, 8] {
+        let step = RefCell::new(StepInputs::new(bucket, vocab, &dev).unwrap());
+        let run = || -> candle_core::Result<Tensor> {
+            let h = m.forward_step(&step.borrow(), &mut cache.borrow_mut())?;
+            m.logits(&h)
+        };
+        let mut replayed = None;
+        for (i, start) in [300usize, 255, 256, 1, 511].into_iter().enumerate() {
+            let live = 1 + (i * 3 + bucket) % bucket;
+            let tokens: Vec<u32> = (0..live as u32).map(|r| (r * 7 + start as u32) % 48).collect();
+            let positions: Vec<u32> = (0..live as u32).map(|r| start as u32 + r).collect();
+            let masks = masks(live, i % 2 == 1);
+            {
+                // The prompt's first `start` tokens cached (earlier steps wrote over some).
+                let mut c = cache.borrow_mut();
+                c.truncate(0);
+                m.forward_chain(&prompt[..start], &mut c).unwrap();
+            }
+            step.borrow_mut().set(&tokens, &positions, &masks, start, start).unwrap();
+            let eager = host(&run().unwrap());
+            // The plain forward of the live rows with the same visibility.
+            let bias = step.borrow().bias(m.dtype(), &dev).unwrap();
+            let plain = {
+                let mut c = cache.borrow_mut();
+                c.truncate(start);
+                let h = m.forward(&tokens, &positions, &bias, &mut c).unwrap();
+                c.truncate(start);
+                host(&m.logits(&h).unwrap())
+            };
+            let live_eager = &eager[..live * vocab];
+            if dev.is_cpu() {
+                assert!(
+                    live_eager.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "bucket {bucket}, {live} rows at {start}: the step forward differs from the plain forward"
+                );
+            } else {
+                let largest = plain.iter().fold(0f32, |a, b| a.max(b.abs()));
+                let worst = live_eager.iter().zip(&plain).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                let tol = if m.dtype() == DType::F32 { 1e-4 } else { 0.02 };
+                assert!(worst <= tol * largest, "bucket {bucket}, {live} rows at {start}: {worst} of {largest}");
+            }
+            let r = replayed.get_or_insert_with(|| ReplayedForward::capture(&dev, run).unwrap());
+            assert_eq!(r.is_graph(), !dev.is_cpu());
+            let got = host(&r.replay().unwrap());
+            assert!(
+                got.iter().zip(&eager).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "bucket {bucket}, {live} rows at {start}: the replay differs from the eager step forward"
+            );
+        }
+    }
+    // A step forward needs the device kernels.
+    let plain_model = load_on_test_device(&path);
+    let step = StepInputs::new(1, vocab, &dev).unwrap();
+    let e = plain_model.forward_step(&step, &mut cache.borrow_mut()).unwrap_err();
+    assert!(e.to_string().contains("set_fused_decode"), "{e}");
+}
+
 /// On a GPU: each kernel against its Rust reference (the same op on the CPU), on fresh random
 /// inputs. Attention, cache copies and argmax bit for bit in f32; the rotary embedding within
 /// 2e-6 relative (the GPU's `cosf`/`sinf` against the CPU's).
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs a GPU: build with --features cuda, run with MDSD_TEST_DEVICE=cuda")]
 fn device_kernels_equal_their_reference() {
-    use engine::kernels::device::{ArgmaxRows, CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache};
+    use engine::kernels::device::{ArgmaxRows, CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, Slots};
     let dev = test_device();
     assert!(!dev.is_cpu(), "MDSD_TEST_DEVICE is the CPU: this test compares a device's kernels with the CPU");
     let cpu = Device::Cpu;
@@ -112,11 +292,11 @@ fn device_kernels_equal_their_reference() {
             interleaved: true,
             kv_heads,
             head_dim: hd,
-            start,
+            slots: Slots::From(start),
         };
         keys_c.inplace_op3(&k_c, &pos_c, &rope(&inv_c)).unwrap();
         keys_d.inplace_op3(&k_d, &pos_d, &rope(&inv_d)).unwrap();
-        let copy = RowsIntoCache { kv_heads, head_dim: hd, start };
+        let copy = RowsIntoCache { kv_heads, head_dim: hd, slots: Slots::From(start) };
         vals_c.inplace_op2(&v_c, &copy).unwrap();
         vals_d.inplace_op2(&v_d, &copy).unwrap();
         assert!(bits_equal(&vals_c, &vals_d), "values into the cache");
@@ -140,6 +320,31 @@ fn device_kernels_equal_their_reference() {
         let (a_c, a_d) =
             (qr_c.apply_op2_no_bwd(&bias_c, &att_c).unwrap(), qr_d.apply_op2_no_bwd(&bias_d, &att_d).unwrap());
         assert!(bits_equal(&a_c, &a_d), "attention, {total} positions");
+        // The step kernels: slots and visibility read from a step's inputs on the device.
+        let layout = engine::kernels::device::StepLayout { rows };
+        let mut words = vec![0u32; layout.len()];
+        words[layout.start()] = (cap - rows) as u32;
+        words[layout.tail()] = (cap - rows) as u32;
+        for (r, m) in engine::model::tree_masks(&(0..rows).map(|r| (r > 0).then(|| (r - 1) / 2)).collect::<Vec<_>>())
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
+            words[layout.masks().start + 2 * r] = m as u32;
+        }
+        let (step_c, step_d) = both(&Tensor::from_vec(words, layout.len(), &cpu).unwrap());
+        let (vals2_c, vals2_d) = (vals_c.copy().unwrap(), vals_d.copy().unwrap());
+        let copy = RowsIntoCache { kv_heads, head_dim: hd, slots: Slots::Step(&step_c) };
+        vals2_c.inplace_op2(&v_c, &copy).unwrap();
+        vals2_d.inplace_op2(&v_d, &RowsIntoCache { slots: Slots::Step(&step_d), ..copy }).unwrap();
+        assert!(bits_equal(&vals2_c, &vals2_d), "values into the cache at the step's slots");
+        let vals2_back = vals2_d.to_device(&cpu).unwrap();
+        let step_att = |keys, values| engine::kernels::device::StepAttention { keys, values, heads, scale: 0.125 };
+        let (s_c, s_d) = (
+            qr_c.apply_op2_no_bwd(&step_c, &step_att(&keys_back, &vals2_back)).unwrap(),
+            qr_d.apply_op2_no_bwd(&step_d, &step_att(&keys_d, &vals2_d)).unwrap(),
+        );
+        assert!(bits_equal(&s_c, &s_d), "step attention, {total} positions");
         // Greedy tokens, ties included.
         let mut logits = host(&randn(&[rows, 1000]));
         logits[3 * 1000 + 10] = 9.0;

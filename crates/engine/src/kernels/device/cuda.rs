@@ -2,8 +2,8 @@
 //! custom-module API). Each checks its inputs as the CPU op does and launches the kernel on the
 //! device's stream.
 
-use super::{CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache};
-use crate::kernels::device::reference::{AttentionShape, ATTENTION_CHUNK, BLOCK};
+use super::{CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, Slots, StepAttention};
+use crate::kernels::device::reference::{AttentionShape, StepLayout, ATTENTION_CHUNK, BLOCK};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{bail, CudaStorage, Layout, Result, Shape, Storage};
@@ -85,9 +85,25 @@ pub(super) fn rope_rows(
     Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((rows, h, d))))
 }
 
-/// Checks a cache destination as `super::cache_dims` does; returns its capacity.
-fn capacity_of(dl: &Layout, kv_heads: usize, head_dim: usize, start: usize, rows: usize) -> Result<usize> {
+/// Checks a cache destination as `super::cache_dims` does (the rows' room only when the host
+/// knows the first slot); returns its capacity.
+fn capacity_of(dl: &Layout, kv_heads: usize, head_dim: usize, slots: &Slots, rows: usize) -> Result<usize> {
+    let start = match slots {
+        Slots::From(s) => Some(*s),
+        Slots::Step(_) => None,
+    };
     super::cache_dims(dl, kv_heads, head_dim, start, rows)
+}
+
+/// The device word holding a step's first slot (`Slots::Step`), checked to be on the GPU.
+macro_rules! step_start_view {
+    ($t:expr, $guard:ident, $layout:ident, $view:ident) => {
+        let ($guard, $layout) = $t.storage_and_layout();
+        let Storage::Cuda(words) = &*$guard else { bail!("step inputs are not on the GPU") };
+        let all = view(words.as_cuda_slice::<u32>()?, &$layout, "step inputs")?;
+        let at = StepLayout::of(all.len()).start();
+        let $view = all.slice(at..at + 1);
+    };
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -104,22 +120,37 @@ pub(super) fn rope_into_cache(
     let positions = view(pos.as_cuda_slice::<u32>()?, pl, "rope positions")?;
     let rows = pl.shape().elem_count();
     let (g, d) = (op.kv_heads, op.head_dim);
-    let capacity = capacity_of(dl, g, d, op.start, rows)?;
+    let capacity = capacity_of(dl, g, d, &op.slots, rows)?;
     if xl.shape().elem_count() != rows * g * d {
         bail!("rope into cache: {:?} is not {rows} rows of {g} heads of {d}", xl.shape());
     }
     inv_freq_view!(op.inv_freq, inv_guard, inv_layout, inv_freq);
-    let func = dev.get_or_load_custom_func(&kernel_name("rope_into_cache", &x.slice)?, MODULE, PTX)?;
+    let name = match op.slots {
+        Slots::From(_) => "rope_into_cache",
+        Slots::Step(_) => "rope_into_cache_at",
+    };
+    let func = dev.get_or_load_custom_func(&kernel_name(name, &x.slice)?, MODULE, PTX)?;
     let (af, interleaved) = (op.attention_factor, op.interleaved as i32);
-    let (rows_u, g_u, d_u, cap_u, start_u) = (rows as u32, g as u32, d as u32, capacity as u32, op.start as u32);
+    let (rows_u, g_u, d_u, cap_u) = (rows as u32, g as u32, d as u32, capacity as u32);
     macro_rules! launch {
         ($s:expr, $t:ty) => {{
             let x = view($s, xl, "keys")?;
             let cache = dst.as_cuda_slice_mut::<$t>()?;
             let mut b = func.builder();
             b.arg(&x).arg(&positions).arg(&inv_freq).arg(&af).arg(&interleaved).arg(cache);
-            b.arg(&rows_u).arg(&g_u).arg(&d_u).arg(&cap_u).arg(&start_u);
-            unsafe { b.launch(linear(rows * g * d / 2)) }.w()?;
+            b.arg(&rows_u).arg(&g_u).arg(&d_u).arg(&cap_u);
+            match op.slots {
+                Slots::From(start) => {
+                    let start_u = start as u32;
+                    b.arg(&start_u);
+                    unsafe { b.launch(linear(rows * g * d / 2)) }.w()?;
+                }
+                Slots::Step(t) => {
+                    step_start_view!(t, step_guard, step_layout, start_at);
+                    b.arg(&start_at);
+                    unsafe { b.launch(linear(rows * g * d / 2)) }.w()?;
+                }
+            }
         }};
     }
     match &x.slice {
@@ -141,16 +172,31 @@ pub(super) fn rows_into_cache(
     let dev = x.device.clone();
     let (g, d) = (op.kv_heads, op.head_dim);
     let rows = xl.shape().elem_count() / (g * d);
-    let capacity = capacity_of(dl, g, d, op.start, rows)?;
-    let func = dev.get_or_load_custom_func(&kernel_name("rows_into_cache", &x.slice)?, MODULE, PTX)?;
-    let (rows_u, g_u, d_u, cap_u, start_u) = (rows as u32, g as u32, d as u32, capacity as u32, op.start as u32);
+    let capacity = capacity_of(dl, g, d, &op.slots, rows)?;
+    let name = match op.slots {
+        Slots::From(_) => "rows_into_cache",
+        Slots::Step(_) => "rows_into_cache_at",
+    };
+    let func = dev.get_or_load_custom_func(&kernel_name(name, &x.slice)?, MODULE, PTX)?;
+    let (rows_u, g_u, d_u, cap_u) = (rows as u32, g as u32, d as u32, capacity as u32);
     macro_rules! launch {
         ($s:expr, $t:ty) => {{
             let x = view($s, xl, "values")?;
             let cache = dst.as_cuda_slice_mut::<$t>()?;
             let mut b = func.builder();
-            b.arg(&x).arg(cache).arg(&rows_u).arg(&g_u).arg(&d_u).arg(&cap_u).arg(&start_u);
-            unsafe { b.launch(linear(rows * g * d)) }.w()?;
+            b.arg(&x).arg(cache).arg(&rows_u).arg(&g_u).arg(&d_u).arg(&cap_u);
+            match op.slots {
+                Slots::From(start) => {
+                    let start_u = start as u32;
+                    b.arg(&start_u);
+                    unsafe { b.launch(linear(rows * g * d)) }.w()?;
+                }
+                Slots::Step(t) => {
+                    step_start_view!(t, step_guard, step_layout, start_at);
+                    b.arg(&start_at);
+                    unsafe { b.launch(linear(rows * g * d)) }.w()?;
+                }
+            }
         }};
     }
     match &x.slice {
@@ -227,6 +273,75 @@ pub(super) fn cache_attention(
         _ => bail!("attention: queries and bias must share one dtype"),
     };
     Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((rows, s.heads * hd))))
+}
+
+pub(super) fn step_attention(
+    op: &StepAttention,
+    s: &AttentionShape,
+    q: &CudaStorage,
+    ql: &Layout,
+    inputs: &CudaStorage,
+    il: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = &q.device;
+    let rows = ql.shape().elem_count() / (s.heads * s.head_dim);
+    let words = view(inputs.as_cuda_slice::<u32>()?, il, "step inputs")?;
+    if words.len() != (StepLayout { rows }).len() {
+        bail!("step attention: {} input words for {rows} rows", words.len());
+    }
+    // Chunks over the whole buffer: the launch is the same at every step.
+    let chunks = s.capacity.div_ceil(ATTENTION_CHUNK);
+    let hd = s.head_dim;
+    let partials = unsafe { dev.alloc::<f32>(rows * s.heads * chunks * (hd + 2))? };
+    let partial = dev.get_or_load_custom_func(&kernel_name("attention_partial_step", &q.slice)?, MODULE, PTX)?;
+    let combine = dev.get_or_load_custom_func(&kernel_name("attention_combine", &q.slice)?, MODULE, PTX)?;
+    let (ks, _) = op.keys.storage_and_layout();
+    let (vs, _) = op.values.storage_and_layout();
+    let (heads, kv_heads, hd_u, cap, rows_u, chunks_u) =
+        (s.heads as u32, s.kv_heads as u32, hd as u32, s.capacity as u32, rows as u32, chunks as u32);
+    let scale = op.scale;
+    let partial_cfg = LaunchConfig {
+        grid_dim: (chunks as u32, heads, rows as u32),
+        block_dim: (BLOCK as u32, 1, 1),
+        shared_mem_bytes: ((hd + ATTENTION_CHUNK + BLOCK) * 4) as u32,
+    };
+    let combine_cfg =
+        LaunchConfig { grid_dim: (heads, rows as u32, 1), block_dim: (BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+    macro_rules! launch {
+        ($qs:expr, $t:ty, $variant:ident) => {{
+            let qv = view($qs, ql, "queries")?;
+            let keys = cache_slice::<$t>(&ks, "key")?;
+            let values = cache_slice::<$t>(&vs, "value")?;
+            let mut b = partial.builder();
+            b.arg(&qv).arg(keys).arg(values).arg(&words).arg(&rows_u).arg(&scale);
+            b.arg(&heads).arg(&kv_heads).arg(&hd_u).arg(&cap).arg(&partials);
+            unsafe { b.launch(partial_cfg) }.w()?;
+            let out = unsafe { dev.alloc::<$t>(rows * s.heads * hd)? };
+            let mut b = combine.builder();
+            b.arg(&partials).arg(&out).arg(&heads).arg(&hd_u).arg(&chunks_u);
+            unsafe { b.launch(combine_cfg) }.w()?;
+            CudaStorageSlice::$variant(out)
+        }};
+    }
+    let slice = match &q.slice {
+        CudaStorageSlice::F32(qs) => launch!(qs, f32, F32),
+        CudaStorageSlice::BF16(qs) => launch!(qs, half::bf16, BF16),
+        CudaStorageSlice::F16(qs) => launch!(qs, half::f16, F16),
+        _ => bail!("step attention: f32, bf16 or f16 queries expected"),
+    };
+    Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((rows, s.heads * hd))))
+}
+
+/// `words` copied into the contiguous extent of `dst` (u32), queued on the device's stream.
+pub(super) fn write_words(words: &[u32], dst: &mut CudaStorage, l: &Layout) -> Result<()> {
+    let Some((a, b)) = l.contiguous_offsets() else { bail!("write words: the destination is not contiguous") };
+    if b - a != words.len() {
+        bail!("write words: {} words into {}", words.len(), b - a);
+    }
+    let dev = dst.device.clone();
+    let slice = dst.as_cuda_slice_mut::<u32>()?;
+    let mut target = slice.slice_mut(a..b);
+    dev.memcpy_htod(words, &mut target)
 }
 
 pub(super) fn argmax_rows(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {

@@ -94,7 +94,8 @@ __device__ void rope_rows(const T* x, const uint32_t* pos, const float* inv_freq
     }
 }
 
-// x [rows, kv_heads, hd] rotated into cache [kv_heads, capacity, hd] at start + row.
+// x [rows, kv_heads, hd] rotated into cache [kv_heads, capacity, hd] at start + row (rows past
+// the capacity are dropped: a step's start comes from device memory, unchecked by the host).
 template <typename T>
 __device__ void rope_into_cache(const T* x, const uint32_t* pos, const float* inv_freq, float af, int interleaved,
                                 T* cache, uint32_t rows, uint32_t kv_heads, uint32_t hd, uint32_t capacity,
@@ -105,6 +106,7 @@ __device__ void rope_into_cache(const T* x, const uint32_t* pos, const float* in
         uint32_t i = k % half;
         uint64_t rg = k / half;
         uint32_t r = rg / kv_heads, g = rg % kv_heads;
+        if ((uint64_t)start + r >= capacity) continue;
         T c, s;
         cos_sin(pos[r], inv_freq, af, i, &c, &s);
         rotate_pair(x + rg * hd, cache + ((uint64_t)g * capacity + start + r) * hd, i, hd, interleaved, c, s);
@@ -120,14 +122,38 @@ __device__ void rows_into_cache(const T* x, T* cache, uint32_t rows, uint32_t kv
         uint32_t d = k % hd;
         uint64_t rg = k / hd;
         uint32_t r = rg / kv_heads, g = rg % kv_heads;
+        if ((uint64_t)start + r >= capacity) continue;
         cache[((uint64_t)g * capacity + start + r) * hd + d] = x[k];
     }
 }
 
+// The additive bias of row r for key j: a dense [rows, total] matrix.
+template <typename T> struct DenseBias {
+    const T* bias;
+    uint32_t total;
+    __device__ __forceinline__ float operator()(uint32_t r, uint32_t j) const { return to_f32(bias[(uint64_t)r * total + j]); }
+};
+
+// The bias of a step laid out in one u32 buffer (reference::StepLayout): every key before the
+// tail visible, and from the tail on the keys of the row's 64-bit mask, below the step's end.
+struct StepBias {
+    const uint32_t* inputs;
+    uint32_t rows;
+    uint32_t start;
+    uint32_t tail;
+    __device__ __forceinline__ float operator()(uint32_t r, uint32_t j) const {
+        if (j < tail) return 0.0f;
+        uint32_t c = j - tail;
+        if (j < start + rows && c < 64 && ((inputs[2 * rows + 2 * r + c / 32] >> (c % 32)) & 1u)) return 0.0f;
+        return -INFINITY;
+    }
+};
+
 // One chunk's partial softmax for one (row, head): grid (chunks, heads, rows), BLOCK threads.
-// partials [rows, heads, chunks, hd + 2]: m, l, o[hd] (reference::attention_partial).
-template <typename T>
-__device__ void attention_partial(const T* q, const T* keys, const T* values, const T* bias, float scale,
+// partials [rows, heads, chunks, hd + 2]: m, l, o[hd] (reference::attention_partial). A chunk
+// past `total` gives the empty partial.
+template <typename T, typename Bias>
+__device__ void attention_partial(const T* q, const T* keys, const T* values, Bias bias, float scale,
                                   uint32_t heads, uint32_t kv_heads, uint32_t hd, uint32_t capacity, uint32_t total,
                                   float* partials) {
     extern __shared__ float shared[];
@@ -138,14 +164,14 @@ __device__ void attention_partial(const T* q, const T* keys, const T* values, co
     uint32_t chunks = gridDim.x;
     uint32_t g = h / (heads / kv_heads);
     uint32_t start = c * ATTENTION_CHUNK;
-    uint32_t len = min((uint32_t)ATTENTION_CHUNK, total - start);
+    uint32_t len = total > start ? min((uint32_t)ATTENTION_CHUNK, total - start) : 0;
     uint32_t t = threadIdx.x, warp = t / WARP, lane = t % WARP;
     for (uint32_t d = t; d < hd; d += BLOCK) qs[d] = to_f32(q[((uint64_t)r * heads + h) * hd + d]);
     __syncthreads();
     // Scores: warp w takes keys w, w + 4, ...; one warp's dot product per key.
     for (uint32_t kk = warp; kk < len; kk += BLOCK / WARP) {
         uint32_t j = start + kk;
-        float b = to_f32(bias[(uint64_t)r * total + j]);
+        float b = bias(r, j);
         float acc = 0.0f;
         if (b != -INFINITY) {
             const T* k = keys + ((uint64_t)g * capacity + j) * hd;
@@ -230,11 +256,30 @@ __device__ void attention_combine(const float* partials, T* out, uint32_t heads,
                                                       uint32_t hd, uint32_t capacity, uint32_t start) {              \
         rows_into_cache<T>(x, cache, rows, kv_heads, hd, capacity, start);                                           \
     }                                                                                                                  \
+    extern "C" __global__ void rope_into_cache_at_##NAME(const T* x, const uint32_t* pos, const float* inv_freq,      \
+                                                         float af, int interleaved, T* cache, uint32_t rows,          \
+                                                         uint32_t kv_heads, uint32_t hd, uint32_t capacity,           \
+                                                         const uint32_t* start) {                                     \
+        rope_into_cache<T>(x, pos, inv_freq, af, interleaved, cache, rows, kv_heads, hd, capacity, *start);           \
+    }                                                                                                                  \
+    extern "C" __global__ void rows_into_cache_at_##NAME(const T* x, T* cache, uint32_t rows, uint32_t kv_heads,      \
+                                                         uint32_t hd, uint32_t capacity, const uint32_t* start) {    \
+        rows_into_cache<T>(x, cache, rows, kv_heads, hd, capacity, *start);                                          \
+    }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                                               \
         attention_partial_##NAME(const T* q, const T* keys, const T* values, const T* bias, float scale,             \
                                  uint32_t heads, uint32_t kv_heads, uint32_t hd, uint32_t capacity, uint32_t total,    \
                                  float* partials) {                                                                    \
-        attention_partial<T>(q, keys, values, bias, scale, heads, kv_heads, hd, capacity, total, partials);           \
+        DenseBias<T> b = {bias, total};                                                                                \
+        attention_partial<T>(q, keys, values, b, scale, heads, kv_heads, hd, capacity, total, partials);              \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(BLOCK)                                                               \
+        attention_partial_step_##NAME(const T* q, const T* keys, const T* values, const uint32_t* inputs,            \
+                                      uint32_t rows, float scale, uint32_t heads, uint32_t kv_heads, uint32_t hd,     \
+                                      uint32_t capacity, float* partials) {                                           \
+        StepBias b = {inputs, rows, inputs[4 * rows], inputs[4 * rows + 1]};                                           \
+        uint32_t total = min(b.start + rows, capacity);                                                                \
+        attention_partial<T>(q, keys, values, b, scale, heads, kv_heads, hd, capacity, total, partials);              \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                                               \
         attention_combine_##NAME(const float* partials, T* out, uint32_t heads, uint32_t hd, uint32_t chunks) {       \

@@ -115,6 +115,10 @@ pub fn rows_into_cache<T: Elem>(
 ) {
     let rows = x.len() / (kv_heads * head_dim);
     for r in 0..rows {
+        // As the kernels: rows past the capacity are dropped (the ops check before).
+        if start + r >= capacity {
+            continue;
+        }
         for g in 0..kv_heads {
             let src = &x[(r * kv_heads + g) * head_dim..][..head_dim];
             let dst = &mut cache[(g * capacity + start + r) * head_dim..][..head_dim];
@@ -201,21 +205,23 @@ pub struct AttentionShape {
     pub total: usize,
 }
 
-/// The partial of keys `chunk * ATTENTION_CHUNK ..` for query `q` (f32 values) against cache
-/// head `g`, with additive `bias` (a row of `total`; `-inf`: masked) and `scale`.
+/// The partial of keys `chunk * ATTENTION_CHUNK ..` (below `s.total`; none for a chunk past it)
+/// for query `q` (f32 values) against cache head `g`, with the additive bias of key `j`,
+/// `bias(j)` (`-inf`: masked), and `scale`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_partial<T: Elem>(
     q: &[f32],
     keys: &[T],
     values: &[T],
-    bias: &[T],
+    bias: impl Fn(usize) -> f32,
     g: usize,
     chunk: usize,
     scale: f32,
     s: &AttentionShape,
 ) -> Partial {
     let hd = s.head_dim;
-    let keys_range = chunk * ATTENTION_CHUNK..((chunk + 1) * ATTENTION_CHUNK).min(s.total);
+    let first = (chunk * ATTENTION_CHUNK).min(s.total);
+    let keys_range = first..((chunk + 1) * ATTENTION_CHUNK).min(s.total);
     let row = |buf: &[T], j: usize| -> Vec<f32> {
         buf[(g * s.capacity + j) * hd..][..hd].iter().map(|x| x.to_f32()).collect()
     };
@@ -224,7 +230,7 @@ pub fn attention_partial<T: Elem>(
     let scores: Vec<f32> = keys_range
         .clone()
         .map(|j| {
-            let b = bias[j].to_f32();
+            let b = bias(j);
             if b == f32::NEG_INFINITY {
                 return f32::NEG_INFINITY;
             }
@@ -277,23 +283,132 @@ pub fn cache_attention<T: Elem>(
     scale: f32,
     s: &AttentionShape,
 ) -> Vec<T> {
+    let chunks = s.total.div_ceil(ATTENTION_CHUNK);
+    attention_with(q, keys, values, |r, j| bias[r * s.total + j].to_f32(), chunks, scale, s)
+}
+
+/// [`cache_attention`] of a step laid out in `inputs` ([`StepLayout`]): the step's `rows` rows
+/// see every cached position before the layout's tail and, from there, the keys their masks
+/// name; the chunks run over the whole cache buffer (those past the step's keys give nothing),
+/// so that the launch does not depend on the step.
+pub fn step_attention<T: Elem>(
+    q: &[T],
+    keys: &[T],
+    values: &[T],
+    inputs: &[u32],
+    scale: f32,
+    s: &AttentionShape,
+) -> Vec<T> {
+    let layout = StepLayout::of(inputs.len());
+    let chunks = s.capacity.div_ceil(ATTENTION_CHUNK);
+    let s = AttentionShape { total: layout.total(inputs).min(s.capacity), ..*s };
+    attention_with(q, keys, values, |r, j| layout.bias(inputs, r, j), chunks, scale, &s)
+}
+
+/// The attention of [`cache_attention`] with the bias of row `r` and key `j`, `bias(r, j)`,
+/// over `chunks` key chunks.
+fn attention_with<T: Elem>(
+    q: &[T],
+    keys: &[T],
+    values: &[T],
+    bias: impl Fn(usize, usize) -> f32,
+    chunks: usize,
+    scale: f32,
+    s: &AttentionShape,
+) -> Vec<T> {
     let hd = s.head_dim;
     let rows = q.len() / (s.heads * hd);
     let groups = s.heads / s.kv_heads;
-    let chunks = s.total.div_ceil(ATTENTION_CHUNK);
     let mut out = vec![T::from_f32(0.0); rows * s.heads * hd];
     for r in 0..rows {
         for h in 0..s.heads {
             let qh: Vec<f32> = q[(r * s.heads + h) * hd..][..hd].iter().map(|x| x.to_f32()).collect();
-            let brow = &bias[r * s.total..][..s.total];
-            let partials: Vec<Partial> =
-                (0..chunks).map(|c| attention_partial(&qh, keys, values, brow, h / groups, c, scale, s)).collect();
+            let partials: Vec<Partial> = (0..chunks)
+                .map(|c| attention_partial(&qh, keys, values, |j| bias(r, j), h / groups, c, scale, s))
+                .collect();
             for (d, x) in combine(&partials, hd).into_iter().enumerate() {
                 out[(r * s.heads + h) * hd + d] = T::from_f32(x);
             }
         }
     }
     out
+}
+
+/// Where a step's inputs sit in its one `u32` buffer (a graph-replayed forward reads them
+/// there, so that a replay needs no kernel argument that changes between steps): for `rows`
+/// rows, their token ids, their positions, each row's mask (two words: bit `c` of word `c / 32`
+/// set when the row sees key `tail + c`, so at most 64 keys), the cache length before the step
+/// (the slot of the step's first row) and `tail`, the first key the masks cover: every key
+/// before it is visible to every row. A target's tree step has `tail` = its start (the masks
+/// cover the step's own rows); a draft model's tree level has `tail` at the step's first
+/// drafted node, so its masks also cover the levels cached before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLayout {
+    pub rows: usize,
+}
+
+impl StepLayout {
+    /// The most keys a step's masks cover (64 bits), so the most rows a step holds.
+    pub const MAX_ROWS: usize = 64;
+
+    /// The layout of a buffer of `len` words.
+    pub fn of(len: usize) -> Self {
+        Self { rows: len.saturating_sub(2) / 4 }
+    }
+
+    /// Words of the buffer.
+    pub fn len(&self) -> usize {
+        4 * self.rows + 2
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    pub fn tokens(&self) -> std::ops::Range<usize> {
+        0..self.rows
+    }
+
+    pub fn positions(&self) -> std::ops::Range<usize> {
+        self.rows..2 * self.rows
+    }
+
+    pub fn masks(&self) -> std::ops::Range<usize> {
+        2 * self.rows..4 * self.rows
+    }
+
+    /// The index of the cache length before the step.
+    pub fn start(&self) -> usize {
+        4 * self.rows
+    }
+
+    /// The index of the first key the masks cover.
+    pub fn tail(&self) -> usize {
+        4 * self.rows + 1
+    }
+
+    /// The keys the step's rows attend over: the cache before the step and the step's rows.
+    pub fn total(&self, inputs: &[u32]) -> usize {
+        inputs[self.start()] as usize + self.rows
+    }
+
+    /// The additive bias of row `r` for key `j`: 0 before the tail and for the keys in `r`'s
+    /// mask (below the step's last row), `-inf` otherwise.
+    pub fn bias(&self, inputs: &[u32], r: usize, j: usize) -> f32 {
+        let tail = inputs[self.tail()] as usize;
+        if j < tail {
+            return 0.0;
+        }
+        let c = j - tail;
+        let seen = j < self.total(inputs)
+            && c < Self::MAX_ROWS
+            && (inputs[self.masks().start + 2 * r + c / 32] >> (c % 32)) & 1 == 1;
+        if seen {
+            0.0
+        } else {
+            f32::NEG_INFINITY
+        }
+    }
 }
 
 /// The greedy token of each row of `logits` (`[rows, cols]`): the lowest index among the

@@ -1,0 +1,257 @@
+//! A forward step whose inputs live in one device buffer ([`StepInputs`]), for forwards that a
+//! CUDA graph replays ([`DecoderModel::forward_step`]): the token ids, positions, each row's
+//! mask over the step's rows and the cache length are words of the buffer
+//! ([`StepLayout`]), written by one copy per step, and the device kernels read them there; no
+//! kernel argument changes between steps, and the attention runs over chunks of the whole cache
+//! buffer. A step has a fixed number of rows (a bucket); rows past the live ones are padding,
+//! each seeing only the cache and itself, their outputs ignored.
+
+use super::{block_parts, DecoderModel, KvCache, Part, Rope, Visibility};
+use crate::kernels::device::graph::DeviceGraph;
+use crate::kernels::device::{StepLayout, WriteWords};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// The inputs of a step of `rows` rows, on the host and in their device buffer.
+pub struct StepInputs {
+    layout: StepLayout,
+    words: Vec<u32>,
+    buffer: Tensor,
+    live: usize,
+    vocab: usize,
+}
+
+impl StepInputs {
+    /// Inputs of steps of `rows` rows (1 to [`StepLayout::MAX_ROWS`]) for a model with `vocab`
+    /// token ids, in a buffer on `device`.
+    pub fn new(rows: usize, vocab: usize, device: &Device) -> Result<Self> {
+        if rows == 0 || rows > StepLayout::MAX_ROWS {
+            candle_core::bail!("a step has 1 to {} rows, not {rows}", StepLayout::MAX_ROWS);
+        }
+        let layout = StepLayout { rows };
+        let buffer = Tensor::zeros(layout.len(), DType::U32, device)?;
+        Ok(Self { layout, words: vec![0; layout.len()], buffer, live: 0, vocab })
+    }
+
+    /// Rows of a step, live and padding.
+    pub fn rows(&self) -> usize {
+        self.layout.rows
+    }
+
+    /// Rows of the step set last.
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    /// The device buffer (`[4 rows + 1]`, u32) the kernels read.
+    pub fn tensor(&self) -> &Tensor {
+        &self.buffer
+    }
+
+    /// Sets the next step: `tokens` at `positions` after `start` cached positions, row `r`
+    /// seeing every cached position before `tail` (at most `start`) and, from there, key
+    /// `tail + c` when bit `c` of `masks[r]` is set (its own key, `start - tail + r`, included;
+    /// none after it), and writes it to the device buffer (one copy). A target's tree step has
+    /// `tail = start` (the masks cover the step's rows); a draft's tree level starts its tail
+    /// at the step's first drafted node. Padding rows repeat the last live row's token and
+    /// position and see only what is before the tail and themselves.
+    pub fn set(&mut self, tokens: &[u32], positions: &[u32], masks: &[u64], start: usize, tail: usize) -> Result<()> {
+        let (live, rows) = (tokens.len(), self.layout.rows);
+        if live == 0 || live > rows || positions.len() != live || masks.len() != live {
+            candle_core::bail!(
+                "a step of {rows} rows: {live} tokens, {} positions and {} masks",
+                positions.len(),
+                masks.len()
+            );
+        }
+        if tail > start || start - tail + rows > StepLayout::MAX_ROWS {
+            candle_core::bail!(
+                "a step of {rows} rows at {start}: its masks cover at most {} keys, from {tail}",
+                StepLayout::MAX_ROWS
+            );
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            candle_core::bail!("token id {bad} is outside the vocabulary of {} tokens", self.vocab);
+        }
+        let own = |r: usize| start - tail + r;
+        let bad_mask = |r: usize| (masks[r] >> own(r)) & 1 == 0 || (own(r) < 63 && masks[r] >> (own(r) + 1) != 0);
+        if let Some(r) = (0..live).find(|&r| bad_mask(r)) {
+            candle_core::bail!("step row {r}'s mask {:#x} must hold the row itself and no later row", masks[r]);
+        }
+        let number = |n: usize| u32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("cache position {n}")));
+        let l = self.layout;
+        for r in 0..rows {
+            let (token, position, mask) = if r < live {
+                (tokens[r], positions[r], masks[r])
+            } else {
+                (tokens[live - 1], positions[live - 1], 1u64 << own(r))
+            };
+            self.words[l.tokens().start + r] = token;
+            self.words[l.positions().start + r] = position;
+            self.words[l.masks().start + 2 * r] = mask as u32;
+            self.words[l.masks().start + 2 * r + 1] = (mask >> 32) as u32;
+        }
+        self.words[l.start()] = number(start)?;
+        self.words[l.tail()] = number(tail)?;
+        self.live = live;
+        self.buffer.inplace_op1(&WriteWords(&self.words))
+    }
+
+    /// The additive bias `[live, start + live]` (in `dtype`) that says what the live rows see:
+    /// what [`DecoderModel::forward`] takes for the same step.
+    pub fn bias(&self, dtype: DType, device: &Device) -> Result<Tensor> {
+        let total = self.words[self.layout.start()] as usize + self.live;
+        let values: Vec<f32> = (0..self.live)
+            .flat_map(|r| (0..total).map(move |j| (r, j)))
+            .map(|(r, j)| self.layout.bias(&self.words, r, j))
+            .collect();
+        Tensor::from_vec(values, (self.live, total), device)?.to_dtype(dtype)
+    }
+}
+
+/// Graph-replayed step forwards of one model on one cache ([`DecoderModel::forward_step`]):
+/// a step of `n` live rows runs in the bucket of the next power of two rows (1 to 64), whose
+/// graph ([`DeviceGraph`]) is captured at that bucket's first step and replayed at the next
+/// ones; on the CPU each replay runs the step forward itself (the twin the CPU tests run). The
+/// graphs hold the cache's buffers: keep one `StepGraphs` per cache, and drop it with the cache.
+#[derive(Default)]
+pub struct StepGraphs {
+    buckets: Vec<Option<(StepInputs, DeviceGraph)>>,
+    /// Step forwards run through a bucket (captures included).
+    pub replays: usize,
+}
+
+impl StepGraphs {
+    /// The final hidden states of a step's live rows (`[n, hidden]`, a copy: a graph's output
+    /// is overwritten by its next replay), with `tokens` at `positions` after the cache, row
+    /// `r` seeing the cache before `tail` and from there the keys of `masks[r]`
+    /// ([`StepInputs::set`]); the cache is advanced by the `n` rows, as
+    /// [`DecoderModel::forward`] does. `None` (nothing run) when the step does not fit a bucket
+    /// (its masks' keys past 64 with the bucket's padding, or the bucket's rows past the
+    /// cache's capacity): the caller runs the forward eagerly.
+    pub fn forward(
+        &mut self,
+        model: &DecoderModel,
+        (tokens, positions): (&[u32], &[u32]),
+        masks: &[u64],
+        tail: usize,
+        cache: &mut KvCache,
+    ) -> Result<Option<Tensor>> {
+        let n = tokens.len();
+        let rows = n.next_power_of_two();
+        let start = cache.len();
+        if n == 0 || tail > start || start - tail + rows > StepLayout::MAX_ROWS || start + rows > cache.capacity() {
+            return Ok(None);
+        }
+        let index = rows.trailing_zeros() as usize;
+        if self.buckets.len() <= index {
+            self.buckets.resize_with(index + 1, || None);
+        }
+        let slot = &mut self.buckets[index];
+        let hidden = match slot {
+            Some((inputs, graph)) => {
+                inputs.set(tokens, positions, masks, start, tail)?;
+                graph.replay(|| model.forward_step(inputs, cache))?
+            }
+            None => {
+                let mut inputs = StepInputs::new(rows, model.config().vocab_size, model.device())?;
+                inputs.set(tokens, positions, masks, start, tail)?;
+                let mut graph = DeviceGraph::capture(model.device(), || model.forward_step(&inputs, cache))?;
+                let hidden = graph.replay(|| model.forward_step(&inputs, cache))?;
+                *slot = Some((inputs, graph));
+                hidden
+            }
+        };
+        self.replays += 1;
+        cache.advance(n)?;
+        Ok(Some(hidden.narrow(0, 0, n)?.copy()?))
+    }
+}
+
+/// Masks of a chain of `n` rows: row `r` sees rows `0..=r`.
+pub fn chain_masks(n: usize) -> Vec<u64> {
+    (0..n).map(|r| if r == 63 { u64::MAX } else { (1u64 << (r + 1)) - 1 }).collect()
+}
+
+/// Masks of a tree given by each row's parent (`None`: a root; parents come before their
+/// children): row `r` sees itself and its ancestors.
+pub fn tree_masks(parents: &[Option<usize>]) -> Result<Vec<u64>> {
+    let mut masks: Vec<u64> = Vec::with_capacity(parents.len());
+    for (r, p) in parents.iter().enumerate() {
+        let above = match *p {
+            None => 0,
+            Some(p) if p < r => masks[p],
+            Some(p) => candle_core::bail!("tree row {r}'s parent {p} does not come before it"),
+        };
+        masks.push(above | 1u64 << r);
+    }
+    Ok(masks)
+}
+
+impl DecoderModel {
+    /// The forward of a step set in `step` ([`StepInputs::set`]), every row of the bucket
+    /// (padding included), through the device kernels ([`Self::set_fused_decode`] must be on):
+    /// the final hidden states `[rows, hidden]`. The rows' keys and values go to the cache at
+    /// the step's start, which must equal `cache.len()`; the cache is not advanced (the caller
+    /// advances it by the rows it keeps), so that the host does nothing a replay would skip
+    /// (`crate::kernels::device::graph`).
+    pub fn forward_step(&self, step: &StepInputs, cache: &mut KvCache) -> Result<Tensor> {
+        if !self.fused {
+            candle_core::bail!("forward_step runs the device kernels: turn on set_fused_decode");
+        }
+        let rows = step.rows();
+        cache.reserve(rows)?;
+        let inputs = step.tensor();
+        let tokens = inputs.narrow(0, 0, rows)?;
+        let positions = inputs.narrow(0, rows, rows)?;
+        let mut x = self.embed.lookup_tensor(&tokens)?.to_dtype(self.dtype)?.unsqueeze(0)?;
+        let rope = Rope::Fused { rotary: &self.rotary, positions: &positions };
+        for (l, layer) in self.layers.iter().enumerate() {
+            let part = Part { rows, rope: &rope, visibility: Visibility::Step(inputs), cache: &mut *cache };
+            x = block_parts(&self.config, l, layer, &x, &mut [part])?;
+        }
+        candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_of_chains_and_trees() {
+        assert_eq!(chain_masks(3), [0b1, 0b11, 0b111]);
+        assert_eq!(chain_masks(64)[63], u64::MAX);
+        assert_eq!(tree_masks(&[None, Some(0), Some(0), Some(1)]).unwrap(), [0b1, 0b11, 0b101, 0b1011]);
+        assert!(tree_masks(&[Some(1), None]).is_err());
+    }
+
+    /// `set` writes the layout's words (padding repeats the last row and sees itself) and
+    /// refuses a step that does not fit, a token past the vocabulary and a mask that misses
+    /// its own row or names a later one.
+    #[test]
+    fn set_writes_the_layout_and_refuses_bad_steps() {
+        let dev = Device::Cpu;
+        let mut s = StepInputs::new(4, 10, &dev).unwrap();
+        s.set(&[7, 8], &[20, 21], &[0b1, 0b11], 20, 20).unwrap();
+        let words = s.tensor().to_vec1::<u32>().unwrap();
+        assert_eq!(words, [7, 8, 8, 8, 20, 21, 21, 21, 0b1, 0, 0b11, 0, 0b100, 0, 0b1000, 0, 20, 20]);
+        assert_eq!(s.live(), 2);
+        let bias = s.bias(DType::F32, &dev).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(bias.len(), 2);
+        assert!(bias[0][..21].iter().all(|b| *b == 0.0) && bias[0][21] == f32::NEG_INFINITY);
+        assert!(bias[1].iter().all(|b| *b == 0.0));
+        // A tail two keys before the step: the masks' own bits move up by two.
+        s.set(&[7], &[20], &[0b101], 20, 18).unwrap();
+        let words = s.tensor().to_vec1::<u32>().unwrap();
+        assert_eq!(&words[8..], [0b101, 0, 0b1000, 0, 0b10000, 0, 0b100000, 0, 20, 18]);
+        let bias = s.bias(DType::F32, &dev).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(&bias[0][17..], [0.0, 0.0, f32::NEG_INFINITY, 0.0]);
+        assert!(s.set(&[1; 5], &[0; 5], &chain_masks(5), 0, 0).is_err());
+        assert!(s.set(&[10], &[0], &[1], 0, 0).unwrap_err().to_string().contains("outside the vocabulary"));
+        assert!(s.set(&[1, 2], &[0, 1], &[0b1, 0b10 | 0b100], 0, 0).unwrap_err().to_string().contains("no later row"));
+        assert!(s.set(&[1, 2], &[0, 1], &[0b1, 0b01], 0, 0).unwrap_err().to_string().contains("the row itself"));
+        assert!(s.set(&[1], &[70], &[1], 70, 6).unwrap_err().to_string().contains("at most 64 keys"));
+        assert!(s.set(&[1], &[7], &[1], 5, 6).is_err());
+        assert!(StepInputs::new(65, 10, &dev).is_err());
+    }
+}
