@@ -260,6 +260,15 @@ if has eagle && before 460; then
       gen "eagle T=0" "$ET" "$EP" --max-new-tokens $NEW --temperature 0 --eagle $M/e15 --draft-vocab $dv --tree $tree
     done
   done
+  # The head's and the target's steps replayed from CUDA graphs against the same path eager.
+  for g in 0 1; do
+    lab=fused; [ $g = 1 ] && lab=graphs
+    MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=$g gen "eagle $lab T=0" "$ET" "$EP" --max-new-tokens $NEW --temperature 0 --no-spec
+    for tree in chain-3 mc_sim_7b_63; do
+      MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=$g gen "eagle $lab T=0" "$ET" "$EP" --max-new-tokens $NEW --temperature 0 \
+        --eagle $M/e15 --draft-vocab 32768 --tree $tree
+    done
+  done
   python3 benches/cuda/summarize_gen.py "$O/gen.jsonl" > "$O/gen.md" 2>>"$E"
   for dv in 0 32768; do
     echo "== EAGLE head, --draft-vocab $dv" >> "$O/cost.txt"

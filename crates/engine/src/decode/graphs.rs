@@ -20,10 +20,10 @@ impl Generator<'_> {
     /// is on the device-kernel path too, as graph replays, one graph per bucket of 1, 2, 4,
     /// ... 64 rows and model ([`StepGraphs`]): on CUDA one launch per forward in place of its
     /// hundreds; on the CPU the same step forward run directly (what the CPU tests check).
+    /// An EAGLE head's steps are replayed too (the head runs attention as its target does).
     /// Needs the device-kernel path ([`DecoderModel::set_fused_decode`]); forwards inside a
-    /// [`crate::model::Batcher`] batch and steps that do not fit a bucket run eagerly, and an
-    /// EAGLE head's steps are not replayed. Default: `MDSD_CUDA_GRAPHS` (`1`, `on`, `true`)
-    /// with the device-kernel path, else off.
+    /// [`crate::model::Batcher`] batch and steps that do not fit a bucket run eagerly.
+    /// Default: `MDSD_CUDA_GRAPHS` (`1`, `on`, `true`) with the device-kernel path, else off.
     pub fn set_graphs(&mut self, on: bool) -> Result<()> {
         if on && !self.target.fused_decode() {
             config_bail!(
@@ -32,6 +32,9 @@ impl Generator<'_> {
         }
         self.graphs = on.then(StepGraphs::default);
         self.draft_graphs = (on && self.draft.is_some_and(|d| d.fused_decode())).then(StepGraphs::default);
+        if let Some(e) = self.eagle.as_mut() {
+            e.set_graphs(on);
+        }
         Ok(())
     }
 
@@ -91,7 +94,7 @@ pub(super) fn tree_step_masks(tree: &DraftTree, live: &[usize], row_of: &[usize]
 /// The masks of a draft's tree level: level node `i` sees those of this step's drafted nodes
 /// `fed` (their keys follow the tail in this order) that are `i` or its ancestors. Keys past
 /// the 64th get no bit (such a step does not fit a graph bucket and runs eagerly).
-pub(super) fn level_masks(tree: &DraftTree, fed: &[usize], level: &[usize]) -> Vec<u64> {
+pub(crate) fn level_masks(tree: &DraftTree, fed: &[usize], level: &[usize]) -> Vec<u64> {
     level
         .iter()
         .map(|&i| {

@@ -200,7 +200,9 @@ impl<'a> Generator<'a> {
     /// (the head was loaded for this target: same hidden size and vocabulary).
     pub fn with_eagle(target: &'a DecoderModel, head: &'a EagleHead, capacity: usize) -> Result<Self> {
         let mut g = Self::new(target, None, capacity)?;
-        g.eagle = Some(EagleDraft::new(head, g.target_cache.capacity())?);
+        let mut eagle = EagleDraft::new(head, g.target_cache.capacity())?;
+        eagle.set_graphs(g.graphs());
+        g.eagle = Some(eagle);
         Ok(g)
     }
 

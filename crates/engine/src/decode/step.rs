@@ -79,6 +79,7 @@ impl Generator<'_> {
         } else if let Some(e) = self.eagle.as_mut() {
             stats.draft_forwards +=
                 e.draft_tree(self.target, tree, spec.construction, qwarp, self.vocab, rng, b, auto.as_deref_mut())?;
+            stats.draft_graph_forwards += e.take_replays();
         } else if !tree.children(0).is_empty() {
             let draft = self.draft.expect("checked by generate");
             let dcache = self.draft_cache.as_mut().expect("a draft has a cache");

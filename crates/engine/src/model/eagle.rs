@@ -17,7 +17,7 @@
 //! (otherwise the target's embedding is used).
 
 use super::kv_cache::KvCache;
-use super::{block, DecoderModel, Layer, Linear, ModelConfig, Rope};
+use super::{block, block_parts, DecoderModel, Layer, Linear, ModelConfig, Part, Rope, StepInputs, Visibility};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use std::path::{Path, PathBuf};
 
@@ -143,6 +143,41 @@ impl EagleHead {
         let rope = Rope::new(&self.rotary, &pos, target.fused_decode())?;
         let y = block(&self.config, 0, &self.layer, &x, &rope, &bias.to_dtype(self.dtype)?, cache)?;
         cache.advance(t)?;
+        y.squeeze(0)
+    }
+
+    /// [`Self::forward`] of a step set in `step` ([`StepInputs`]: tokens, positions and what
+    /// each entry sees, read from the device buffer) with `features` (`[rows, hidden]`, a fixed
+    /// buffer the caller fills), every row of the bucket, through the device kernels (the
+    /// target's [`DecoderModel::set_fused_decode`] must be on): what a graph replays
+    /// ([`super::StepGraphs::forward_head`]). The cache is not advanced, as in
+    /// [`DecoderModel::forward_step`].
+    pub fn forward_step(
+        &self,
+        target: &DecoderModel,
+        features: &Tensor,
+        step: &StepInputs,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        if !target.fused_decode() {
+            candle_core::bail!("EAGLE head: forward_step runs the device kernels: turn on set_fused_decode");
+        }
+        let rows = step.rows();
+        if features.dims() != [rows, self.config.hidden_size] {
+            candle_core::bail!("EAGLE head: features {:?} for a step of {rows} rows", features.dims());
+        }
+        cache.reserve(rows)?;
+        let inputs = step.tensor();
+        let (tokens, positions) = (inputs.narrow(0, 0, rows)?, inputs.narrow(0, rows, rows)?);
+        let e = match &self.embed {
+            Some(own) => own.index_select(&tokens, 0)?,
+            None => target.embedding().lookup_tensor(&tokens)?.to_device(&self.device)?.to_dtype(self.dtype)?,
+        };
+        let x = Tensor::cat(&[&e, &features.to_dtype(self.dtype)?], D::Minus1)?;
+        let x = self.fc.forward(&x.unsqueeze(0)?)?;
+        let rope = Rope::Fused { rotary: &self.rotary, positions: &positions };
+        let part = Part { rows, rope: &rope, visibility: Visibility::Step(inputs), cache };
+        let y = block_parts(&self.config, 0, &self.layer, &x, &mut [part])?;
         y.squeeze(0)
     }
 }

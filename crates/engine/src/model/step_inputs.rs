@@ -108,16 +108,24 @@ impl StepInputs {
     }
 }
 
-/// Graph-replayed step forwards of one model on one cache ([`DecoderModel::forward_step`]):
-/// a step of `n` live rows runs in the bucket of the next power of two rows (1 to 64), whose
-/// graph ([`DeviceGraph`]) is captured at that bucket's first step and replayed at the next
-/// ones; on the CPU each replay runs the step forward itself (the twin the CPU tests run). The
-/// graphs hold the cache's buffers: keep one `StepGraphs` per cache, and drop it with the cache.
+/// Graph-replayed step forwards of one model on one cache ([`DecoderModel::forward_step`], or
+/// an EAGLE head's, [`Self::forward_head`]): a step of `n` live rows runs in the bucket of the
+/// next power of two rows (1 to 64), whose graph ([`DeviceGraph`]) is captured at that bucket's
+/// first step and replayed at the next ones; on the CPU each replay runs the step forward
+/// itself (the twin the CPU tests run). The graphs hold the cache's buffers: keep one
+/// `StepGraphs` per cache, and drop it with the cache.
 #[derive(Default)]
 pub struct StepGraphs {
-    buckets: Vec<Option<(StepInputs, DeviceGraph)>>,
+    buckets: Vec<Option<Bucket>>,
     /// Step forwards run through a bucket (captures included).
     pub replays: usize,
+}
+
+/// One bucket's inputs, its features buffer (an EAGLE head's), and its graph once captured.
+struct Bucket {
+    inputs: StepInputs,
+    features: Option<Tensor>,
+    graph: Option<DeviceGraph>,
 }
 
 impl StepGraphs {
@@ -131,10 +139,49 @@ impl StepGraphs {
     pub fn forward(
         &mut self,
         model: &DecoderModel,
-        (tokens, positions): (&[u32], &[u32]),
+        rows: (&[u32], &[u32]),
         masks: &[u64],
         tail: usize,
         cache: &mut KvCache,
+    ) -> Result<Option<Tensor>> {
+        let vocab = model.config().vocab_size;
+        self.run(model.device(), vocab, rows, (masks, tail), None, cache, |inputs, _, cache| {
+            model.forward_step(inputs, cache)
+        })
+    }
+
+    /// [`Self::forward`] for an EAGLE head drafting for `target`: the entries' `features`
+    /// (`[n, hidden]`) are copied into the bucket's own buffer (padding rows keep what they
+    /// held), which its graph reads; the head's outputs `[n, hidden]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_head(
+        &mut self,
+        target: &DecoderModel,
+        head: &super::eagle::EagleHead,
+        features: &Tensor,
+        rows: (&[u32], &[u32]),
+        masks: &[u64],
+        tail: usize,
+        cache: &mut KvCache,
+    ) -> Result<Option<Tensor>> {
+        let vocab = target.config().vocab_size;
+        self.run(target.device(), vocab, rows, (masks, tail), Some(features), cache, |inputs, buffer, cache| {
+            head.forward_step(target, buffer.expect("a head's bucket has features"), inputs, cache)
+        })
+    }
+
+    /// The bucket logic of [`Self::forward`] and [`Self::forward_head`]: `step` runs a
+    /// bucket's forward on its inputs and features buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        device: &Device,
+        vocab: usize,
+        (tokens, positions): (&[u32], &[u32]),
+        (masks, tail): (&[u64], usize),
+        features: Option<&Tensor>,
+        cache: &mut KvCache,
+        step: impl Fn(&StepInputs, Option<&Tensor>, &mut KvCache) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         let n = tokens.len();
         let rows = n.next_power_of_two();
@@ -146,21 +193,25 @@ impl StepGraphs {
         if self.buckets.len() <= index {
             self.buckets.resize_with(index + 1, || None);
         }
-        let slot = &mut self.buckets[index];
-        let hidden = match slot {
-            Some((inputs, graph)) => {
-                inputs.set(tokens, positions, masks, start, tail)?;
-                graph.replay(|| model.forward_step(inputs, cache))?
-            }
-            None => {
-                let mut inputs = StepInputs::new(rows, model.config().vocab_size, model.device())?;
-                inputs.set(tokens, positions, masks, start, tail)?;
-                let mut graph = DeviceGraph::capture(model.device(), || model.forward_step(&inputs, cache))?;
-                let hidden = graph.replay(|| model.forward_step(&inputs, cache))?;
-                *slot = Some((inputs, graph));
-                hidden
-            }
+        if self.buckets[index].is_none() {
+            let inputs = StepInputs::new(rows, vocab, device)?;
+            let buffer = match features {
+                Some(f) => Some(Tensor::zeros((rows, f.dim(1)?), f.dtype(), device)?),
+                None => None,
+            };
+            self.buckets[index] = Some(Bucket { inputs, features: buffer, graph: None });
+        }
+        let bucket = self.buckets[index].as_mut().expect("made above");
+        bucket.inputs.set(tokens, positions, masks, start, tail)?;
+        if let (Some(f), Some(buffer)) = (features, &bucket.features) {
+            buffer.slice_set(&f.contiguous()?, 0, 0)?;
+        }
+        let Bucket { inputs, features: buffer, graph } = bucket;
+        let graph = match graph {
+            Some(g) => g,
+            None => graph.insert(DeviceGraph::capture(device, || step(inputs, buffer.as_ref(), cache))?),
         };
+        let hidden = graph.replay(|| step(inputs, buffer.as_ref(), cache))?;
         self.replays += 1;
         cache.advance(n)?;
         Ok(Some(hidden.narrow(0, 0, n)?.copy()?))

@@ -24,7 +24,7 @@ use crate::decode::host_copy::HostLogits;
 use crate::decode::tree::DraftTree;
 use crate::model::eagle::EagleHead;
 use crate::model::kv_cache::KvCache;
-use crate::model::{causal_bias, DecoderModel};
+use crate::model::{causal_bias, chain_masks, DecoderModel, StepGraphs};
 use crate::Result;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
@@ -38,11 +38,52 @@ pub(crate) struct EagleDraft<'a> {
     cache: KvCache,
     pending: Option<Tensor>,
     pending_tokens: Vec<u32>,
+    /// The head's forwards replayed from graphs (`crate::decode::Generator::set_graphs`).
+    graphs: Option<StepGraphs>,
+    /// Forwards run through them since [`Self::take_replays`].
+    replays: usize,
 }
 
 impl<'a> EagleDraft<'a> {
     pub fn new(head: &'a EagleHead, capacity: usize) -> Result<Self> {
-        Ok(Self { head, cache: head.new_cache(capacity)?, pending: None, pending_tokens: Vec::new() })
+        let cache = head.new_cache(capacity)?;
+        Ok(Self { head, cache, pending: None, pending_tokens: Vec::new(), graphs: None, replays: 0 })
+    }
+
+    /// Replays the head's forwards from graphs, one per bucket of rows
+    /// ([`StepGraphs::forward_head`]), or not.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on.then(StepGraphs::default);
+    }
+
+    /// The head's forwards replayed since the last call.
+    pub fn take_replays(&mut self) -> usize {
+        std::mem::take(&mut self.replays)
+    }
+
+    /// A head forward ([`EagleHead::forward`]) of entries `(features, tokens)` at `positions`,
+    /// each seeing the cache before `tail` and from there the keys of its mask (`masks`, which
+    /// `bias` says as a matrix): through a graph bucket when on and the step fits one.
+    #[allow(clippy::too_many_arguments)]
+    fn head_forward(
+        &mut self,
+        target: &DecoderModel,
+        features: &Tensor,
+        (tokens, positions): (&[u32], &[u32]),
+        (masks, tail): (impl FnOnce() -> Vec<u64>, usize),
+        bias: impl FnOnce() -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let batched = crate::model::Batcher::current().is_some_and(|b| b.members() > 1);
+        if let (Some(graphs), false) = (self.graphs.as_mut(), batched) {
+            let rows = (tokens, positions);
+            if let Some(out) =
+                graphs.forward_head(target, self.head, features, rows, &masks(), tail, &mut self.cache)?
+            {
+                self.replays += 1;
+                return Ok(out);
+            }
+        }
+        Ok(self.head.forward(target, features, tokens, positions, &bias()?, &mut self.cache)?)
     }
 
     /// How many of the `shared` first positions of the last text the target may keep for the
@@ -104,14 +145,13 @@ impl<'a> EagleDraft<'a> {
             self.pending = Some(features);
             return Ok(0);
         }
-        let head = self.head;
         let t_root = Instant::now();
         let m = self.pending_tokens.len();
         let base = self.cache.len();
         let pos: Vec<u32> = (base..base + m).map(|p| p as u32).collect();
-        let bias = causal_bias(base, m, target.dtype(), target.device())?;
-        let out = head.forward(target, &features, &self.pending_tokens, &pos, &bias, &mut self.cache)?;
-        self.pending_tokens.clear();
+        let bias = || Ok(causal_bias(base, m, target.dtype(), target.device())?);
+        let tokens = std::mem::take(&mut self.pending_tokens);
+        let out = self.head_forward(target, &features, (&tokens, &pos), (|| chain_masks(m), base), bias)?;
         let committed = self.cache.len();
         let root_pos = committed - 1;
         let mut prev = out.narrow(0, m - 1, 1)?;
@@ -138,8 +178,9 @@ impl<'a> EagleDraft<'a> {
             let tokens: Vec<u32> = level_nodes.iter().map(|&i| b.token[i].expect("filtered")).collect();
             let pos: Vec<u32> = level_nodes.iter().map(|&i| (root_pos + tree.depth(i)) as u32).collect();
             fed.extend(&level_nodes);
-            let bias = tree_bias(tree, committed, &level_nodes, &fed, target.dtype(), target.device())?;
-            let out = head.forward(target, &feats, &tokens, &pos, &bias, &mut self.cache)?;
+            let bias = || tree_bias(tree, committed, &level_nodes, &fed, target.dtype(), target.device());
+            let masks = || crate::decode::graphs::level_masks(tree, &fed, &level_nodes);
+            let out = self.head_forward(target, &feats, (&tokens, &pos), (masks, committed), bias)?;
             forwards += 1;
             draw_children(tree, construction, qwarp, &self.head.logits(target, &out)?, &level_nodes, vocab, rng, b)?;
             if let Some(a) = auto.as_deref_mut() {
