@@ -21,8 +21,9 @@ impl Generator<'_> {
     /// ... 64 rows and model ([`StepGraphs`]): on CUDA one launch per forward in place of its
     /// hundreds; on the CPU the same step forward run directly (what the CPU tests check).
     /// An EAGLE head's steps are replayed too (the head runs attention as its target does).
-    /// Needs the device-kernel path ([`DecoderModel::set_fused_decode`]); forwards inside a
-    /// [`crate::model::Batcher`] batch and steps that do not fit a bucket run eagerly.
+    /// Needs the device-kernel path ([`DecoderModel::set_fused_decode`]); forwards on a thread
+    /// of a [`crate::model::Batcher`] (serving, `--jsonl` workers) and steps that do not fit a
+    /// bucket run eagerly.
     /// Default: `MDSD_CUDA_GRAPHS` (`1`, `on`, `true`) with the device-kernel path, else off.
     pub fn set_graphs(&mut self, on: bool) -> Result<()> {
         if on && !self.target.fused_decode() {
@@ -74,14 +75,22 @@ pub(super) fn step_forward(
     bias: impl FnOnce() -> Result<Tensor>,
     replayed: &mut usize,
 ) -> Result<Tensor> {
-    let batched = crate::model::Batcher::current().is_some_and(|b| b.members() > 1);
-    if let (Some(graphs), false) = (graphs.as_mut(), batched) {
-        if let Some(hidden) = graphs.forward(model, (tokens, positions), &masks()?, tail, cache)? {
-            *replayed += 1;
-            return Ok(hidden);
+    if let (Some(graphs), true) = (graphs.as_mut(), alone_on_the_device()) {
+        if StepGraphs::fits(tokens.len(), tail, cache) {
+            if let Some(hidden) = graphs.forward(model, (tokens, positions), &masks()?, tail, cache)? {
+                *replayed += 1;
+                return Ok(hidden);
+            }
         }
     }
     Ok(model.forward(tokens, positions, &bias()?, cache)?)
+}
+
+/// Whether this thread's forwards may run through graphs: not on a thread that belongs to a
+/// [`crate::model::Batcher`] (serving, `--jsonl` workers), alone or not, since other threads may
+/// queue work on the device's one stream at any moment, and a capture must be alone on it.
+pub(crate) fn alone_on_the_device() -> bool {
+    crate::model::Batcher::current().is_none()
 }
 
 /// The masks ([`crate::model::StepInputs::set`]) of a target's tree step: row `r` (tree node

@@ -121,11 +121,13 @@ pub struct StepGraphs {
     pub replays: usize,
 }
 
-/// One bucket's inputs, its features buffer (an EAGLE head's), and its graph once captured.
+/// One bucket's inputs, its features buffer (an EAGLE head's), its graph once captured, and
+/// whether its capture failed.
 struct Bucket {
     inputs: StepInputs,
     features: Option<Tensor>,
     graph: Option<DeviceGraph>,
+    failed: bool,
 }
 
 impl StepGraphs {
@@ -135,7 +137,8 @@ impl StepGraphs {
     /// ([`StepInputs::set`]); the cache is advanced by the `n` rows, as
     /// [`DecoderModel::forward`] does. `None` (nothing run) when the step does not fit a bucket
     /// (its masks' keys past 64 with the bucket's padding, or the bucket's rows past the
-    /// cache's capacity): the caller runs the forward eagerly.
+    /// cache's capacity, or a position past the model's context, which the eager forward
+    /// reports): the caller runs the forward eagerly.
     pub fn forward(
         &mut self,
         model: &DecoderModel,
@@ -144,8 +147,11 @@ impl StepGraphs {
         tail: usize,
         cache: &mut KvCache,
     ) -> Result<Option<Tensor>> {
-        let vocab = model.config().vocab_size;
-        self.run(model.device(), vocab, rows, (masks, tail), None, cache, |inputs, _, cache| {
+        let c = model.config();
+        if rows.1.iter().any(|&p| p as usize >= c.context_length) {
+            return Ok(None);
+        }
+        self.run(model.device(), c.vocab_size, rows, (masks, tail), None, cache, |inputs, _, cache| {
             model.forward_step(inputs, cache)
         })
     }
@@ -164,14 +170,27 @@ impl StepGraphs {
         tail: usize,
         cache: &mut KvCache,
     ) -> Result<Option<Tensor>> {
-        let vocab = target.config().vocab_size;
+        let c = head.config();
+        if rows.1.iter().any(|&p| p as usize >= c.context_length) {
+            return Ok(None);
+        }
+        let vocab = c.vocab_size.min(target.config().vocab_size);
         self.run(target.device(), vocab, rows, (masks, tail), Some(features), cache, |inputs, buffer, cache| {
             head.forward_step(target, buffer.expect("a head's bucket has features"), inputs, cache)
         })
     }
 
+    /// Whether a step of `n` rows after `cache`, its masks covering keys from `tail` on, fits a
+    /// bucket: at most 64 keys from the tail to the bucket's last row, and the bucket's rows
+    /// inside the cache. Callers check it before building the masks (which hold 64 bits).
+    pub fn fits(n: usize, tail: usize, cache: &KvCache) -> bool {
+        let (rows, start) = (n.next_power_of_two(), cache.len());
+        n > 0 && tail <= start && start - tail + rows <= StepLayout::MAX_ROWS && start + rows <= cache.capacity()
+    }
+
     /// The bucket logic of [`Self::forward`] and [`Self::forward_head`]: `step` runs a
-    /// bucket's forward on its inputs and features buffer.
+    /// bucket's forward on its inputs and features buffer. A bucket whose capture fails runs
+    /// eagerly from then on (`Ok(None)`: the caller's eager forward), with a warning.
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -184,11 +203,10 @@ impl StepGraphs {
         step: impl Fn(&StepInputs, Option<&Tensor>, &mut KvCache) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         let n = tokens.len();
-        let rows = n.next_power_of_two();
-        let start = cache.len();
-        if n == 0 || tail > start || start - tail + rows > StepLayout::MAX_ROWS || start + rows > cache.capacity() {
+        if !Self::fits(n, tail, cache) {
             return Ok(None);
         }
+        let (rows, start) = (n.next_power_of_two(), cache.len());
         let index = rows.trailing_zeros() as usize;
         if self.buckets.len() <= index {
             self.buckets.resize_with(index + 1, || None);
@@ -199,17 +217,27 @@ impl StepGraphs {
                 Some(f) => Some(Tensor::zeros((rows, f.dim(1)?), f.dtype(), device)?),
                 None => None,
             };
-            self.buckets[index] = Some(Bucket { inputs, features: buffer, graph: None });
+            self.buckets[index] = Some(Bucket { inputs, features: buffer, graph: None, failed: false });
         }
         let bucket = self.buckets[index].as_mut().expect("made above");
         bucket.inputs.set(tokens, positions, masks, start, tail)?;
         if let (Some(f), Some(buffer)) = (features, &bucket.features) {
             buffer.slice_set(&f.contiguous()?, 0, 0)?;
         }
-        let Bucket { inputs, features: buffer, graph } = bucket;
+        let Bucket { inputs, features: buffer, graph, failed } = bucket;
+        if *failed {
+            return Ok(None);
+        }
         let graph = match graph {
             Some(g) => g,
-            None => graph.insert(DeviceGraph::capture(device, || step(inputs, buffer.as_ref(), cache))?),
+            None => match DeviceGraph::capture(device, || step(inputs, buffer.as_ref(), cache)) {
+                Ok(g) => graph.insert(g),
+                Err(e) => {
+                    tracing::warn!("steps of {rows} rows run without a CUDA graph: the capture failed: {e}");
+                    *failed = true;
+                    return Ok(None);
+                }
+            },
         };
         let hidden = graph.replay(|| step(inputs, buffer.as_ref(), cache))?;
         self.replays += 1;
@@ -218,9 +246,10 @@ impl StepGraphs {
     }
 }
 
-/// Masks of a chain of `n` rows: row `r` sees rows `0..=r`.
+/// Masks of a chain of `n` rows: row `r` sees rows `0..=r` (rows past the 64th see the first
+/// 64: such a step fits no bucket, [`StepGraphs::fits`]).
 pub fn chain_masks(n: usize) -> Vec<u64> {
-    (0..n).map(|r| if r == 63 { u64::MAX } else { (1u64 << (r + 1)) - 1 }).collect()
+    (0..n).map(|r| if r >= 63 { u64::MAX } else { (1u64 << (r + 1)) - 1 }).collect()
 }
 
 /// Masks of a tree given by each row's parent (`None`: a root; parents come before their
@@ -233,7 +262,7 @@ pub fn tree_masks(parents: &[Option<usize>]) -> Result<Vec<u64>> {
             Some(p) if p < r => masks[p],
             Some(p) => candle_core::bail!("tree row {r}'s parent {p} does not come before it"),
         };
-        masks.push(above | 1u64 << r);
+        masks.push(above | 1u64.checked_shl(r as u32).unwrap_or(0));
     }
     Ok(masks)
 }
@@ -274,6 +303,25 @@ mod tests {
         assert_eq!(chain_masks(64)[63], u64::MAX);
         assert_eq!(tree_masks(&[None, Some(0), Some(0), Some(1)]).unwrap(), [0b1, 0b11, 0b101, 0b1011]);
         assert!(tree_masks(&[Some(1), None]).is_err());
+        // Past 64 rows the masks stop growing (no overflow); such steps fit no bucket.
+        assert_eq!(chain_masks(70)[69], u64::MAX);
+        let parents: Vec<Option<usize>> = (0..70usize).map(|r| r.checked_sub(1)).collect();
+        assert_eq!(tree_masks(&parents).unwrap()[69], u64::MAX);
+    }
+
+    /// A step fits a bucket when its keys from the tail to the bucket's last row are at most
+    /// 64 and the bucket's rows are inside the cache.
+    #[test]
+    fn steps_fit_buckets_by_their_keys_and_the_cache() {
+        let mut cache = KvCache::new(1, 1, 4, 100, DType::F32, &Device::Cpu).unwrap();
+        cache.advance(40).unwrap();
+        assert!(StepGraphs::fits(1, 40, &cache) && StepGraphs::fits(32, 40, &cache));
+        assert!(!StepGraphs::fits(33, 40, &cache), "a bucket of 64 rows at 40 ends at 104 > 100");
+        assert!(!StepGraphs::fits(0, 40, &cache) && !StepGraphs::fits(65, 40, &cache));
+        assert!(StepGraphs::fits(32, 8, &cache) && !StepGraphs::fits(33, 8, &cache), "a tail 32 keys back");
+        assert!(!StepGraphs::fits(1, 41, &cache), "a tail past the cache");
+        cache.advance(30).unwrap();
+        assert!(StepGraphs::fits(16, 70, &cache) && !StepGraphs::fits(17, 70, &cache), "the cache's end");
     }
 
     /// `set` writes the layout's words (padding repeats the last row and sees itself) and

@@ -73,14 +73,15 @@ impl<'a> EagleDraft<'a> {
         (masks, tail): (impl FnOnce() -> Vec<u64>, usize),
         bias: impl FnOnce() -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let batched = crate::model::Batcher::current().is_some_and(|b| b.members() > 1);
-        if let (Some(graphs), false) = (self.graphs.as_mut(), batched) {
-            let rows = (tokens, positions);
-            if let Some(out) =
-                graphs.forward_head(target, self.head, features, rows, &masks(), tail, &mut self.cache)?
-            {
-                self.replays += 1;
-                return Ok(out);
+        let alone = crate::decode::graphs::alone_on_the_device();
+        if let (Some(graphs), true) = (self.graphs.as_mut(), alone) {
+            if StepGraphs::fits(tokens.len(), tail, &self.cache) {
+                let rows = (tokens, positions);
+                let (head, cache) = (self.head, &mut self.cache);
+                if let Some(out) = graphs.forward_head(target, head, features, rows, &masks(), tail, cache)? {
+                    self.replays += 1;
+                    return Ok(out);
+                }
             }
         }
         Ok(self.head.forward(target, features, tokens, positions, &bias()?, &mut self.cache)?)

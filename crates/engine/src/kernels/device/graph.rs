@@ -107,6 +107,29 @@ mod cuda {
         output: Tensor,
     }
 
+    /// A capture still open on `stream` (see [`Captured::new`]).
+    struct OpenCapture<'s> {
+        stream: &'s std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+        open: bool,
+    }
+
+    impl Drop for OpenCapture<'_> {
+        fn drop(&mut self) {
+            if self.open {
+                use candle_core::cuda_backend::cudarc::driver::result;
+                let _ = self.stream.context().check_err();
+                // SAFETY: the stream is alive (borrowed) and capturing; the graph it gives back
+                // is destroyed at once.
+                if let Ok(graph) = unsafe { result::stream::end_capture(self.stream.cu_stream()) } {
+                    if !graph.is_null() {
+                        let _ = unsafe { result::graph::destroy(graph) };
+                    }
+                }
+                let _ = self.stream.context().check_err();
+            }
+        }
+    }
+
     // SAFETY: a graph may be launched from any thread (cudarc binds the context first); what
     // CUDA forbids is concurrent use of one graph, which the `&mut` of `replay` rules out (no
     // `Sync`). A generator holding graphs moves to its serving thread.
@@ -120,12 +143,22 @@ mod cuda {
             dev.synchronize()?;
             let stream = dev.cuda_stream();
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
+            // Ends the capture on every path out, a panic in `run` included, so that the
+            // device's one stream never stays capturing.
+            let mut open = OpenCapture { stream: &stream, open: true };
             let output = run();
-            // The capture ends whatever `run` gave, so that the stream is usable again.
-            let graph =
-                stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+            // Errors that drops recorded while the capture was invalid (cudarc keeps them for
+            // the next call, which would then fail, `end_capture` first) belong to this
+            // capture: cleared here; the capture's own outcome says what happened.
+            let recorded = stream.context().check_err();
+            open.open = false;
+            let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+            let graph = stream.end_capture(flags);
+            let _ = stream.context().check_err();
             let output = output?;
-            let Some(graph) = graph.w()? else { bail!("CUDA graph capture recorded nothing") };
+            let graph = graph.w()?;
+            recorded.w()?;
+            let Some(graph) = graph else { bail!("CUDA graph capture recorded nothing") };
             graph.upload().w()?;
             Ok(Self { graph, output })
         }
