@@ -46,20 +46,8 @@ fn forward_cost_graph_probe_replays_the_forward() {
     let dir = temp_dir("bench-forward-cost-graph");
     let (target, draft) = pair(&dir);
     let json = dir.join("costs.json");
-    let o = bench(&[
-        "forward-cost",
-        "--target",
-        s(&target),
-        "--draft",
-        s(&draft),
-        "--ks",
-        "1,3",
-        "--reps",
-        "2",
-        "--graph",
-        "--json",
-        s(&json),
-    ]);
+    let args = ["forward-cost", "--target", s(&target), "--draft", s(&draft), "--json", s(&json)];
+    let o = bench(&[&args[..], &["--ks", "1,3", "--reps", "2", "--graph"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let replayed: Vec<&str> = out.lines().filter(|l| l.starts_with("| | replayed |")).collect();
@@ -77,19 +65,7 @@ fn forward_cost_graph_probe_replays_the_forward() {
         }
     }
     // Without --graph the JSON has no replays.
-    let o = bench(&[
-        "forward-cost",
-        "--target",
-        s(&target),
-        "--draft",
-        s(&draft),
-        "--ks",
-        "1",
-        "--reps",
-        "1",
-        "--json",
-        s(&json),
-    ]);
+    let o = bench(&[&args[..], &["--ks", "1", "--reps", "1"]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(read_json(&json).get("graph_secs").is_none());
 }

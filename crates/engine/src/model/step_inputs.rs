@@ -148,12 +148,15 @@ impl StepGraphs {
         cache: &mut KvCache,
     ) -> Result<Option<Tensor>> {
         let c = model.config();
-        if rows.1.iter().any(|&p| p as usize >= c.context_length) {
-            return Ok(None);
-        }
-        self.run(model.device(), c.vocab_size, rows, (masks, tail), None, cache, |inputs, _, cache| {
-            model.forward_step(inputs, cache)
-        })
+        self.run(
+            model.device(),
+            (c.vocab_size, c.context_length),
+            rows,
+            (masks, tail),
+            None,
+            cache,
+            |inputs, _, cache| model.forward_step(inputs, cache),
+        )
     }
 
     /// [`Self::forward`] for an EAGLE head drafting for `target`: the entries' `features`
@@ -171,11 +174,8 @@ impl StepGraphs {
         cache: &mut KvCache,
     ) -> Result<Option<Tensor>> {
         let c = head.config();
-        if rows.1.iter().any(|&p| p as usize >= c.context_length) {
-            return Ok(None);
-        }
-        let vocab = c.vocab_size.min(target.config().vocab_size);
-        self.run(target.device(), vocab, rows, (masks, tail), Some(features), cache, |inputs, buffer, cache| {
+        let sizes = (c.vocab_size.min(target.config().vocab_size), c.context_length);
+        self.run(target.device(), sizes, rows, (masks, tail), Some(features), cache, |inputs, buffer, cache| {
             head.forward_step(target, buffer.expect("a head's bucket has features"), inputs, cache)
         })
     }
@@ -188,14 +188,15 @@ impl StepGraphs {
         n > 0 && tail <= start && start - tail + rows <= StepLayout::MAX_ROWS && start + rows <= cache.capacity()
     }
 
-    /// The bucket logic of [`Self::forward`] and [`Self::forward_head`]: `step` runs a
-    /// bucket's forward on its inputs and features buffer. A bucket whose capture fails runs
+    /// The bucket logic of [`Self::forward`] and [`Self::forward_head`] for a model of
+    /// `(vocab, context)` token ids and positions: `step` runs a bucket's forward on its inputs
+    /// and features buffer. A bucket whose capture fails runs
     /// eagerly from then on (`Ok(None)`: the caller's eager forward), with a warning.
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
         device: &Device,
-        vocab: usize,
+        (vocab, context): (usize, usize),
         (tokens, positions): (&[u32], &[u32]),
         (masks, tail): (&[u64], usize),
         features: Option<&Tensor>,
@@ -203,7 +204,7 @@ impl StepGraphs {
         step: impl Fn(&StepInputs, Option<&Tensor>, &mut KvCache) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         let n = tokens.len();
-        if !Self::fits(n, tail, cache) {
+        if !Self::fits(n, tail, cache) || positions.iter().any(|&p| p as usize >= context) {
             return Ok(None);
         }
         let (rows, start) = (n.next_power_of_two(), cache.len());

@@ -4,9 +4,10 @@
 
 use super::{CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, Slots, StepAttention};
 use crate::kernels::device::reference::{AttentionShape, StepLayout, ATTENTION_CHUNK, BLOCK};
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{bail, CudaStorage, Layout, Result, Shape, Storage};
+use candle_core::{bail, CudaStorage, Layout, Result, Shape, Storage, Tensor};
 
 /// The kernels' PTX (`nvcc -ptx` of `decode.cu`).
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/decode.ptx"));
@@ -227,52 +228,15 @@ pub(super) fn cache_attention(
     bias: &CudaStorage,
     bl: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
-    let dev = &q.device;
     let rows = ql.shape().elem_count() / (s.heads * s.head_dim);
     if bl.dims() != [rows, s.total] {
         bail!("attention: bias {:?} for {rows} rows of {} positions", bl.dims(), s.total);
     }
-    let chunks = s.total.div_ceil(ATTENTION_CHUNK);
-    let hd = s.head_dim;
-    let partials = unsafe { dev.alloc::<f32>(rows * s.heads * chunks * (hd + 2))? };
-    let partial = dev.get_or_load_custom_func(&kernel_name("attention_partial", &q.slice)?, MODULE, PTX)?;
-    let combine = dev.get_or_load_custom_func(&kernel_name("attention_combine", &q.slice)?, MODULE, PTX)?;
-    let (ks, _) = op.keys.storage_and_layout();
-    let (vs, _) = op.values.storage_and_layout();
-    let (heads, kv_heads, hd_u, cap, total, chunks_u) =
-        (s.heads as u32, s.kv_heads as u32, hd as u32, s.capacity as u32, s.total as u32, chunks as u32);
-    let scale = op.scale;
-    let partial_cfg = LaunchConfig {
-        grid_dim: (chunks as u32, heads, rows as u32),
-        block_dim: (BLOCK as u32, 1, 1),
-        shared_mem_bytes: ((hd + ATTENTION_CHUNK + BLOCK) * 4) as u32,
-    };
-    let combine_cfg =
-        LaunchConfig { grid_dim: (heads, rows as u32, 1), block_dim: (BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
-    macro_rules! launch {
-        ($qs:expr, $bs:expr, $t:ty, $variant:ident) => {{
-            let qv = view($qs, ql, "queries")?;
-            let bv = view($bs, bl, "bias")?;
-            let keys = cache_slice::<$t>(&ks, "key")?;
-            let values = cache_slice::<$t>(&vs, "value")?;
-            let mut b = partial.builder();
-            b.arg(&qv).arg(keys).arg(values).arg(&bv).arg(&scale);
-            b.arg(&heads).arg(&kv_heads).arg(&hd_u).arg(&cap).arg(&total).arg(&partials);
-            unsafe { b.launch(partial_cfg) }.w()?;
-            let out = unsafe { dev.alloc::<$t>(rows * s.heads * hd)? };
-            let mut b = combine.builder();
-            b.arg(&partials).arg(&out).arg(&heads).arg(&hd_u).arg(&chunks_u);
-            unsafe { b.launch(combine_cfg) }.w()?;
-            CudaStorageSlice::$variant(out)
-        }};
+    if bias.dtype() != q.dtype() {
+        bail!("attention: queries and bias must share one dtype");
     }
-    let slice = match (&q.slice, &bias.slice) {
-        (CudaStorageSlice::F32(qs), CudaStorageSlice::F32(bs)) => launch!(qs, bs, f32, F32),
-        (CudaStorageSlice::BF16(qs), CudaStorageSlice::BF16(bs)) => launch!(qs, bs, half::bf16, BF16),
-        (CudaStorageSlice::F16(qs), CudaStorageSlice::F16(bs)) => launch!(qs, bs, half::f16, F16),
-        _ => bail!("attention: queries and bias must share one dtype"),
-    };
-    Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((rows, s.heads * hd))))
+    let caches = (op.keys, op.values, op.scale);
+    attention(caches, s, (q, ql), Seen::Bias(bias, bl), s.total.div_ceil(ATTENTION_CHUNK))
 }
 
 pub(super) fn step_attention(
@@ -283,7 +247,6 @@ pub(super) fn step_attention(
     inputs: &CudaStorage,
     il: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
-    let dev = &q.device;
     let rows = ql.shape().elem_count() / (s.heads * s.head_dim);
     let words = view(inputs.as_cuda_slice::<u32>()?, il, "step inputs")?;
     if words.len() != (StepLayout { rows }).len() {
@@ -291,15 +254,40 @@ pub(super) fn step_attention(
     }
     // Chunks over the whole buffer: the launch is the same at every step.
     let chunks = s.capacity.div_ceil(ATTENTION_CHUNK);
+    attention((op.keys, op.values, op.scale), s, (q, ql), Seen::Step(words), chunks)
+}
+
+/// What attention's rows see: a dense bias `[rows, total]`, or a step's input words.
+enum Seen<'a> {
+    Bias(&'a CudaStorage, &'a Layout),
+    Step(CudaView<'a, u32>),
+}
+
+/// The attention kernels of [`cache_attention`] (`attention_partial`) and [`step_attention`]
+/// (`attention_partial_step`), whose parameters differ in what the rows see (a bias and the
+/// keys' count, or the step's words and its rows), over `chunks` key chunks, then
+/// `attention_combine`.
+fn attention(
+    (keys, values, scale): (&Tensor, &Tensor, f32),
+    s: &AttentionShape,
+    (q, ql): (&CudaStorage, &Layout),
+    seen: Seen,
+    chunks: usize,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = &q.device;
+    let rows = ql.shape().elem_count() / (s.heads * s.head_dim);
     let hd = s.head_dim;
+    let (name, count) = match &seen {
+        Seen::Bias(..) => ("attention_partial", s.total as u32),
+        Seen::Step(_) => ("attention_partial_step", rows as u32),
+    };
     let partials = unsafe { dev.alloc::<f32>(rows * s.heads * chunks * (hd + 2))? };
-    let partial = dev.get_or_load_custom_func(&kernel_name("attention_partial_step", &q.slice)?, MODULE, PTX)?;
+    let partial = dev.get_or_load_custom_func(&kernel_name(name, &q.slice)?, MODULE, PTX)?;
     let combine = dev.get_or_load_custom_func(&kernel_name("attention_combine", &q.slice)?, MODULE, PTX)?;
-    let (ks, _) = op.keys.storage_and_layout();
-    let (vs, _) = op.values.storage_and_layout();
-    let (heads, kv_heads, hd_u, cap, rows_u, chunks_u) =
-        (s.heads as u32, s.kv_heads as u32, hd as u32, s.capacity as u32, rows as u32, chunks as u32);
-    let scale = op.scale;
+    let (ks, _) = keys.storage_and_layout();
+    let (vs, _) = values.storage_and_layout();
+    let (heads, kv_heads, hd_u, cap, chunks_u) =
+        (s.heads as u32, s.kv_heads as u32, hd as u32, s.capacity as u32, chunks as u32);
     let partial_cfg = LaunchConfig {
         grid_dim: (chunks as u32, heads, rows as u32),
         block_dim: (BLOCK as u32, 1, 1),
@@ -312,9 +300,18 @@ pub(super) fn step_attention(
             let qv = view($qs, ql, "queries")?;
             let keys = cache_slice::<$t>(&ks, "key")?;
             let values = cache_slice::<$t>(&vs, "value")?;
+            let bias = match &seen {
+                Seen::Bias(b, bl) => Some(view(b.as_cuda_slice::<$t>()?, bl, "bias")?),
+                Seen::Step(_) => None,
+            };
             let mut b = partial.builder();
-            b.arg(&qv).arg(keys).arg(values).arg(&words).arg(&rows_u).arg(&scale);
-            b.arg(&heads).arg(&kv_heads).arg(&hd_u).arg(&cap).arg(&partials);
+            b.arg(&qv).arg(keys).arg(values);
+            match (&bias, &seen) {
+                (Some(bias), _) => b.arg(bias),
+                (None, Seen::Step(words)) => b.arg(words),
+                (None, Seen::Bias(..)) => unreachable!("a bias view was made above"),
+            };
+            b.arg(&scale).arg(&heads).arg(&kv_heads).arg(&hd_u).arg(&cap).arg(&count).arg(&partials);
             unsafe { b.launch(partial_cfg) }.w()?;
             let out = unsafe { dev.alloc::<$t>(rows * s.heads * hd)? };
             let mut b = combine.builder();
@@ -327,7 +324,7 @@ pub(super) fn step_attention(
         CudaStorageSlice::F32(qs) => launch!(qs, f32, F32),
         CudaStorageSlice::BF16(qs) => launch!(qs, half::bf16, BF16),
         CudaStorageSlice::F16(qs) => launch!(qs, half::f16, F16),
-        _ => bail!("step attention: f32, bf16 or f16 queries expected"),
+        _ => bail!("attention: f32, bf16 or f16 queries expected"),
     };
     Ok((CudaStorage { slice, device: dev.clone() }, Shape::from((rows, s.heads * hd))))
 }

@@ -275,8 +275,8 @@ __device__ void attention_combine(const float* partials, T* out, uint32_t heads,
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                                               \
         attention_partial_step_##NAME(const T* q, const T* keys, const T* values, const uint32_t* inputs,            \
-                                      uint32_t rows, float scale, uint32_t heads, uint32_t kv_heads, uint32_t hd,     \
-                                      uint32_t capacity, float* partials) {                                           \
+                                      float scale, uint32_t heads, uint32_t kv_heads, uint32_t hd, uint32_t capacity, \
+                                      uint32_t rows, float* partials) {                                               \
         StepBias b = {inputs, rows, inputs[4 * rows], inputs[4 * rows + 1]};                                           \
         uint32_t total = min(b.start + rows, capacity);                                                                \
         attention_partial<T>(q, keys, values, b, scale, heads, kv_heads, hd, capacity, total, partials);              \
