@@ -306,6 +306,11 @@ if has cost && before 470; then
   echo "== MDSD_CUDA_STREAM=per-thread, MDSD_FUSED_DECODE=1" >> "$O/cost.txt"
   MDSD_CUDA_STREAM=per-thread MDSD_FUSED_DECODE=1 timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf \
     --draft-weights stored --device $DEV --ks 1,8,64 --reps 5 --json "$O/cost-t15q-perthread.json" >> "$O/cost.txt" 2>>"$E"
+  # The device kernels' path joins each block's q/k/v and gate/up products into one matrix each
+  # (engine::model::Products); MDSD_JOIN_PRODUCTS=0 keeps them apart, for the A/B.
+  echo "== MDSD_JOIN_PRODUCTS=0, MDSD_FUSED_DECODE=1" >> "$O/cost.txt"
+  MDSD_JOIN_PRODUCTS=0 MDSD_FUSED_DECODE=1 timeout 40 "$B/bench" forward-cost --target $M/t15q.gguf --draft $M/d05q.gguf \
+    --draft-weights stored --device $DEV --ks 1,8,64 --reps 5 --json "$O/cost-t15q-apart.json" >> "$O/cost.txt" 2>>"$E"
   stamp "cost done"
 fi
 

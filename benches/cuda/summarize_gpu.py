@@ -57,11 +57,12 @@ def main(out):
                 errors = {k: v for k, v in g.get("graph_errors", {}).get(role, {}).items() if v}
                 if errors:
                     summary.setdefault("graph_errors", {}).setdefault(label, {})[role] = errors
-    per_thread = load(os.path.join(out, "cost-t15q-perthread.json"))
-    for role in ("target", "draft"):
-        v = ms_by_k(per_thread, role)
-        if v:
-            summary.setdefault("forward_ms_per_thread_stream", {})[role] = v
+    for name, key in (("perthread", "forward_ms_per_thread_stream"), ("apart", "forward_ms_products_apart")):
+        c = load(os.path.join(out, f"cost-t15q-{name}.json"))
+        for role in ("target", "draft"):
+            v = ms_by_k(c, role)
+            if v:
+                summary.setdefault(key, {})[role] = v
     gen = os.path.join(out, "gen.jsonl")
     if os.path.exists(gen):
         ar, spec = {}, {}

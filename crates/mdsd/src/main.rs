@@ -73,6 +73,11 @@ enum Command {
 fn main() {
     // Before any thread starts: set_var is then race-free.
     engine::pin_thread_count();
+    // The engine's warnings (a CUDA graph that failed to capture, ...) on standard error;
+    // `MDSD_LOG=info` (any `tracing` filter) shows more.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MDSD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {}", report::message(&e));
         std::process::exit(1);

@@ -1,7 +1,8 @@
 //! Logits to the host into a buffer kept across steps.
 //!
-//! Each decoding step copies its logits (up to a tree's rows x the vocabulary: 26 x 151,936
-//! f32 values, 16 MB, for EAGLE's sparse tree) to the host once. `Tensor::to_vec1` allocates a
+//! A plain step copies its one row of logits to the host; a speculative step the rows its
+//! verification reads ([`HostLogits::row`]: the rows on the accepted path and the one after),
+//! not the tree's every row (up to 64 x 151,936 f32 values, 39 MB). `Tensor::to_vec1` allocates a
 //! fresh `Vec` per step; past glibc's mmap threshold (up to 32 MB) every page of it is then
 //! faulted in anew, which on the lent GPU machines (Firecracker VMs) made the copy of 64 rows
 //! cost 47 ms against 8.5 ms for the model's blocks (`bench forward-cost --breakdown`,
@@ -16,9 +17,115 @@ pub struct HostLogits {
     vec: Vec<f32>,
     #[cfg(feature = "cuda")]
     pinned: Option<candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<f32>>,
+    /// Which rows of the tensor of [`Self::rows_of`] are on the host (at their offsets in the
+    /// buffer).
+    copied: Vec<bool>,
+    /// That tensor (contiguous) and its row width.
+    lazy: Option<(Tensor, usize)>,
+    /// Whether its rows go to the page-locked buffer (a CUDA tensor) rather than `vec`.
+    rows_pinned: bool,
 }
 
 impl HostLogits {
+    /// Starts reading the rows of `t` (`[rows, cols]`, f32) one by one: [`Self::row`] copies a
+    /// row to the host on its first call. A tree's verification reads only the rows on its
+    /// path (about the mean accepted length), so a step copies those rather than every row of
+    /// the tree (the 64 rows of `mc_sim_7b_63` are 39 MB at a 152k vocabulary).
+    pub fn rows_of(&mut self, t: &Tensor) -> Result<()> {
+        if t.dtype() != DType::F32 || t.rank() != 2 {
+            candle_core::bail!("HostLogits::rows_of: f32 [rows, cols] expected, got {:?} {:?}", t.dtype(), t.dims());
+        }
+        let (rows, cols) = t.dims2()?;
+        self.copied.clear();
+        self.copied.resize(rows, false);
+        self.lazy = Some((t.contiguous()?, cols));
+        Ok(())
+    }
+
+    /// Row `r` of the tensor of [`Self::rows_of`] on the host, copied on the first call for
+    /// that row (the same values as a whole copy's). Writes to it last until the next
+    /// [`Self::rows_of`] or copy.
+    pub fn row(&mut self, r: usize) -> Result<&mut [f32]> {
+        let Some((t, cols)) = &self.lazy else { candle_core::bail!("HostLogits::row: no rows_of before") };
+        let (t, cols) = (t.clone(), *cols);
+        if r >= self.copied.len() {
+            candle_core::bail!("HostLogits::row: row {r} of {}", self.copied.len());
+        }
+        let n = self.copied.len() * cols;
+        if !self.copied[r] {
+            self.copy_into(&t, r * cols, cols, n)?;
+            self.copied[r] = true;
+        }
+        let host = self.host_mut(n)?;
+        Ok(&mut host[r * cols..(r + 1) * cols])
+    }
+
+    /// The first `n` values of the buffer (which holds at least `n`).
+    fn host_mut(&mut self, n: usize) -> Result<&mut [f32]> {
+        #[cfg(feature = "cuda")]
+        if self.rows_pinned {
+            let p = self.pinned.as_mut().filter(|p| p.len() >= n).expect("copy_into allocated it");
+            // SAFETY: the buffer holds at least n values; nothing else refers to it.
+            return Ok(unsafe { std::slice::from_raw_parts_mut(p.as_mut_ptr().map_err(candle_core::Error::wrap)?, n) });
+        }
+        Ok(&mut self.vec[..n])
+    }
+
+    /// Copies `len` values of the contiguous `t` from `offset` to the same offset of the buffer,
+    /// which it makes at least `n` long (keeping what it holds when long enough).
+    fn copy_into(&mut self, t: &Tensor, offset: usize, len: usize, n: usize) -> Result<()> {
+        let (storage, layout) = t.storage_and_layout();
+        let start = layout.start_offset() + offset;
+        match &*storage {
+            Storage::Cpu(cpu) => {
+                self.rows_pinned = false;
+                if self.vec.len() < n {
+                    self.vec.resize(n, 0.0);
+                }
+                self.vec[offset..offset + len].copy_from_slice(&cpu.as_slice::<f32>()?[start..start + len]);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(cuda) => {
+                let candle_core::Device::Cuda(dev) = t.device() else {
+                    candle_core::bail!("HostLogits::row: CUDA storage on a non-CUDA device");
+                };
+                let stream = dev.cuda_stream();
+                let context = stream.context();
+                let reuse =
+                    self.pinned.as_ref().is_some_and(|p| p.len() >= n && std::sync::Arc::ptr_eq(p.context(), context));
+                if !reuse {
+                    self.pinned = None;
+                    // SAFETY: every row is written by a copy before it is read.
+                    let fresh = unsafe { context.alloc_pinned_with_flags(n, 0) }.map_err(candle_core::Error::wrap)?;
+                    self.pinned = Some(fresh);
+                }
+                self.rows_pinned = true;
+                let pinned = self.pinned.as_mut().expect("allocated above");
+                let source = cuda.as_cuda_slice::<f32>()?.slice(start..start + len);
+                // SAFETY: the buffer holds at least n >= offset + len values and lives in
+                // `self`; nothing else refers to it.
+                let host: &mut [f32] = unsafe {
+                    let base = pinned.as_mut_ptr().map_err(candle_core::Error::wrap)?;
+                    std::slice::from_raw_parts_mut(base.add(offset), len)
+                };
+                stream.memcpy_dtoh(&source, host).map_err(candle_core::Error::wrap)?;
+                stream.synchronize().map_err(candle_core::Error::wrap)
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                drop(storage);
+                self.rows_pinned = false;
+                let values = t.flatten_all()?.narrow(0, offset, len)?.to_vec1::<f32>()?;
+                if self.vec.len() < n {
+                    self.vec.resize(n, 0.0);
+                }
+                self.vec[offset..offset + len].copy_from_slice(&values);
+                Ok(())
+            }
+        }
+    }
+
     /// `t`'s values (f32, any shape, flattened in row-major order) on the host, in this
     /// buffer: valid until the next copy. The buffer grows to the largest tensor seen and is
     /// never shrunk or re-allocated below that.
@@ -103,5 +210,25 @@ mod tests {
         assert_eq!(h.copy(&row).unwrap(), &[4., 5., 6., 7.]);
         assert_eq!(h.vec.as_ptr(), ptr, "a smaller copy re-allocated");
         assert!(h.copy(&a.to_dtype(DType::BF16).unwrap()).is_err());
+    }
+
+    /// Rows read one by one hold the tensor's rows, each copied once (a write to a copied row
+    /// stays until the next tensor), also after a whole copy; bad calls are errors.
+    #[test]
+    fn rows_read_one_by_one_are_the_tensor_s_rows() {
+        let dev = Device::Cpu;
+        let a = Tensor::arange(0f32, 12., &dev).unwrap().reshape((3, 4)).unwrap();
+        let mut h = HostLogits::default();
+        assert!(h.row(0).is_err(), "no tensor yet");
+        h.copy(&a.t().unwrap()).unwrap();
+        h.rows_of(&a).unwrap();
+        assert_eq!(h.row(2).unwrap(), &[8., 9., 10., 11.]);
+        h.row(2).unwrap()[0] = -1.0;
+        assert_eq!(h.row(0).unwrap(), &[0., 1., 2., 3.]);
+        assert_eq!(h.row(2).unwrap(), &[-1., 9., 10., 11.], "a row was copied again");
+        assert!(h.row(3).is_err());
+        h.rows_of(&a).unwrap();
+        assert_eq!(h.row(2).unwrap(), &[8., 9., 10., 11.]);
+        assert!(h.rows_of(&a.flatten_all().unwrap()).is_err());
     }
 }

@@ -167,10 +167,10 @@ impl Generator<'_> {
         )?;
         // Greedy on the device: one id per row crosses to the host, not vocabulary-wide rows.
         let greedy = if on_device { Some(argmax_ids(self.target, &hidden)?) } else { None };
-        let logits = match greedy {
-            Some(_) => &mut [][..],
-            None => self.target_host.copy(&self.target.logits(&hidden)?)?,
-        };
+        if greedy.is_none() {
+            // Rows reach the host as verification reads them.
+            self.target_host.rows_of(&self.target.logits(&hidden)?)?;
+        }
         stats.target_forwards += 1;
         stats.target_rows += live.len();
         timings[1] += t1.elapsed();
@@ -181,7 +181,6 @@ impl Generator<'_> {
 
         // 3. Verify from the root.
         let t2 = Instant::now();
-        let v = self.vocab;
         let mut node = 0;
         b.path.clear();
         b.path.push(0);
@@ -212,7 +211,7 @@ impl Generator<'_> {
                 }
             }
             // The tokens emitted so far this step are the drafted path to this node.
-            b.warp_target_row(&mut logits[row * v..(row + 1) * v], warp)?;
+            b.warp_target_row(self.target_host.row(row)?, warp)?;
             // The position of the token sampled at this node.
             let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {
@@ -265,9 +264,9 @@ impl Generator<'_> {
         }
         // The token emitted at each node of the path was scored by that node's row (no rows on
         // the host on the greedy device path, which runs without log-probabilities).
-        for (&node, &token) in b.path.iter().zip(&b.emitted).filter(|_| greedy.is_none()) {
+        for (&node, &token) in b.path.iter().zip(&b.emitted).filter(|_| greedy.is_none() && self.logprobs_top.is_some()) {
             let row = b.row_of[node];
-            record_logprobs(self.logprobs_top, &logits[row * v..(row + 1) * v], token, &mut self.logprobs)?;
+            record_logprobs(self.logprobs_top, self.target_host.row(row)?, token, &mut self.logprobs)?;
         }
         timings[2] += t2.elapsed();
 

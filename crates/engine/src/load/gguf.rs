@@ -15,7 +15,7 @@ use super::weight_format::fast_cpu_converts_on_cpu;
 pub use super::weight_format::WeightFormat;
 use crate::file_error as err;
 pub use crate::formats::gguf::GgufFile;
-use crate::model::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
+use crate::model::{Architecture, DecoderModel, Layer, Linear, ModelConfig, Products};
 use crate::Result;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
@@ -294,15 +294,16 @@ fn load_file(
         };
         layers.push(Layer {
             attn_norm: Some(dense(&mut file, &p("attn_norm.weight"))?),
-            q: linear(&mut file, "attn_q")?,
-            k: linear(&mut file, "attn_k")?,
-            v: linear(&mut file, "attn_v")?,
+            qkv: Products::Apart(vec![
+                linear(&mut file, "attn_q")?,
+                linear(&mut file, "attn_k")?,
+                linear(&mut file, "attn_v")?,
+            ]),
             o: linear(&mut file, "attn_output")?,
             q_norm: if qwen3 { Some(dense(&mut file, &p("attn_q_norm.weight"))?) } else { None },
             k_norm: if qwen3 { Some(dense(&mut file, &p("attn_k_norm.weight"))?) } else { None },
             mlp_norm: dense(&mut file, &p("ffn_norm.weight"))?,
-            gate: linear(&mut file, "ffn_gate")?,
-            up: linear(&mut file, "ffn_up")?,
+            gate_up: Products::Apart(vec![linear(&mut file, "ffn_gate")?, linear(&mut file, "ffn_up")?]),
             down: linear(&mut file, "ffn_down")?,
         });
     }

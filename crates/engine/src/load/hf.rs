@@ -7,7 +7,7 @@
 //! post_attention_layernorm, mlp.{gate,up,down}_proj}`, `model.norm`, `lm_head` (absent when
 //! `tie_word_embeddings`).
 
-use crate::model::{Architecture, DecoderModel, Layer, Linear, ModelConfig};
+use crate::model::{Architecture, DecoderModel, Layer, Linear, ModelConfig, Products};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -295,15 +295,19 @@ pub(crate) fn layer(l: &VarBuilder, c: &ModelConfig, biases: Biases, input_norm:
     let (a, f) = (l.pp("self_attn"), l.pp("mlp"));
     Ok(Layer {
         attn_norm: if input_norm { Some(l.get(h, "input_layernorm.weight")?) } else { None },
-        q: dense_linear(&a.pp("q_proj"), q, h, biases.qkv)?,
-        k: dense_linear(&a.pp("k_proj"), kv, h, biases.qkv)?,
-        v: dense_linear(&a.pp("v_proj"), kv, h, biases.qkv)?,
+        qkv: Products::Apart(vec![
+            dense_linear(&a.pp("q_proj"), q, h, biases.qkv)?,
+            dense_linear(&a.pp("k_proj"), kv, h, biases.qkv)?,
+            dense_linear(&a.pp("v_proj"), kv, h, biases.qkv)?,
+        ]),
         o: dense_linear(&a.pp("o_proj"), h, q, biases.o)?,
         q_norm: head_norm(&a, c, "q_norm")?,
         k_norm: head_norm(&a, c, "k_norm")?,
         mlp_norm: l.get(h, "post_attention_layernorm.weight")?,
-        gate: dense_linear(&f.pp("gate_proj"), c.intermediate_size, h, biases.mlp)?,
-        up: dense_linear(&f.pp("up_proj"), c.intermediate_size, h, biases.mlp)?,
+        gate_up: Products::Apart(vec![
+            dense_linear(&f.pp("gate_proj"), c.intermediate_size, h, biases.mlp)?,
+            dense_linear(&f.pp("up_proj"), c.intermediate_size, h, biases.mlp)?,
+        ]),
         down: dense_linear(&f.pp("down_proj"), h, c.intermediate_size, biases.mlp)?,
     })
 }

@@ -52,6 +52,10 @@ impl EagleHead {
         path: PathBuf,
     ) -> Result<Self> {
         let rotary = super::rotary::Rotary::new(&config, dtype, device)?;
+        let mut layer = layer;
+        if super::joins_products(device, super::fused_from_env()) {
+            layer.join_products()?;
+        }
         Ok(Self { config, fc, layer, embed, lm_head: None, rotary, dtype, device: device.clone(), path })
     }
 

@@ -3,17 +3,18 @@
 //! Each layer owns two preallocated buffers `[1, kv_heads, capacity, head_dim]`; new keys and
 //! values are written in place (`slice_set`), so appending allocates nothing per token. A
 //! speculative step appends the whole draft tree, then [`KvCache::compact`] keeps the
-//! accepted root-to-node path and drops the rest, with one small index upload per step and
-//! one gather per layer on the device (no host round trip per layer).
+//! accepted root-to-node path and drops the rest: on CUDA one kernel launch for every layer,
+//! with nothing uploaded ([`compact_rows`]).
 
-use crate::kernels::device::{RopeIntoCache, RowsIntoCache, Slots};
+use crate::kernels::device::{compact_rows, RopeIntoCache, RowsIntoCache, Slots};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Keys and values of every layer of one model, for one sequence.
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    keys: Vec<Tensor>,
-    values: Vec<Tensor>,
+    /// Every layer's keys, then every layer's values (one slice for [`compact_rows`]).
+    buffers: Vec<Tensor>,
+    layers: usize,
     len: usize,
     capacity: usize,
 }
@@ -29,13 +30,8 @@ impl KvCache {
         device: &Device,
     ) -> Result<Self> {
         let shape = (1, kv_heads, capacity, head_dim);
-        let mut keys = Vec::with_capacity(layers);
-        let mut values = Vec::with_capacity(layers);
-        for _ in 0..layers {
-            keys.push(Tensor::zeros(shape, dtype, device)?);
-            values.push(Tensor::zeros(shape, dtype, device)?);
-        }
-        Ok(Self { keys, values, len: 0, capacity })
+        let buffers = (0..2 * layers).map(|_| Tensor::zeros(shape, dtype, device)).collect::<Result<_>>()?;
+        Ok(Self { buffers, layers, len: 0, capacity })
     }
 
     /// Number of cached positions.
@@ -72,10 +68,10 @@ impl KvCache {
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = k.dim(2)?;
         self.reserve(t)?;
-        self.keys[layer].slice_set(&k.contiguous()?, 2, self.len)?;
-        self.values[layer].slice_set(&v.contiguous()?, 2, self.len)?;
+        self.buffers[layer].slice_set(&k.contiguous()?, 2, self.len)?;
+        self.buffers[self.layers + layer].slice_set(&v.contiguous()?, 2, self.len)?;
         let total = self.len + t;
-        Ok((self.keys[layer].narrow(2, 0, total)?, self.values[layer].narrow(2, 0, total)?))
+        Ok((self.buffers[layer].narrow(2, 0, total)?, self.buffers[self.layers + layer].narrow(2, 0, total)?))
     }
 
     /// Writes the new rows of `layer` after the cached positions, in place, as the device
@@ -110,15 +106,15 @@ impl KvCache {
             head_dim,
             slots,
         };
-        self.keys[layer].inplace_op3(&k.contiguous()?, positions, &rope)?;
+        self.buffers[layer].inplace_op3(&k.contiguous()?, positions, &rope)?;
         let copy = RowsIntoCache { kv_heads, head_dim, slots };
-        self.values[layer].inplace_op2(&v.contiguous()?, &copy)
+        self.buffers[self.layers + layer].inplace_op2(&v.contiguous()?, &copy)
     }
 
     /// The whole key and value buffers of `layer` (`[1, kv_heads, capacity, head_dim]`), every
     /// position, cached or not.
     pub fn buffers(&self, layer: usize) -> (&Tensor, &Tensor) {
-        (&self.keys[layer], &self.values[layer])
+        (&self.buffers[layer], &self.buffers[self.layers + layer])
     }
 
     /// Counts `t` appended positions as cached (after every layer appended them).
@@ -141,14 +137,8 @@ impl KvCache {
         }
         let is_prefix = kept.iter().enumerate().all(|(i, &k)| i == k);
         if !is_prefix {
-            let n = self.len - start;
-            let device = self.keys[0].device().clone();
-            let idx: Vec<u32> = kept.iter().map(|&k| k as u32).collect();
-            let idx = Tensor::from_vec(idx, kept.len(), &device)?;
-            for buf in self.keys.iter().chain(self.values.iter()) {
-                let gathered = buf.narrow(2, start, n)?.contiguous()?.index_select(&idx, 2)?;
-                buf.slice_set(&gathered, 2, start)?;
-            }
+            let kept: Vec<u32> = kept.iter().map(|&k| k as u32).collect();
+            compact_rows(&self.buffers, start, &kept)?;
         }
         self.len = start + kept.len();
         Ok(())
@@ -156,12 +146,12 @@ impl KvCache {
 
     /// Cached keys of `layer` (for tests).
     pub fn keys(&self, layer: usize) -> Result<Tensor> {
-        self.keys[layer].narrow(2, 0, self.len)
+        self.buffers[layer].narrow(2, 0, self.len)
     }
 
     /// Cached values of `layer` (for tests).
     pub fn values(&self, layer: usize) -> Result<Tensor> {
-        self.values[layer].narrow(2, 0, self.len)
+        self.buffers[self.layers + layer].narrow(2, 0, self.len)
     }
 }
 

@@ -333,6 +333,89 @@ impl Linear {
         Ok(out)
     }
 
+    /// A product whose ggml matrix stays in ggml's layout (what `MDSD_REPACK=0` loads).
+    #[cfg(test)]
+    pub(crate) fn ggml_kept(weight: QMatMul, bias: Option<Tensor>) -> Self {
+        let few_rows_max = match &weight {
+            QMatMul::QTensor(w) if qgemv::supports(w) => FEW_ROWS_MAX,
+            _ => 0,
+        };
+        Self { weight: Some(weight), repacked: None, bias, pad_input: 0, few_rows_max }
+    }
+
+    /// Whether [`Self::join`] can join this product with `other`: both matrices in candle's
+    /// form (not repacked), ggml matrices of one type or dense ones of one dtype, one input
+    /// width and padding, both with a bias or neither.
+    pub fn joins(&self, other: &Linear) -> bool {
+        let plain = |l: &Linear| l.repacked.is_none() && l.pad_input == other.pad_input;
+        let like = match (&self.weight, &other.weight) {
+            (Some(QMatMul::QTensor(a)), Some(QMatMul::QTensor(b))) => {
+                a.dtype() == b.dtype() && a.shape().dims().get(1) == b.shape().dims().get(1)
+            }
+            (Some(QMatMul::Tensor(a)), Some(QMatMul::Tensor(b)))
+            | (Some(QMatMul::TensorF16(a)), Some(QMatMul::TensorF16(b))) => {
+                a.dtype() == b.dtype() && a.rank() == 2 && b.rank() == 2 && a.dims()[1] == b.dims()[1]
+            }
+            _ => false,
+        };
+        plain(self) && plain(other) && like && self.bias.is_some() == other.bias.is_some()
+    }
+
+    /// One product computing what `parts` compute, their outputs side by side in order (the
+    /// matrices' rows stacked): ggml matrices of one type stacked block row by block row, dense
+    /// ones of one dtype concatenated, biases (all or none) concatenated. `None` when they
+    /// cannot be: fewer than two, or two neighbours that [`Self::joins`] refuses.
+    pub fn join(parts: &[&Linear]) -> Result<Option<Self>> {
+        if parts.len() < 2 || parts.windows(2).any(|w| !w[0].joins(w[1])) {
+            return Ok(None);
+        }
+        let bias = match parts.iter().map(|l| l.bias.as_ref()).collect::<Option<Vec<_>>>() {
+            Some(b) => Some(Tensor::cat(&b, D::Minus1)?),
+            None => None,
+        };
+        let matrix = |l: &Linear| l.weight.clone().expect("joins: in candle's form");
+        let weights: Vec<QMatMul> = parts.iter().map(|l| matrix(l)).collect();
+        let weight = match &weights[0] {
+            QMatMul::QTensor(first) => {
+                let (dtype, k) = (first.dtype(), first.shape().dims2()?.1);
+                let row_bytes = k / dtype.block_size() * dtype.type_size();
+                let mut bytes = Vec::new();
+                let mut rows = 0;
+                for w in &weights {
+                    let QMatMul::QTensor(w) = w else { unreachable!("joins: one form") };
+                    let n = w.shape().dims2()?.0;
+                    let data = w.data()?;
+                    if data.len() < n * row_bytes {
+                        candle_core::bail!("{dtype:?} matrix [{n}, {k}]: {} bytes is less than its size", data.len());
+                    }
+                    bytes.extend_from_slice(&data[..n * row_bytes]);
+                    rows += n;
+                }
+                let storage =
+                    candle_core::quantized::QStorage::from_data(std::borrow::Cow::Owned(bytes), &first.device(), dtype)?;
+                QMatMul::from_arc(std::sync::Arc::new(candle_core::quantized::QTensor::new(storage, (rows, k))?))?
+            }
+            QMatMul::Tensor(_) | QMatMul::TensorF16(_) => {
+                let dense: Vec<&Tensor> = weights
+                    .iter()
+                    .map(|w| match w {
+                        QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t,
+                        QMatMul::QTensor(_) => unreachable!("joins: one form"),
+                    })
+                    .collect();
+                let all = Tensor::cat(&dense, 0)?;
+                match &weights[0] {
+                    QMatMul::TensorF16(_) => QMatMul::TensorF16(all),
+                    _ => QMatMul::Tensor(all),
+                }
+            }
+        };
+        // The parts' own routing (none is repacked: see above), so the joined product takes
+        // their kernels.
+        let (pad_input, few_rows_max) = (parts[0].pad_input, parts[0].few_rows_max);
+        Ok(Some(Self { weight: Some(weight), repacked: None, bias, pad_input, few_rows_max }))
+    }
+
     /// The number of outputs (rows of the matrix).
     pub fn output_rows(&self) -> Result<usize> {
         match (&self.weight, &self.repacked) {

@@ -19,6 +19,7 @@ pub mod eagle;
 pub mod embedding;
 pub mod kv_cache;
 mod linear;
+mod products;
 pub mod rope_scaling;
 mod rotary;
 mod step_inputs;
@@ -31,6 +32,7 @@ pub use batcher::{
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};
+pub use products::Products;
 pub use step_inputs::{chain_masks, tree_masks, StepGraphs, StepInputs};
 
 /// The model families the engine runs.
@@ -115,17 +117,16 @@ pub struct BatchItem<'a> {
 pub struct Layer {
     /// `None` for a block without an input norm (EAGLE heads' first layer).
     pub attn_norm: Option<Tensor>,
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
+    /// The query, key and value products, in that order.
+    pub qkv: Products,
     pub o: Linear,
     /// Qwen3: the RMS-norm weights (`[head_dim]`) applied to every query and key head before
     /// the rotary embedding; `None` elsewhere.
     pub q_norm: Option<Tensor>,
     pub k_norm: Option<Tensor>,
     pub mlp_norm: Tensor,
-    pub gate: Linear,
-    pub up: Linear,
+    /// The MLP's gate and up products, in that order.
+    pub gate_up: Products,
     pub down: Linear,
 }
 
@@ -143,6 +144,34 @@ pub struct DecoderModel {
     /// Attention through the device kernels ([`crate::kernels::device`]) rather than candle's
     /// ops ([`Self::set_fused_decode`]).
     fused: bool,
+}
+
+/// Whether a model loaded on `device` joins its blocks' products at load
+/// ([`DecoderModel::join_products`]): by default on CUDA with the device kernels' path
+/// (`fused`); never with `MDSD_JOIN_PRODUCTS=0` (A/B runs); always with `MDSD_JOIN_PRODUCTS=1`
+/// (on the CPU only matrices kept in ggml's layout join, `MDSD_REPACK=0`: a check of the
+/// joined products on real files without a GPU).
+pub(crate) fn joins_products(device: &Device, fused: bool) -> bool {
+    match std::env::var("MDSD_JOIN_PRODUCTS").as_deref() {
+        Ok("0" | "off" | "false") => false,
+        Ok("1" | "on" | "true") => true,
+        _ => device.is_cuda() && fused,
+    }
+}
+
+impl Layer {
+    /// Joins the block's q/k/v and gate/up products where their types allow ([`Products`]);
+    /// returns how many of the two it joined now.
+    pub fn join_products(&mut self) -> Result<usize> {
+        let mut joined = 0;
+        for products in [&mut self.qkv, &mut self.gate_up] {
+            if !products.is_joined() {
+                *products = std::mem::replace(products, Products::Apart(Vec::new())).joined()?;
+                joined += products.is_joined() as usize;
+            }
+        }
+        Ok(joined)
+    }
 }
 
 /// Whether `MDSD_FUSED_DECODE` asks for the device kernels' decode path (`1`, `on`, `true`).
@@ -166,7 +195,25 @@ impl DecoderModel {
         crate::kernels::threads::pin_thread_count();
         let rotary = rotary::Rotary::new(&config, dtype, device)?;
         let fused = fused_from_env();
-        Ok(Self { config, embed, layers, norm, lm_head, rotary, dtype, device: device.clone(), fused })
+        let mut model = Self { config, embed, layers, norm, lm_head, rotary, dtype, device: device.clone(), fused };
+        if joins_products(device, fused) {
+            let joined = model.join_products()?;
+            tracing::info!("joined {joined} of the blocks' q/k/v and gate/up product groups into single matrices");
+        }
+        Ok(model)
+    }
+
+    /// Joins each block's q/k/v and gate/up products into one matrix each where their types
+    /// allow ([`Products`]): fewer, larger products and launches on a GPU. Every output is the
+    /// same dot product (to within a rounding where a kernel sums in another order). Done at load on CUDA with `MDSD_FUSED_DECODE=1` (see [`joins_products`]); on the
+    /// CPU only by this call (the CPU's own path computes them together already).
+    /// Returns how many products it joined (0 once joined).
+    pub fn join_products(&mut self) -> Result<usize> {
+        let mut joined = 0;
+        for layer in &mut self.layers {
+            joined += layer.join_products()?;
+        }
+        Ok(joined)
     }
 
     /// Runs attention through the device kernels ([`crate::kernels::device`]: rotary embedding
@@ -446,7 +493,7 @@ pub(crate) fn block_parts(
     };
     let attn = {
         let _span = tracing::trace_span!("attention").entered();
-        let qkv = forward_many(&[&layer.q, &layer.k, &layer.v], &h)?;
+        let qkv = layer.qkv.forward(&h)?;
         let whole = parts.len() == 1;
         let mut outputs = Vec::with_capacity(parts.len());
         let mut start = 0;
@@ -595,7 +642,7 @@ fn finish_block(c: &ModelConfig, layer: &Layer, x: &Tensor, attn: &Tensor) -> Re
     let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, c.rms_norm_eps as f32)?;
     let mlp = {
         let _span = tracing::trace_span!("mlp").entered();
-        layer.down.forward(&gated(&layer.gate, &layer.up, &h)?)?
+        layer.down.forward(&layer.gate_up.gated(&h)?)?
     };
     x + mlp
 }

@@ -67,6 +67,44 @@ fn fused_speculative_decoding_equals_fused_plain_decoding() {
     assert!(runs.iter().any(|(_, source, s)| *source == "EAGLE" && s.tau > 1.0), "the head never drafted");
 }
 
+/// Joined q/k/v and gate/up products (`DecoderModel::join_products`, as CUDA models with the
+/// device kernels load) give the products apart's logits within 1e-5 of the largest, and
+/// speculative decoding through them emits their plain tokens at temperature 0 with drafts
+/// accepted: LLaMA from GGUF and Qwen2 (q/k/v biases) and Qwen3 from Hugging Face folders.
+#[test]
+fn joined_products_give_the_products_apart_s_logits_and_decode_exactly() {
+    let dir = temp_dir("fused-joined");
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 5 + 1) % 48).collect();
+    let files = [
+        ("llama gguf", Tiny::llama(81).write_gguf(&dir.join("llama.gguf"), GgmlDType::F32, &[])),
+        ("qwen2 hf", Tiny::qwen2(82).write_hf(&dir.join("qwen2"))),
+        ("qwen3 hf", Tiny::qwen3(83).write_hf(&dir.join("qwen3"))),
+    ];
+    for (name, path) in files {
+        let apart = with_fused(load_on_test_device(&path), true);
+        let mut joined = with_fused(load_on_test_device(&path), true);
+        let n = joined.join_products().unwrap();
+        assert!(n >= 2 * joined.num_layers(), "{name}: {n} products joined");
+        assert_eq!(joined.join_products().unwrap(), 0, "{name}: joined twice");
+        let (a, b) = (logits_all(&apart, &prompt), logits_all(&joined, &prompt));
+        let scale = a.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_dtype(DType::F32).unwrap();
+        let scale = scale.to_scalar::<f32>().unwrap();
+        let tol = if apart.dtype() == DType::F32 { 1e-5 } else { 0.02 };
+        let d = max_diff(&a, &b);
+        assert!(d <= tol * scale, "{name}: max |diff| {d} of {scale}");
+    }
+    let (target, draft, head) = common::target_draft_head(84, "fused-joined-sources");
+    let (mut target, mut draft) = (with_fused(target, true), with_fused(draft, true));
+    assert!(target.join_products().unwrap() > 0 && draft.join_products().unwrap() > 0);
+    let base = common::greedy(30, 0);
+    let prompt = [3u32, 9, 27, 4, 12, 36, 9, 27];
+    let (plain, _) =
+        Generator::new(&target, None, 200).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
+    assert_eq!(plain.len(), 30);
+    let runs = common::assert_every_source_equals_plain((&target, &draft, &head), &prompt, &base, &plain, |_| {});
+    assert!(runs.iter().any(|(_, source, s)| *source == "1-layer" && s.tau > 1.0), "the draft never drafted");
+}
+
 /// A forward captured for replays (`engine::kernels::device::graph`: a CUDA graph on a GPU, the
 /// calls again on the CPU) gives the eager forward's logits bit for bit, and a replay reads its
 /// buffers' current contents: after another prompt is run eagerly into the same cache rows, the
@@ -253,12 +291,15 @@ fn step_forwards_replayed_equal_eager_forwards() {
 }
 
 /// On a GPU: each kernel against its Rust reference (the same op on the CPU), on fresh random
-/// inputs. Attention, cache copies and argmax bit for bit in f32; the rotary embedding within
-/// 2e-6 relative (the GPU's `cosf`/`sinf` against the CPU's).
+/// inputs. Attention, cache copies, the gated activation, the kept-path compaction and argmax
+/// bit for bit in f32; the rotary embedding within 2e-6 relative (the GPU's `cosf`/`sinf`
+/// against the CPU's).
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs a GPU: build with --features cuda, run with MDSD_TEST_DEVICE=cuda")]
 fn device_kernels_equal_their_reference() {
-    use engine::kernels::device::{ArgmaxRows, CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, Slots};
+    use engine::kernels::device::{
+        compact_rows, ArgmaxRows, CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, SiluMul, Slots,
+    };
     let dev = test_device();
     assert!(!dev.is_cpu(), "MDSD_TEST_DEVICE is the CPU: this test compares a device's kernels with the CPU");
     let cpu = Device::Cpu;
@@ -359,5 +400,22 @@ fn device_kernels_equal_their_reference() {
         let ids_d = l_d.apply_op1_no_bwd(&ArgmaxRows).unwrap().to_device(&cpu).unwrap().to_vec1::<u32>().unwrap();
         assert_eq!(ids_c, ids_d);
         assert_eq!(ids_c[3], 10);
+        // The gated MLP's activation of a joined gate/up product: bit for bit.
+        let (gu_c, gu_d) = both(&randn(&[rows, 2 * 96]));
+        let (sm_c, sm_d) = (gu_c.apply_op1_no_bwd(&SiluMul).unwrap(), gu_d.apply_op1_no_bwd(&SiluMul).unwrap());
+        assert!(bits_equal(&sm_c, &sm_d), "silu-mul");
+        // The accepted path kept in several buffers at once (the GPU's one launch), 70 kept
+        // rows (two launches) when the cache holds them.
+        let kept: Vec<u32> = if cap - start >= 140 { (0..70).map(|i| 2 * i).collect() } else { vec![0, 2, 3] };
+        if start + *kept.last().unwrap() as usize >= cap {
+            continue;
+        }
+        let bufs: Vec<Tensor> = (0..3).map(|_| randn(&[1, kv_heads, cap, hd])).collect();
+        let bufs_d: Vec<Tensor> = bufs.iter().map(|b| b.to_device(&dev).unwrap()).collect();
+        compact_rows(&bufs, start, &kept).unwrap();
+        compact_rows(&bufs_d, start, &kept).unwrap();
+        for (c, d) in bufs.iter().zip(&bufs_d) {
+            assert!(bits_equal(c, d), "compact rows, {} kept", kept.len());
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! device's stream.
 
 use super::{CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, Slots, StepAttention};
-use crate::kernels::device::reference::{AttentionShape, StepLayout, ATTENTION_CHUNK, BLOCK};
+use crate::kernels::device::reference::{self, AttentionShape, StepLayout, ATTENTION_CHUNK, BLOCK};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
@@ -353,4 +353,79 @@ pub(super) fn argmax_rows(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, S
     b.arg(&x).arg(&cols_u).arg(&out);
     unsafe { b.launch(cfg) }.w()?;
     Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev.clone() }, Shape::from(rows)))
+}
+
+/// Buffers per launch of `compact_rows_*` (its pointer table, a kernel parameter).
+const COMPACT_BUFFERS: usize = 128;
+/// Kept rows per launch of `compact_rows_*` (a kernel parameter too).
+const COMPACT_KEPT: usize = 64;
+
+/// `super::compact_rows` on CUDA: one launch per 128 buffers and 64 kept rows (the usual path
+/// of a tree fits one); more rows take the launches of [`reference::compact_launches`], in
+/// order on the one stream. Checked by the caller: equal shapes and dtypes,
+/// contiguous, increasing offsets within the capacity.
+pub(super) fn compact_rows(
+    buffers: &[Tensor],
+    kv_heads: usize,
+    capacity: usize,
+    head_dim: usize,
+    start: usize,
+    kept: &[u32],
+) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    let candle_core::Device::Cuda(dev) = buffers[0].device() else { bail!("compact rows: not a CUDA buffer") };
+    let stream = dev.cuda_stream();
+    for group in buffers.chunks(COMPACT_BUFFERS) {
+        let mut table = [0u64; COMPACT_BUFFERS];
+        let mut width = 0;
+        for (slot, t) in table.iter_mut().zip(group) {
+            let (storage, layout) = t.storage_and_layout();
+            let Storage::Cuda(cs) = &*storage else { bail!("compact rows: a buffer is not on the GPU") };
+            let (ptr, w) = match &cs.slice {
+                CudaStorageSlice::F32(s) => (s.device_ptr(&stream).0, 4),
+                CudaStorageSlice::BF16(s) => (s.device_ptr(&stream).0, 2),
+                CudaStorageSlice::F16(s) => (s.device_ptr(&stream).0, 2),
+                _ => bail!("compact rows: f32, bf16 or f16 buffers expected"),
+            };
+            *slot = ptr + (layout.start_offset() * w) as u64;
+            width = w;
+        }
+        let name = if width == 4 { "compact_rows_u32" } else { "compact_rows_u16" };
+        let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
+        let (n_bufs, g, cap, hd) = (group.len() as u32, kv_heads as u32, capacity as u32, head_dim as u32);
+        for (at, chunk) in reference::compact_launches(start, kept, COMPACT_KEPT) {
+            let mut rows = [0u32; COMPACT_KEPT];
+            rows[..chunk.len()].copy_from_slice(&chunk);
+            let (at, n_kept) = (at as u32, chunk.len() as u32);
+            let mut b = func.builder();
+            b.arg(&table).arg(&n_bufs).arg(&g).arg(&cap).arg(&hd).arg(&at).arg(&rows).arg(&n_kept);
+            unsafe { b.launch(linear(group.len() * kv_heads * head_dim)) }.w()?;
+        }
+    }
+    Ok(())
+}
+
+/// `super::SiluMul`: `[.., 2n]` to `shape` (`[.., n]`), one launch.
+pub(super) fn silu_mul(x: &CudaStorage, l: &Layout, n: usize, shape: Shape) -> Result<(CudaStorage, Shape)> {
+    let dev = &x.device;
+    let total = shape.elem_count();
+    let func = dev.get_or_load_custom_func(&kernel_name("silu_mul", &x.slice)?, MODULE, PTX)?;
+    let (rows, n_u) = ((total / n.max(1)) as u32, n as u32);
+    macro_rules! launch {
+        ($s:expr, $t:ty, $variant:ident) => {{
+            let xv = view($s, l, "silu-mul")?;
+            let out = unsafe { dev.alloc::<$t>(total)? };
+            let mut b = func.builder();
+            b.arg(&xv).arg(&out).arg(&rows).arg(&n_u);
+            unsafe { b.launch(linear(total)) }.w()?;
+            CudaStorageSlice::$variant(out)
+        }};
+    }
+    let slice = match &x.slice {
+        CudaStorageSlice::F32(s) => launch!(s, f32, F32),
+        CudaStorageSlice::BF16(s) => launch!(s, half::bf16, BF16),
+        CudaStorageSlice::F16(s) => launch!(s, half::f16, F16),
+        _ => bail!("silu-mul: f32, bf16 or f16 expected"),
+    };
+    Ok((CudaStorage { slice, device: dev.clone() }, shape))
 }

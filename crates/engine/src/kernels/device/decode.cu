@@ -127,6 +127,42 @@ __device__ void rows_into_cache(const T* x, T* cache, uint32_t rows, uint32_t kv
     }
 }
 
+// The kept rows of many cache buffers (reference::compact_rows), all in one launch: buffer b
+// ([kv_heads, capacity, hd] words of the element's width) keeps, from position `start` on, the
+// rows at offsets kept[0..n_kept] (increasing), moved to start, start + 1, ... One thread per
+// (buffer, head, element) walks the kept rows in order, as the reference does: kept[i] >= i, so
+// no row is overwritten before it is read. The tables are kernel parameters (no upload).
+#define COMPACT_BUFFERS 128
+#define COMPACT_KEPT 64
+struct BufferTable { unsigned long long at[COMPACT_BUFFERS]; };
+struct KeptRows { uint32_t at[COMPACT_KEPT]; };
+
+template <typename W>
+__device__ void compact_rows(BufferTable bufs, uint32_t n_bufs, uint32_t kv_heads, uint32_t capacity, uint32_t hd,
+                             uint32_t start, KeptRows kept, uint32_t n_kept) {
+    uint64_t n = (uint64_t)n_bufs * kv_heads * hd;
+    for (uint64_t k = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; k < n; k += (uint64_t)gridDim.x * blockDim.x) {
+        uint32_t d = k % hd;
+        uint64_t bg = k / hd;
+        uint32_t b = bg / kv_heads, g = bg % kv_heads;
+        W* head = (W*)bufs.at[b] + ((uint64_t)g * capacity + start) * hd + d;
+        for (uint32_t i = 0; i < n_kept; i++) {
+            uint32_t from = kept.at[i];
+            if (from != i) head[(uint64_t)i * hd] = head[(uint64_t)from * hd];
+        }
+    }
+}
+
+extern "C" __global__ void compact_rows_u32(BufferTable bufs, uint32_t n_bufs, uint32_t kv_heads, uint32_t capacity,
+                                            uint32_t hd, uint32_t start, KeptRows kept, uint32_t n_kept) {
+    compact_rows<uint32_t>(bufs, n_bufs, kv_heads, capacity, hd, start, kept, n_kept);
+}
+
+extern "C" __global__ void compact_rows_u16(BufferTable bufs, uint32_t n_bufs, uint32_t kv_heads, uint32_t capacity,
+                                            uint32_t hd, uint32_t start, KeptRows kept, uint32_t n_kept) {
+    compact_rows<uint16_t>(bufs, n_bufs, kv_heads, capacity, hd, start, kept, n_kept);
+}
+
 // The additive bias of row r for key j: a dense [rows, total] matrix.
 template <typename T> struct DenseBias {
     const T* bias;
@@ -241,6 +277,20 @@ __device__ void attention_combine(const float* partials, T* out, uint32_t heads,
     }
 }
 
+// The gated MLP's activation of a joined gate/up product (reference::silu_mul): x [rows, 2n],
+// out [rows, n] = g / (1 + e^-g) * u, one rounded f32 operation each.
+template <typename T> __device__ void silu_mul(const T* x, T* out, uint32_t rows, uint32_t n) {
+    uint64_t total = (uint64_t)rows * n;
+    for (uint64_t k = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; k < total;
+         k += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = k / n, j = k % n;
+        float g = to_f32(x[r * 2 * n + j]);
+        float u = to_f32(x[r * 2 * n + n + j]);
+        float s = __fdiv_rn(g, __fadd_rn(1.0f, mdsd_exp(-g)));
+        out[k] = from_f32<T>(__fmul_rn(s, u));
+    }
+}
+
 #define INSTANTIATE(T, NAME)                                                                                          \
     extern "C" __global__ void rope_rows_##NAME(const T* x, const uint32_t* pos, const float* inv_freq, float af,     \
                                                 int interleaved, T* out, uint32_t rows, uint32_t heads, uint32_t hd) { \
@@ -280,6 +330,9 @@ __device__ void attention_combine(const float* partials, T* out, uint32_t heads,
         StepBias b = {inputs, rows, inputs[4 * rows], inputs[4 * rows + 1]};                                           \
         uint32_t total = min(b.start + rows, capacity);                                                                \
         attention_partial<T>(q, keys, values, b, scale, heads, kv_heads, hd, capacity, total, partials);              \
+    }                                                                                                                  \
+    extern "C" __global__ void silu_mul_##NAME(const T* x, T* out, uint32_t rows, uint32_t n) {                      \
+        silu_mul<T>(x, out, rows, n);                                                                                  \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                                               \
         attention_combine_##NAME(const float* partials, T* out, uint32_t heads, uint32_t hd, uint32_t chunks) {       \

@@ -1,8 +1,9 @@
 //! The decode step's device kernels as candle ops: the rotary embedding of the query rows
 //! ([`RopeRows`]), keys rotated straight into the KV cache at the step's slots
 //! ([`RopeIntoCache`]) and values copied there ([`RowsIntoCache`]), attention of the new rows
-//! against the cache read in place ([`CacheAttention`]), and the greedy token of each row of
-//! logits ([`ArgmaxRows`]).
+//! against the cache read in place ([`CacheAttention`]), the gated MLP's activation of a joined
+//! gate/up product ([`SiluMul`]), the accepted path kept in every layer's cache in one pass
+//! ([`compact_rows`]), and the greedy token of each row of logits ([`ArgmaxRows`]).
 //!
 //! On CUDA each runs a kernel of `decode.cu` (compiled to PTX by the build under the `cuda`
 //! feature); on the CPU each runs [`reference`], the same algorithm in Rust, so that the CPU
@@ -439,6 +440,107 @@ impl candle_core::InplaceOp1 for WriteWords<'_> {
     fn cuda_fwd(&self, dst: &mut candle_core::CudaStorage, l: &Layout) -> Result<()> {
         cuda::write_words(self.0, dst, l)
     }
+}
+
+/// The gated MLP's activation of a joined gate/up product ([`reference::silu_mul`]): `[..,
+/// 2n]` (gate columns, then up columns) gives `[.., n]`, `silu(gate) * up`, in one pass (one
+/// launch on CUDA, where candle's ops take two and a temporary).
+pub struct SiluMul;
+
+impl CustomOp1 for SiluMul {
+    fn name(&self) -> &'static str {
+        "mdsd-silu-mul"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, shape) = silu_mul_shape(l)?;
+        let out = match s {
+            CpuStorage::F32(x) => CpuStorage::F32(reference::silu_mul(contiguous(x, l, "silu-mul")?, n)),
+            CpuStorage::BF16(x) => CpuStorage::BF16(reference::silu_mul(contiguous(x, l, "silu-mul")?, n)),
+            CpuStorage::F16(x) => CpuStorage::F16(reference::silu_mul(contiguous(x, l, "silu-mul")?, n)),
+            other => bail!("silu-mul: unsupported dtype {:?}", other.dtype()),
+        };
+        Ok((out, shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, shape) = silu_mul_shape(l)?;
+        cuda::silu_mul(s, l, n, shape)
+    }
+}
+
+/// The half width `n` of a joined gate/up product and the activation's shape (`[.., n]`).
+fn silu_mul_shape(l: &Layout) -> Result<(usize, Shape)> {
+    let mut dims = l.dims().to_vec();
+    match dims.last_mut() {
+        Some(w) if *w % 2 == 0 && *w > 0 => {
+            *w /= 2;
+            Ok((*w, Shape::from(dims)))
+        }
+        _ => bail!("silu-mul: {:?} is not [.., 2n]", l.dims()),
+    }
+}
+
+/// Keeps, in every cache buffer of `buffers` (`[1, kv_heads, capacity, head_dim]` each, one
+/// shape, dtype and device), the positions from `start` on at offsets `kept` (strictly
+/// increasing), moved to `start, start + 1, ...` ([`reference::compact_rows`]): the accepted
+/// path of a speculative step kept in every layer's keys and values. On CUDA one kernel launch
+/// serves up to 128 buffers and 64 kept rows (its tables are kernel parameters: nothing is
+/// uploaded or allocated; more take further launches in order); on the CPU the reference runs
+/// on each buffer.
+pub fn compact_rows(buffers: &[Tensor], start: usize, kept: &[u32]) -> Result<()> {
+    let Some(first) = buffers.first() else { return Ok(()) };
+    let dims = first.dims();
+    if dims.len() != 4 || dims[0] != 1 {
+        bail!("compact rows: cache buffer {dims:?} is not [1, kv_heads, capacity, head_dim]");
+    }
+    let (capacity, head_dim) = (dims[2], dims[3]);
+    let last = kept.last().map_or(0, |&k| k as usize + 1);
+    if kept.windows(2).any(|w| w[0] >= w[1]) || start + last > capacity {
+        bail!("compact rows: offsets {kept:?} from {start} are not increasing within a capacity of {capacity}");
+    }
+    for b in buffers {
+        if b.dims() != dims || b.dtype() != first.dtype() || !b.device().same_device(first.device()) {
+            bail!("compact rows: buffers {:?} {:?} and {dims:?} {:?} differ", b.dims(), b.dtype(), first.dtype());
+        }
+        if !b.is_contiguous() {
+            bail!("compact rows: a cache buffer is not contiguous");
+        }
+    }
+    #[cfg(feature = "cuda")]
+    if first.device().is_cuda() {
+        return cuda::compact_rows(buffers, dims[1], capacity, head_dim, start, kept);
+    }
+    let op = CompactRows { capacity, head_dim, start, kept };
+    buffers.iter().try_for_each(|b| b.inplace_op1(&op))
+}
+
+/// [`compact_rows`] on one CPU buffer.
+struct CompactRows<'a> {
+    capacity: usize,
+    head_dim: usize,
+    start: usize,
+    kept: &'a [u32],
+}
+
+impl candle_core::InplaceOp1 for CompactRows<'_> {
+    fn name(&self) -> &'static str {
+        "mdsd-compact-rows"
+    }
+
+    fn cpu_fwd(&self, dst: &mut CpuStorage, l: &Layout) -> Result<()> {
+        let Some((a, b)) = l.contiguous_offsets() else { bail!("compact rows: the buffer is not contiguous") };
+        let (c, d, s, k) = (self.capacity, self.head_dim, self.start, self.kept);
+        match dst {
+            CpuStorage::F32(x) => reference::compact_rows(&mut x[a..b], c, d, s, k),
+            CpuStorage::BF16(x) => reference::compact_rows(&mut x[a..b], c, d, s, k),
+            CpuStorage::F16(x) => reference::compact_rows(&mut x[a..b], c, d, s, k),
+            other => bail!("compact rows: unsupported dtype {:?}", other.dtype()),
+        }
+        Ok(())
+    }
+
 }
 
 /// The greedy token of each row of f32 logits `[rows, cols]`: `[rows]` u32, the lowest index

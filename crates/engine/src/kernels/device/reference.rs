@@ -102,6 +102,51 @@ pub fn rope_rows<T: Elem>(x: &[T], positions: &[u32], heads: usize, head_dim: us
     out
 }
 
+/// Keeps, of a cache buffer's (`[kv_heads, capacity, head_dim]`) positions from `start` on,
+/// those at offsets `kept` (increasing), moved to `start, start + 1, ...`; the rows after them
+/// are left as they were. Rows move in increasing order, so `kept[i] >= i` is read before
+/// any write reaches it (the CUDA kernel's threads, one per head and element, walk the same
+/// order).
+pub fn compact_rows<T: Copy>(cache: &mut [T], capacity: usize, head_dim: usize, start: usize, kept: &[u32]) {
+    for head in cache.chunks_exact_mut(capacity * head_dim) {
+        for (i, &from) in kept.iter().enumerate() {
+            let from = from as usize;
+            if from != i {
+                let at = (start + from) * head_dim;
+                head.copy_within(at..at + head_dim, (start + i) * head_dim);
+            }
+        }
+    }
+}
+
+/// The gated MLP's activation of a joined gate/up product: `x` holds rows of `2n` values, the
+/// gate's `n` then the up product's `n`; each row gives `g / (1 + e^-g) * u` per column, in f32
+/// with [`crate::kernels::simd::exp`] and one rounding per operation (the order of
+/// `kernels::activation::silu_gate`), rounded to `T` once at the end.
+pub fn silu_mul<T: Elem>(x: &[T], n: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(x.len() / 2);
+    for row in x.chunks_exact(2 * n) {
+        let (gate, up) = row.split_at(n);
+        out.extend(gate.iter().zip(up).map(|(&g, &u)| {
+            let g = g.to_f32();
+            T::from_f32(g / (1.0 + crate::kernels::simd::exp(-g)) * u.to_f32())
+        }));
+    }
+    out
+}
+
+/// The launches of the CUDA `compact_rows` for `kept` from `start`, `per_launch` kept rows
+/// each: `(start', kept')` in order, where chunk `c` moves its rows to `start + per_launch *
+/// c + i` from `start + kept[per_launch * c + i]`. Applying [`compact_rows`] to each in order
+/// equals applying it to the whole (`kept[j] >= j`, so the offsets stay non-negative and a
+/// later chunk reads rows no earlier chunk wrote).
+pub fn compact_launches(start: usize, kept: &[u32], per_launch: usize) -> impl Iterator<Item = (usize, Vec<u32>)> + '_ {
+    kept.chunks(per_launch).enumerate().map(move |(c, chunk)| {
+        let first = c * per_launch;
+        (start + first, chunk.iter().map(|&k| k - first as u32).collect())
+    })
+}
+
 /// Writes rows `x` (`[rows, kv_heads, head_dim]`) into a cache buffer `[kv_heads, capacity,
 /// head_dim]` at positions `start..start + rows`, rotated at `positions` when `rope` is given.
 pub fn rows_into_cache<T: Elem>(

@@ -315,3 +315,50 @@ fn argmax_rows_pick_the_first_maximum() {
         }
     }
 }
+
+/// [`compact_rows`] keeps what gathering the kept rows and writing them back does (the cache's
+/// former path): every buffer, every head, f32 and bf16, paths that keep the prefix, skip
+/// rows, or keep nothing; the rows past the kept ones are left alone. Its CUDA launches, 64
+/// kept rows each ([`reference::compact_launches`]), applied in order, equal one pass.
+#[test]
+fn compact_rows_equal_gathering_the_kept_rows() {
+    let (g, cap, d, start) = (2, 90, 8, 5);
+    let dev = Device::Cpu;
+    let paths: [&[u32]; 5] = [&[], &[0, 1, 2], &[0, 2, 5], &[3], &[1, 4, 6, 7, 40, 80]];
+    for dtype in [DType::F32, DType::BF16] {
+        for (p, kept) in paths.iter().enumerate() {
+            let fill = |seed| Tensor::from_vec(values(g * cap * d, seed), (1, g, cap, d), &dev).unwrap();
+            let buffers: Vec<Tensor> = (0..3).map(|b| fill(10 * p as u32 + b).to_dtype(dtype).unwrap()).collect();
+            let expected: Vec<Vec<u32>> = buffers
+                .iter()
+                .map(|b| {
+                    let copy = b.copy().unwrap();
+                    let n = cap - start;
+                    let idx = Tensor::from_slice(kept, kept.len(), &dev).unwrap();
+                    let gathered = copy.narrow(2, start, n).unwrap().contiguous().unwrap().index_select(&idx, 2).unwrap();
+                    copy.slice_set(&gathered, 2, start).unwrap();
+                    bits(&copy)
+                })
+                .collect();
+            compact_rows(&buffers, start, kept).unwrap();
+            for (b, e) in buffers.iter().zip(&expected) {
+                assert_eq!(&bits(b), e, "{dtype:?}, kept {kept:?}");
+            }
+        }
+    }
+    // Chunks of 4 kept rows (the kernel's 64, scaled down) equal one pass.
+    let kept: Vec<u32> = vec![0, 2, 3, 7, 8, 9, 11, 20, 21, 30, 33];
+    let whole = values(g * cap * d, 7);
+    let mut one = whole.clone();
+    reference::compact_rows(&mut one, cap, d, start, &kept);
+    let mut chunked = whole;
+    for (at, rows) in reference::compact_launches(start, &kept, 4) {
+        reference::compact_rows(&mut chunked, cap, d, at, &rows);
+    }
+    assert_eq!(one, chunked);
+    assert_ne!(one, values(g * cap * d, 7), "nothing moved");
+    // Offsets that are not increasing, or run past the capacity, are refused.
+    let b = [Tensor::zeros((1, g, cap, d), DType::F32, &dev).unwrap()];
+    assert!(compact_rows(&b, start, &[2, 1]).is_err());
+    assert!(compact_rows(&b, start, &[(cap - start) as u32]).is_err());
+}
