@@ -77,7 +77,13 @@ fn main() {
     // `MDSD_LOG=info` (any `tracing` filter) shows more.
     let filter = tracing_subscriber::EnvFilter::try_from_env("MDSD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(ansi)
+        .init();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {}", report::message(&e));
         std::process::exit(1);

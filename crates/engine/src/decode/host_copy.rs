@@ -2,7 +2,9 @@
 //!
 //! A plain step copies its one row of logits to the host; a speculative step the rows its
 //! verification reads ([`HostLogits::row`]: the rows on the accepted path and the one after),
-//! not the tree's every row (up to 64 x 151,936 f32 values, 39 MB). `Tensor::to_vec1` allocates a
+//! not the tree's every row (up to 64 x 151,936 f32 values, 39 MB: 0.72 ms through the kept
+//! page-locked buffer on an H200, 4.7 ms on a 2-vCPU EPYC, against 0.074 ms for one row,
+//! docs/results/README.md#const-host-rows). `Tensor::to_vec1` allocates a
 //! fresh `Vec` per step; past glibc's mmap threshold (up to 32 MB) every page of it is then
 //! faulted in anew, which on the lent GPU machines (Firecracker VMs) made the copy of 64 rows
 //! cost 47 ms against 8.5 ms for the model's blocks (`bench forward-cost --breakdown`,
@@ -23,6 +25,7 @@ pub struct HostLogits {
     /// That tensor (contiguous) and its row width.
     lazy: Option<(Tensor, usize)>,
     /// Whether its rows go to the page-locked buffer (a CUDA tensor) rather than `vec`.
+    #[cfg(feature = "cuda")]
     rows_pinned: bool,
 }
 
@@ -44,7 +47,7 @@ impl HostLogits {
 
     /// Row `r` of the tensor of [`Self::rows_of`] on the host, copied on the first call for
     /// that row (the same values as a whole copy's). Writes to it last until the next
-    /// [`Self::rows_of`] or copy.
+    /// [`Self::rows_of`]; a [`Self::copy`] in between ends the rows (an error here).
     pub fn row(&mut self, r: usize) -> Result<&mut [f32]> {
         let Some((t, cols)) = &self.lazy else { candle_core::bail!("HostLogits::row: no rows_of before") };
         let (t, cols) = (t.clone(), *cols);
@@ -78,7 +81,10 @@ impl HostLogits {
         let start = layout.start_offset() + offset;
         match &*storage {
             Storage::Cpu(cpu) => {
-                self.rows_pinned = false;
+                #[cfg(feature = "cuda")]
+                {
+                    self.rows_pinned = false;
+                }
                 if self.vec.len() < n {
                     self.vec.resize(n, 0.0);
                 }
@@ -115,7 +121,10 @@ impl HostLogits {
             #[allow(unreachable_patterns)]
             _ => {
                 drop(storage);
-                self.rows_pinned = false;
+                #[cfg(feature = "cuda")]
+                {
+                    self.rows_pinned = false;
+                }
                 let values = t.flatten_all()?.narrow(0, offset, len)?.to_vec1::<f32>()?;
                 if self.vec.len() < n {
                     self.vec.resize(n, 0.0);
@@ -133,6 +142,9 @@ impl HostLogits {
         if t.dtype() != DType::F32 {
             candle_core::bail!("HostLogits::copy: f32 expected, got {:?}", t.dtype());
         }
+        // The rows of an earlier `rows_of` are overwritten: forget them.
+        self.lazy = None;
+        self.copied.clear();
         let t = t.contiguous()?;
         let n = t.elem_count();
         let (storage, layout) = t.storage_and_layout();
@@ -230,5 +242,7 @@ mod tests {
         h.rows_of(&a).unwrap();
         assert_eq!(h.row(2).unwrap(), &[8., 9., 10., 11.]);
         assert!(h.rows_of(&a.flatten_all().unwrap()).is_err());
+        h.copy(&a.narrow(0, 0, 1).unwrap()).unwrap();
+        assert!(h.row(0).is_err(), "a whole copy ends the rows of the tensor before");
     }
 }
