@@ -53,7 +53,7 @@ impl EagleHead {
     ) -> Result<Self> {
         let rotary = super::rotary::Rotary::new(&config, dtype, device)?;
         let mut layer = layer;
-        if super::joins_products(device, super::fused_from_env()) {
+        if super::products::joins_products(device, super::fused_from_env()) {
             layer.join_products()?;
         }
         Ok(Self { config, fc, layer, embed, lm_head: None, rotary, dtype, device: device.clone(), path })

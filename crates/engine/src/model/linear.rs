@@ -391,8 +391,11 @@ impl Linear {
                     bytes.extend_from_slice(&data[..n * row_bytes]);
                     rows += n;
                 }
-                let storage =
-                    candle_core::quantized::QStorage::from_data(std::borrow::Cow::Owned(bytes), &first.device(), dtype)?;
+                let storage = candle_core::quantized::QStorage::from_data(
+                    std::borrow::Cow::Owned(bytes),
+                    &first.device(),
+                    dtype,
+                )?;
                 QMatMul::from_arc(std::sync::Arc::new(candle_core::quantized::QTensor::new(storage, (rows, k))?))?
             }
             QMatMul::Tensor(_) | QMatMul::TensorF16(_) => {

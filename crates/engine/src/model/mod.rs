@@ -25,7 +25,7 @@ mod rotary;
 mod step_inputs;
 
 use crate::kernels::attention as cpu_attention;
-use crate::kernels::device::{CacheAttention, RopeRows, StepAttention};
+use crate::kernels::device::{AddRmsNorm, CacheAttention, RopeRows, StepAttention};
 pub use batcher::{
     others_load, post_load, take_batched_cost, BatchStats, Batcher, Membership, Prefilling, SharedLoad, Solo,
 };
@@ -146,34 +146,6 @@ pub struct DecoderModel {
     fused: bool,
 }
 
-/// Whether a model loaded on `device` joins its blocks' products at load
-/// ([`DecoderModel::join_products`]): by default on CUDA with the device kernels' path
-/// (`fused`); never with `MDSD_JOIN_PRODUCTS=0` (A/B runs); always with `MDSD_JOIN_PRODUCTS=1`
-/// (on the CPU only matrices kept in ggml's layout join, `MDSD_REPACK=0`: a check of the
-/// joined products on real files without a GPU).
-pub(crate) fn joins_products(device: &Device, fused: bool) -> bool {
-    match std::env::var("MDSD_JOIN_PRODUCTS").as_deref() {
-        Ok("0" | "off" | "false") => false,
-        Ok("1" | "on" | "true") => true,
-        _ => device.is_cuda() && fused,
-    }
-}
-
-impl Layer {
-    /// Joins the block's q/k/v and gate/up products where their types allow ([`Products`]);
-    /// returns how many of the two it joined now.
-    pub fn join_products(&mut self) -> Result<usize> {
-        let mut joined = 0;
-        for products in [&mut self.qkv, &mut self.gate_up] {
-            if !products.is_joined() {
-                *products = std::mem::replace(products, Products::Apart(Vec::new())).joined()?;
-                joined += products.is_joined() as usize;
-            }
-        }
-        Ok(joined)
-    }
-}
-
 /// Whether `MDSD_FUSED_DECODE` asks for the device kernels' decode path (`1`, `on`, `true`).
 /// Off by default: the kernels are checked against their Rust reference on the CPU, and take
 /// the default on CUDA once a GPU run has checked them there.
@@ -196,7 +168,7 @@ impl DecoderModel {
         let rotary = rotary::Rotary::new(&config, dtype, device)?;
         let fused = fused_from_env();
         let mut model = Self { config, embed, layers, norm, lm_head, rotary, dtype, device: device.clone(), fused };
-        if joins_products(device, fused) {
+        if products::joins_products(device, fused) {
             let joined = model.join_products()?;
             tracing::info!("joined {joined} of the blocks' q/k/v and gate/up product groups into single matrices");
         }
@@ -205,9 +177,10 @@ impl DecoderModel {
 
     /// Joins each block's q/k/v and gate/up products into one matrix each where their types
     /// allow ([`Products`]): fewer, larger products and launches on a GPU. Every output is the
-    /// same dot product (to within a rounding where a kernel sums in another order). Done at load on CUDA with `MDSD_FUSED_DECODE=1` (see [`joins_products`]); on the
-    /// CPU only by this call (the CPU's own path computes them together already).
-    /// Returns how many products it joined (0 once joined).
+    /// same dot product (to within a rounding where a kernel sums in another order). Done at
+    /// load on CUDA with `MDSD_FUSED_DECODE=1` (`products::joins_products`); on the CPU only by
+    /// this call (the CPU's own path computes them together already). Returns how many
+    /// product groups it joined (0 once joined).
     pub fn join_products(&mut self) -> Result<usize> {
         let mut joined = 0;
         for layer in &mut self.layers {
@@ -506,7 +479,8 @@ pub(crate) fn block_parts(
         let y = if whole { outputs.pop().expect("one output") } else { Tensor::cat(&outputs, 1)? };
         layer.o.forward(&y)?
     };
-    finish_block(c, layer, x, &attn)
+    let fused = parts.iter().all(|p| matches!(p.rope, Rope::Fused { .. }));
+    finish_block(c, layer, x, &attn, fused)
 }
 
 /// Attention of one sequence's rows: their projections `q`, `k`, `v` (`[1, t, heads *
@@ -636,10 +610,18 @@ fn fused_attention(
     }
 }
 
-/// The rest of a block after attention: residual, MLP, residual.
-fn finish_block(c: &ModelConfig, layer: &Layer, x: &Tensor, attn: &Tensor) -> Result<Tensor> {
-    let x = (x + attn)?;
-    let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, c.rms_norm_eps as f32)?;
+/// The rest of a block after attention: residual, MLP, residual. With the device kernels
+/// (`fused`) the residual sum and the MLP's norm are one op ([`AddRmsNorm`]).
+fn finish_block(c: &ModelConfig, layer: &Layer, x: &Tensor, attn: &Tensor, fused: bool) -> Result<Tensor> {
+    let eps = c.rms_norm_eps as f32;
+    let (x, h) = if fused {
+        let both = x.apply_op3_no_bwd(attn, &layer.mlp_norm, &AddRmsNorm { eps })?;
+        (both.get(0)?, both.get(1)?)
+    } else {
+        let x = (x + attn)?;
+        let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
+        (x, h)
+    };
     let mlp = {
         let _span = tracing::trace_span!("mlp").entered();
         layer.down.forward(&layer.gate_up.gated(&h)?)?

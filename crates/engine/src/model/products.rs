@@ -11,7 +11,7 @@
 
 use super::linear::{forward_many, gated, Linear};
 use crate::kernels::device::SiluMul;
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Device, Module, Result, Tensor, D};
 
 /// Products of one input (see the module docs).
 #[derive(Debug, Clone)]
@@ -57,7 +57,9 @@ impl Products {
                 _ => candle_core::bail!("gated MLP: {} products, expected gate and up", parts.len()),
             },
             Self::Joined(runs) => match &runs[..] {
-                [(both, widths)] if matches!(widths[..], [g, u] if g == u) => both.forward(x)?.apply_op1_no_bwd(&SiluMul),
+                [(both, widths)] if matches!(widths[..], [g, u] if g == u) => {
+                    both.forward(x)?.apply_op1_no_bwd(&SiluMul)
+                }
                 _ => match &self.forward(x)?[..] {
                     [g, u] => candle_nn::ops::silu(g)? * u,
                     other => candle_core::bail!("gated MLP: {} products, expected gate and up", other.len()),
@@ -104,6 +106,34 @@ impl Products {
             Self::Apart(parts) => parts.len(),
             Self::Joined(runs) => runs.len(),
         }
+    }
+}
+
+/// Whether a model loaded on `device` joins its blocks' products at load
+/// ([`DecoderModel::join_products`]): by default on CUDA with the device kernels' path
+/// (`fused`); never with `MDSD_JOIN_PRODUCTS=0` (A/B runs); always with `MDSD_JOIN_PRODUCTS=1`
+/// (on the CPU only matrices kept in ggml's layout join, `MDSD_REPACK=0`: a check of the
+/// joined products on real files without a GPU).
+pub(crate) fn joins_products(device: &Device, fused: bool) -> bool {
+    match std::env::var("MDSD_JOIN_PRODUCTS").as_deref() {
+        Ok("0" | "off" | "false") => false,
+        Ok("1" | "on" | "true") => true,
+        _ => device.is_cuda() && fused,
+    }
+}
+
+impl super::Layer {
+    /// Joins the block's q/k/v and gate/up products where their types allow ([`Products`]);
+    /// returns how many of the two it joined now.
+    pub fn join_products(&mut self) -> Result<usize> {
+        let mut joined = 0;
+        for products in [&mut self.qkv, &mut self.gate_up] {
+            if !products.is_joined() {
+                *products = std::mem::replace(products, Products::Apart(Vec::new())).joined()?;
+                joined += products.is_joined() as usize;
+            }
+        }
+        Ok(joined)
     }
 }
 

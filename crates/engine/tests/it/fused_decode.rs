@@ -291,14 +291,14 @@ fn step_forwards_replayed_equal_eager_forwards() {
 }
 
 /// On a GPU: each kernel against its Rust reference (the same op on the CPU), on fresh random
-/// inputs. Attention, cache copies, the gated activation, the kept-path compaction and argmax
-/// bit for bit in f32; the rotary embedding within 2e-6 relative (the GPU's `cosf`/`sinf`
+/// inputs. Attention, cache copies, the residual sum with its norm, the gated activation, the
+/// kept-path compaction and argmax bit for bit in f32; the rotary embedding within 2e-6 relative (the GPU's `cosf`/`sinf`
 /// against the CPU's).
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs a GPU: build with --features cuda, run with MDSD_TEST_DEVICE=cuda")]
 fn device_kernels_equal_their_reference() {
     use engine::kernels::device::{
-        compact_rows, ArgmaxRows, CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, SiluMul, Slots,
+        compact_rows, AddRmsNorm, ArgmaxRows, CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, SiluMul, Slots,
     };
     let dev = test_device();
     assert!(!dev.is_cpu(), "MDSD_TEST_DEVICE is the CPU: this test compares a device's kernels with the CPU");
@@ -400,6 +400,14 @@ fn device_kernels_equal_their_reference() {
         let ids_d = l_d.apply_op1_no_bwd(&ArgmaxRows).unwrap().to_device(&cpu).unwrap().to_vec1::<u32>().unwrap();
         assert_eq!(ids_c, ids_d);
         assert_eq!(ids_c[3], 10);
+        // A block's residual sum and the norm after it: bit for bit.
+        let (ax_c, ax_d) = both(&randn(&[1, rows, 1536]));
+        let (ay_c, ay_d) = both(&randn(&[1, rows, 1536]));
+        let (aw_c, aw_d) = both(&randn(&[1536]));
+        let norm = AddRmsNorm { eps: 1e-6 };
+        let (an_c, an_d) =
+            (ax_c.apply_op3_no_bwd(&ay_c, &aw_c, &norm).unwrap(), ax_d.apply_op3_no_bwd(&ay_d, &aw_d, &norm).unwrap());
+        assert!(bits_equal(&an_c, &an_d), "add-rms-norm");
         // The gated MLP's activation of a joined gate/up product: bit for bit.
         let (gu_c, gu_d) = both(&randn(&[rows, 2 * 96]));
         let (sm_c, sm_d) = (gu_c.apply_op1_no_bwd(&SiluMul).unwrap(), gu_d.apply_op1_no_bwd(&SiluMul).unwrap());

@@ -429,3 +429,42 @@ pub(super) fn silu_mul(x: &CudaStorage, l: &Layout, n: usize, shape: Shape) -> R
     };
     Ok((CudaStorage { slice, device: dev.clone() }, shape))
 }
+
+/// `super::AddRmsNorm`: one block of `NORM_BLOCK` threads per row.
+pub(super) fn add_rms_norm(
+    eps: f32,
+    (x, xl): (&CudaStorage, &Layout),
+    (y, yl): (&CudaStorage, &Layout),
+    (w, wl): (&CudaStorage, &Layout),
+    n: usize,
+    rows: usize,
+    shape: Shape,
+) -> Result<(CudaStorage, Shape)> {
+    let dev = &x.device;
+    let func = dev.get_or_load_custom_func(&kernel_name("add_rms_norm", &x.slice)?, MODULE, PTX)?;
+    let (rows_u, n_u) = (rows as u32, n as u32);
+    let cfg = LaunchConfig {
+        grid_dim: (rows_u.max(1), 1, 1),
+        block_dim: (reference::NORM_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    macro_rules! launch {
+        ($xs:expr, $t:ty, $variant:ident) => {{
+            let xv = view($xs, xl, "x")?;
+            let yv = view(y.as_cuda_slice::<$t>()?, yl, "y")?;
+            let wv = view(w.as_cuda_slice::<$t>()?, wl, "w")?;
+            let out = unsafe { dev.alloc::<$t>(2 * rows * n)? };
+            let mut b = func.builder();
+            b.arg(&xv).arg(&yv).arg(&wv).arg(&out).arg(&rows_u).arg(&n_u).arg(&eps);
+            unsafe { b.launch(cfg) }.w()?;
+            CudaStorageSlice::$variant(out)
+        }};
+    }
+    let slice = match &x.slice {
+        CudaStorageSlice::F32(s) => launch!(s, f32, F32),
+        CudaStorageSlice::BF16(s) => launch!(s, half::bf16, BF16),
+        CudaStorageSlice::F16(s) => launch!(s, half::f16, F16),
+        _ => bail!("add-rms-norm: f32, bf16 or f16 expected"),
+    };
+    Ok((CudaStorage { slice, device: dev.clone() }, shape))
+}

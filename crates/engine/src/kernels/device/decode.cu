@@ -291,6 +291,36 @@ template <typename T> __device__ void silu_mul(const T* x, T* out, uint32_t rows
     }
 }
 
+// The residual sum x + y and its RMS norm with weight w (reference::add_rms_norm): one block of
+// NORM_BLOCK threads per row of n; out holds every row's sum, then every row's normed values.
+#define NORM_BLOCK 256
+template <typename T>
+__device__ void add_rms_norm(const T* x, const T* y, const T* w, T* out, uint32_t rows, uint32_t n, float eps) {
+    __shared__ float p[NORM_BLOCK];
+    uint32_t r = blockIdx.x, t = threadIdx.x;
+    const T* xr = x + (uint64_t)r * n;
+    const T* yr = y + (uint64_t)r * n;
+    T* sum = out + (uint64_t)r * n;
+    T* normed = out + (uint64_t)rows * n + (uint64_t)r * n;
+    float acc = 0.0f;
+    for (uint32_t j = t; j < n; j += NORM_BLOCK) {
+        T s = from_f32<T>(__fadd_rn(to_f32(xr[j]), to_f32(yr[j])));
+        sum[j] = s;
+        float sf = to_f32(s);
+        acc = fmaf(sf, sf, acc);
+    }
+    p[t] = acc;
+    __syncthreads();
+    for (uint32_t stride = NORM_BLOCK / 2; stride > 0; stride /= 2) {
+        if (t < stride) p[t] = __fadd_rn(p[t], p[t + stride]);
+        __syncthreads();
+    }
+    float m = __fsqrt_rn(__fadd_rn(__fdiv_rn(p[0], (float)n), eps));
+    for (uint32_t j = t; j < n; j += NORM_BLOCK) {
+        normed[j] = from_f32<T>(__fmul_rn(__fdiv_rn(to_f32(sum[j]), m), to_f32(w[j])));
+    }
+}
+
 #define INSTANTIATE(T, NAME)                                                                                          \
     extern "C" __global__ void rope_rows_##NAME(const T* x, const uint32_t* pos, const float* inv_freq, float af,     \
                                                 int interleaved, T* out, uint32_t rows, uint32_t heads, uint32_t hd) { \
@@ -330,6 +360,10 @@ template <typename T> __device__ void silu_mul(const T* x, T* out, uint32_t rows
         StepBias b = {inputs, rows, inputs[4 * rows], inputs[4 * rows + 1]};                                           \
         uint32_t total = min(b.start + rows, capacity);                                                                \
         attention_partial<T>(q, keys, values, b, scale, heads, kv_heads, hd, capacity, total, partials);              \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(NORM_BLOCK)                                                          \
+        add_rms_norm_##NAME(const T* x, const T* y, const T* w, T* out, uint32_t rows, uint32_t n, float eps) {       \
+        add_rms_norm<T>(x, y, w, out, rows, n, eps);                                                                   \
     }                                                                                                                  \
     extern "C" __global__ void silu_mul_##NAME(const T* x, T* out, uint32_t rows, uint32_t n) {                      \
         silu_mul<T>(x, out, rows, n);                                                                                  \

@@ -1,8 +1,9 @@
 //! The decode step's device kernels as candle ops: the rotary embedding of the query rows
 //! ([`RopeRows`]), keys rotated straight into the KV cache at the step's slots
 //! ([`RopeIntoCache`]) and values copied there ([`RowsIntoCache`]), attention of the new rows
-//! against the cache read in place ([`CacheAttention`]), the gated MLP's activation of a joined
-//! gate/up product ([`SiluMul`]), the accepted path kept in every layer's cache in one pass
+//! against the cache read in place ([`CacheAttention`]), a block's residual sum with the RMS
+//! norm after it ([`AddRmsNorm`]), the gated MLP's activation of a joined gate/up product
+//! ([`SiluMul`]), the accepted path kept in every layer's cache in one pass
 //! ([`compact_rows`]), and the greedy token of each row of logits ([`ArgmaxRows`]).
 //!
 //! On CUDA each runs a kernel of `decode.cu` (compiled to PTX by the build under the `cuda`
@@ -442,6 +443,74 @@ impl candle_core::InplaceOp1 for WriteWords<'_> {
     }
 }
 
+/// A block's residual sum and the RMS norm after it, in one pass ([`reference::add_rms_norm`]):
+/// `x` and `y` (`[.., n]`, one dtype) and the norm's weight `w` (`[n]`) give `[2, ..]`: `x + y`
+/// at index 0, its norm at 1 (one launch on CUDA, where candle's ops take two).
+pub struct AddRmsNorm {
+    pub eps: f32,
+}
+
+impl AddRmsNorm {
+    /// The row width, row count and the output's shape of inputs shaped `l`, checked against
+    /// `y`'s and `w`'s.
+    fn shape(l: &Layout, yl: &Layout, wl: &Layout) -> Result<(usize, usize, Shape)> {
+        let n = l.dims().last().copied().unwrap_or(0);
+        if n == 0 || yl.dims() != l.dims() || wl.dims() != [n] {
+            bail!("add-rms-norm: {:?} + {:?} normed by {:?}", l.dims(), yl.dims(), wl.dims());
+        }
+        let mut dims = vec![2];
+        dims.extend_from_slice(l.dims());
+        Ok((n, l.shape().elem_count() / n, Shape::from(dims)))
+    }
+}
+
+impl candle_core::CustomOp3 for AddRmsNorm {
+    fn name(&self) -> &'static str {
+        "mdsd-add-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        xl: &Layout,
+        y: &CpuStorage,
+        yl: &Layout,
+        w: &CpuStorage,
+        wl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, _, shape) = Self::shape(xl, yl, wl)?;
+        macro_rules! run {
+            ($x:expr, $y:expr, $w:expr, $variant:ident) => {{
+                let (x, y, w) = (contiguous($x, xl, "x")?, contiguous($y, yl, "y")?, contiguous($w, wl, "w")?);
+                let (mut sums, normed) = reference::add_rms_norm(x, y, w, n, self.eps);
+                sums.extend(normed);
+                CpuStorage::$variant(sums)
+            }};
+        }
+        let out = match (x, y, w) {
+            (CpuStorage::F32(x), CpuStorage::F32(y), CpuStorage::F32(w)) => run!(x, y, w, F32),
+            (CpuStorage::BF16(x), CpuStorage::BF16(y), CpuStorage::BF16(w)) => run!(x, y, w, BF16),
+            (CpuStorage::F16(x), CpuStorage::F16(y), CpuStorage::F16(w)) => run!(x, y, w, F16),
+            _ => bail!("add-rms-norm: {:?}, {:?} and {:?}", x.dtype(), y.dtype(), w.dtype()),
+        };
+        Ok((out, shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        xl: &Layout,
+        y: &candle_core::CudaStorage,
+        yl: &Layout,
+        w: &candle_core::CudaStorage,
+        wl: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, rows, shape) = Self::shape(xl, yl, wl)?;
+        cuda::add_rms_norm(self.eps, (x, xl), (y, yl), (w, wl), n, rows, shape)
+    }
+}
+
 /// The gated MLP's activation of a joined gate/up product ([`reference::silu_mul`]): `[..,
 /// 2n]` (gate columns, then up columns) gives `[.., n]`, `silu(gate) * up`, in one pass (one
 /// launch on CUDA, where candle's ops take two and a temporary).
@@ -540,7 +609,6 @@ impl candle_core::InplaceOp1 for CompactRows<'_> {
         }
         Ok(())
     }
-
 }
 
 /// The greedy token of each row of f32 logits `[rows, cols]`: `[rows]` u32, the lowest index

@@ -119,6 +119,43 @@ pub fn compact_rows<T: Copy>(cache: &mut [T], capacity: usize, head_dim: usize, 
     }
 }
 
+/// Threads of the block that normalizes one row ([`add_rms_norm`]).
+pub const NORM_BLOCK: usize = 256;
+
+/// The residual sum `x + y` and its RMS norm with weight `w`, per row of `n` values, as the
+/// `add_rms_norm` kernel computes them: each sum rounded to `T`; thread `t` of a block of
+/// [`NORM_BLOCK`] adds the squares of the row's sums `t, t + NORM_BLOCK, ...` with fused
+/// multiply-adds, a tree halves the threads' totals; the row's root mean square is
+/// `m = sqrt(total / n + eps)` (each operation rounded once); each output is `s / m * w`
+/// (candle's CPU formula), rounded to `T`. Returns the sums, then the normed rows.
+pub fn add_rms_norm<T: Elem>(x: &[T], y: &[T], w: &[T], n: usize, eps: f32) -> (Vec<T>, Vec<T>) {
+    let mut sums = Vec::with_capacity(x.len());
+    let mut normed = Vec::with_capacity(x.len());
+    for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact(n)) {
+        let row: Vec<T> = xr.iter().zip(yr).map(|(&a, &b)| T::from_f32(a.to_f32() + b.to_f32())).collect();
+        let mut p = [0f32; NORM_BLOCK];
+        for (t, acc) in p.iter_mut().enumerate() {
+            let mut j = t;
+            while j < n {
+                let s = row[j].to_f32();
+                *acc = s.mul_add(s, *acc);
+                j += NORM_BLOCK;
+            }
+        }
+        let mut stride = NORM_BLOCK / 2;
+        while stride > 0 {
+            for t in 0..stride {
+                p[t] += p[t + stride];
+            }
+            stride /= 2;
+        }
+        let m = (p[0] / n as f32 + eps).sqrt();
+        normed.extend(row.iter().zip(w).map(|(&s, &w)| T::from_f32(s.to_f32() / m * w.to_f32())));
+        sums.extend(row);
+    }
+    (sums, normed)
+}
+
 /// The gated MLP's activation of a joined gate/up product: `x` holds rows of `2n` values, the
 /// gate's `n` then the up product's `n`; each row gives `g / (1 + e^-g) * u` per column, in f32
 /// with [`crate::kernels::simd::exp`] and one rounding per operation (the order of

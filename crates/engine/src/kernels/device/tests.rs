@@ -335,7 +335,8 @@ fn compact_rows_equal_gathering_the_kept_rows() {
                     let copy = b.copy().unwrap();
                     let n = cap - start;
                     let idx = Tensor::from_slice(kept, kept.len(), &dev).unwrap();
-                    let gathered = copy.narrow(2, start, n).unwrap().contiguous().unwrap().index_select(&idx, 2).unwrap();
+                    let gathered =
+                        copy.narrow(2, start, n).unwrap().contiguous().unwrap().index_select(&idx, 2).unwrap();
                     copy.slice_set(&gathered, 2, start).unwrap();
                     bits(&copy)
                 })
@@ -361,4 +362,42 @@ fn compact_rows_equal_gathering_the_kept_rows() {
     let b = [Tensor::zeros((1, g, cap, d), DType::F32, &dev).unwrap()];
     assert!(compact_rows(&b, start, &[2, 1]).is_err());
     assert!(compact_rows(&b, start, &[(cap - start) as u32]).is_err());
+}
+
+/// [`AddRmsNorm`] gives `x + y` rounded as candle adds, and the RMS norm of that sum within
+/// 2e-6 relative of its f64 definition (f32), at widths below, at and past a block's threads;
+/// bf16 sums equal candle's bf16 sums; shapes that do not match are refused.
+#[test]
+fn add_rms_norm_follows_the_definition() {
+    let dev = Device::Cpu;
+    for n in [7usize, 256, 1536] {
+        let rows = 3;
+        let x = Tensor::from_vec(values(rows * n, 1), (1, rows, n), &dev).unwrap();
+        let y = Tensor::from_vec(values(rows * n, 2), (1, rows, n), &dev).unwrap();
+        let w = Tensor::from_vec(values(n, 3), n, &dev).unwrap();
+        let eps = 1e-6f32;
+        let both = x.apply_op3_no_bwd(&y, &w, &AddRmsNorm { eps }).unwrap();
+        assert_eq!(both.dims(), &[2, 1, rows, n]);
+        let sum = (&x + &y).unwrap();
+        assert_eq!(bits(&both.get(0).unwrap()), bits(&sum));
+        let s = sum.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let got = both.get(1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let wv = w.to_vec1::<f32>().unwrap();
+        for r in 0..rows {
+            let row = &s[r * n..(r + 1) * n];
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+            let scale = 1.0 / (ms + eps as f64).sqrt();
+            for j in 0..n {
+                let want = row[j] as f64 * scale * wv[j] as f64;
+                let g = got[r * n + j] as f64;
+                assert!((g - want).abs() <= 2e-6 * want.abs().max(1e-3), "n {n}: {g} against {want}");
+            }
+        }
+        let (xb, yb, wb) =
+            (x.to_dtype(DType::BF16).unwrap(), y.to_dtype(DType::BF16).unwrap(), w.to_dtype(DType::BF16).unwrap());
+        let both = xb.apply_op3_no_bwd(&yb, &wb, &AddRmsNorm { eps }).unwrap();
+        assert_eq!(bits(&both.get(0).unwrap()), bits(&(&xb + &yb).unwrap()));
+    }
+    let x = Tensor::zeros((2, 8), DType::F32, &dev).unwrap();
+    assert!(x.apply_op3_no_bwd(&x, &Tensor::zeros(7, DType::F32, &dev).unwrap(), &AddRmsNorm { eps: 1e-6 }).is_err());
 }
