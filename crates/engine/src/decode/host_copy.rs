@@ -63,6 +63,27 @@ impl HostLogits {
         Ok(&mut host[r * cols..(r + 1) * cols])
     }
 
+    /// The page-locked buffer, at least `n` values long and of `stream`'s context: kept when it
+    /// is, else dropped first (its memory goes back before the new one is taken) and allocated
+    /// anew, unset (every caller copies into it before reading). Plain page-locked memory
+    /// (flags 0): the host reads it, which write-combined memory (cudarc's `alloc_pinned`) makes
+    /// slow.
+    #[cfg(feature = "cuda")]
+    fn pinned(
+        &mut self,
+        n: usize,
+        stream: &candle_core::cuda_backend::cudarc::driver::CudaStream,
+    ) -> Result<&mut candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<f32>> {
+        let context = stream.context();
+        let reuse = self.pinned.as_ref().is_some_and(|p| p.len() >= n && std::sync::Arc::ptr_eq(p.context(), context));
+        if !reuse {
+            self.pinned = None;
+            // SAFETY: every caller writes the values it reads (see above).
+            self.pinned = Some(unsafe { context.alloc_pinned_with_flags(n, 0) }.map_err(candle_core::Error::wrap)?);
+        }
+        Ok(self.pinned.as_mut().expect("allocated above"))
+    }
+
     /// The first `n` values of the buffer (which holds at least `n`).
     fn host_mut(&mut self, n: usize) -> Result<&mut [f32]> {
         #[cfg(feature = "cuda")]
@@ -97,17 +118,8 @@ impl HostLogits {
                     candle_core::bail!("HostLogits::row: CUDA storage on a non-CUDA device");
                 };
                 let stream = dev.cuda_stream();
-                let context = stream.context();
-                let reuse =
-                    self.pinned.as_ref().is_some_and(|p| p.len() >= n && std::sync::Arc::ptr_eq(p.context(), context));
-                if !reuse {
-                    self.pinned = None;
-                    // SAFETY: every row is written by a copy before it is read.
-                    let fresh = unsafe { context.alloc_pinned_with_flags(n, 0) }.map_err(candle_core::Error::wrap)?;
-                    self.pinned = Some(fresh);
-                }
                 self.rows_pinned = true;
-                let pinned = self.pinned.as_mut().expect("allocated above");
+                let pinned = self.pinned(n, &stream)?;
                 let source = cuda.as_cuda_slice::<f32>()?.slice(start..start + len);
                 // SAFETY: the buffer holds at least n >= offset + len values and lives in
                 // `self`; nothing else refers to it.
@@ -158,25 +170,11 @@ impl HostLogits {
             }
             #[cfg(feature = "cuda")]
             Storage::Cuda(cuda) => {
-                use candle_core::cuda_backend::cudarc::driver::PinnedHostSlice;
                 let candle_core::Device::Cuda(dev) = t.device() else {
                     candle_core::bail!("HostLogits::copy: CUDA storage on a non-CUDA device");
                 };
                 let stream = dev.cuda_stream();
-                let context = stream.context();
-                let reuse =
-                    self.pinned.as_ref().is_some_and(|p| p.len() >= n && std::sync::Arc::ptr_eq(p.context(), context));
-                if !reuse {
-                    // Dropped first: the old buffer's memory goes back before the new one is
-                    // taken. Plain page-locked memory (flags 0): the host reads it, which
-                    // write-combined memory (cudarc's `alloc_pinned`) makes slow.
-                    self.pinned = None;
-                    // SAFETY: the buffer is written by the copy below before it is read.
-                    let fresh: PinnedHostSlice<f32> =
-                        unsafe { context.alloc_pinned_with_flags(n, 0) }.map_err(candle_core::Error::wrap)?;
-                    self.pinned = Some(fresh);
-                }
-                let pinned = self.pinned.as_mut().expect("allocated above");
+                let pinned = self.pinned(n, &stream)?;
                 let source = cuda.as_cuda_slice::<f32>()?.slice(start..start + n);
                 // The first n values of the buffer, as a plain slice: cudarc copies as many
                 // bytes as the destination holds, so the destination must be exactly n long.
