@@ -20,12 +20,13 @@ pub mod embedding;
 pub mod kv_cache;
 mod linear;
 mod products;
+mod residual;
 pub mod rope_scaling;
 mod rotary;
 mod step_inputs;
 
 use crate::kernels::attention as cpu_attention;
-use crate::kernels::device::{AddRmsNorm, CacheAttention, RopeRows, StepAttention};
+use crate::kernels::device::{CacheAttention, RopeRows, StepAttention};
 pub use batcher::{
     others_load, post_load, take_batched_cost, BatchStats, Batcher, Membership, Prefilling, SharedLoad, Solo,
 };
@@ -33,6 +34,7 @@ use candle_core::{DType, Device, Module, Result, Tensor, D};
 pub use kv_cache::KvCache;
 pub use linear::{forward_many, gated, Linear, FEW_ROWS_MAX};
 pub use products::Products;
+use residual::Residual;
 pub use step_inputs::{chain_masks, tree_masks, StepGraphs, StepInputs};
 
 /// The model families the engine runs.
@@ -281,7 +283,7 @@ impl DecoderModel {
         let ropes: Vec<Rope> =
             positions.iter().map(|p| Rope::new(&self.rotary, p, self.fused)).collect::<Result<_>>()?;
         let biases: Vec<Tensor> = items.iter().map(|i| i.bias.to_dtype(self.dtype)).collect::<Result<_>>()?;
-        let mut x = self.embed.lookup(&tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?;
+        let mut x = Residual::Sum(self.embed.lookup(&tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?);
         for (l, layer) in self.layers.iter().enumerate() {
             let mut parts: Vec<Part> = items
                 .iter_mut()
@@ -294,12 +296,12 @@ impl DecoderModel {
                     cache: &mut *item.cache,
                 })
                 .collect();
-            x = block_parts(&self.config, l, layer, &x, &mut parts)?;
+            x = block_residual(&self.config, l, layer, &x, &mut parts)?;
         }
         for item in items.iter_mut() {
             item.cache.advance(item.tokens.len())?;
         }
-        let hidden = candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)?;
+        let hidden = x.normed(Some(&self.norm), self.config.rms_norm_eps as f32)?.1.squeeze(0)?;
         if items.len() == 1 {
             return Ok(vec![hidden]);
         }
@@ -459,11 +461,22 @@ pub(crate) fn block_parts(
     x: &Tensor,
     parts: &mut [Part],
 ) -> Result<Tensor> {
+    block_residual(c, index, layer, &Residual::Sum(x.clone()), parts)?.sum()
+}
+
+/// [`block_parts`] on the residual stream: on the device-kernel path the block's input may
+/// carry the previous block's last add ([`Residual::Pending`]), done by this block's first
+/// norm, and its output carries its own.
+pub(crate) fn block_residual(
+    c: &ModelConfig,
+    index: usize,
+    layer: &Layer,
+    x: &Residual,
+    parts: &mut [Part],
+) -> Result<Residual> {
     let eps = c.rms_norm_eps as f32;
-    let h = match &layer.attn_norm {
-        Some(w) => candle_nn::ops::rms_norm(x, w, eps)?,
-        None => x.clone(),
-    };
+    let (x, h) = x.normed(layer.attn_norm.as_ref(), eps)?;
+    let x = &x;
     let attn = {
         let _span = tracing::trace_span!("attention").entered();
         let qkv = layer.qkv.forward(&h)?;
@@ -480,7 +493,7 @@ pub(crate) fn block_parts(
         layer.o.forward(&y)?
     };
     let fused = parts.iter().all(|p| matches!(p.rope, Rope::Fused { .. }));
-    finish_block(c, layer, x, &attn, fused)
+    finish_block(c, layer, x, attn, fused)
 }
 
 /// Attention of one sequence's rows: their projections `q`, `k`, `v` (`[1, t, heads *
@@ -611,22 +624,16 @@ fn fused_attention(
 }
 
 /// The rest of a block after attention: residual, MLP, residual. With the device kernels
-/// (`fused`) the residual sum and the MLP's norm are one op ([`AddRmsNorm`]).
-fn finish_block(c: &ModelConfig, layer: &Layer, x: &Tensor, attn: &Tensor, fused: bool) -> Result<Tensor> {
+/// (`fused`) each residual add is left to the norm after it ([`Residual`]).
+fn finish_block(c: &ModelConfig, layer: &Layer, x: &Tensor, attn: Tensor, fused: bool) -> Result<Residual> {
     let eps = c.rms_norm_eps as f32;
-    let (x, h) = if fused {
-        let both = x.apply_op3_no_bwd(attn, &layer.mlp_norm, &AddRmsNorm { eps })?;
-        (both.get(0)?, both.get(1)?)
-    } else {
-        let x = (x + attn)?;
-        let h = candle_nn::ops::rms_norm(&x, &layer.mlp_norm, eps)?;
-        (x, h)
-    };
+    let after_attention = if fused { Residual::Pending(x.clone(), attn) } else { Residual::Sum((x + attn)?) };
+    let (x, h) = after_attention.normed(Some(&layer.mlp_norm), eps)?;
     let mlp = {
         let _span = tracing::trace_span!("mlp").entered();
         layer.down.forward(&layer.gate_up.gated(&h)?)?
     };
-    x + mlp
+    Ok(if fused { Residual::Pending(x, mlp) } else { Residual::Sum((x + mlp)?) })
 }
 
 /// Additive attention bias `[rows, prefix + cols]`: every row sees the `prefix` first

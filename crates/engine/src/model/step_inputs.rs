@@ -6,7 +6,7 @@
 //! buffer. A step has a fixed number of rows (a bucket); rows past the live ones are padding,
 //! each seeing only the cache and itself, their outputs ignored.
 
-use super::{block_parts, DecoderModel, KvCache, Part, Rope, Visibility};
+use super::{block_residual, DecoderModel, KvCache, Part, Residual, Rope, Visibility};
 use crate::kernels::device::graph::DeviceGraph;
 use crate::kernels::device::{StepLayout, WriteWords};
 use candle_core::{DType, Device, Result, Tensor};
@@ -284,13 +284,13 @@ impl DecoderModel {
         let inputs = step.tensor();
         let tokens = inputs.narrow(0, 0, rows)?;
         let positions = inputs.narrow(0, rows, rows)?;
-        let mut x = self.embed.lookup_tensor(&tokens)?.to_dtype(self.dtype)?.unsqueeze(0)?;
+        let mut x = Residual::Sum(self.embed.lookup_tensor(&tokens)?.to_dtype(self.dtype)?.unsqueeze(0)?);
         let rope = Rope::Fused { rotary: &self.rotary, positions: &positions };
         for (l, layer) in self.layers.iter().enumerate() {
             let part = Part { rows, rope: &rope, visibility: Visibility::Step(inputs), cache: &mut *cache };
-            x = block_parts(&self.config, l, layer, &x, &mut [part])?;
+            x = block_residual(&self.config, l, layer, &x, &mut [part])?;
         }
-        candle_nn::ops::rms_norm(&x.squeeze(0)?, &self.norm, self.config.rms_norm_eps as f32)
+        x.normed(Some(&self.norm), self.config.rms_norm_eps as f32)?.1.squeeze(0)
     }
 }
 
