@@ -441,13 +441,13 @@ pub(super) fn add_rms_norm(
     shape: Shape,
 ) -> Result<(CudaStorage, Shape)> {
     let dev = &x.device;
+    if rows == 0 {
+        bail!("add-rms-norm: no rows");
+    }
     let func = dev.get_or_load_custom_func(&kernel_name("add_rms_norm", &x.slice)?, MODULE, PTX)?;
     let (rows_u, n_u) = (rows as u32, n as u32);
-    let cfg = LaunchConfig {
-        grid_dim: (rows_u.max(1), 1, 1),
-        block_dim: (reference::NORM_BLOCK as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg =
+        LaunchConfig { grid_dim: (rows_u, 1, 1), block_dim: (reference::NORM_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
     macro_rules! launch {
         ($xs:expr, $t:ty, $variant:ident) => {{
             let xv = view($xs, xl, "x")?;

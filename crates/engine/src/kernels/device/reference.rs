@@ -126,8 +126,9 @@ pub const NORM_BLOCK: usize = 256;
 /// `add_rms_norm` kernel computes them: each sum rounded to `T`; thread `t` of a block of
 /// [`NORM_BLOCK`] adds the squares of the row's sums `t, t + NORM_BLOCK, ...` with fused
 /// multiply-adds, a tree halves the threads' totals; the row's root mean square is
-/// `m = sqrt(total / n + eps)` (each operation rounded once); each output is `s / m * w`
-/// (candle's CPU formula), rounded to `T`. Returns the sums, then the normed rows.
+/// `m = sqrt(total / n + eps)` (each operation rounded once); each output is `s / m * w` in
+/// f32 (candle's CPU formula, which in bf16/f16 also rounds `m` and `s / m` to `T`), rounded
+/// to `T` once. Returns the sums, then the normed rows.
 pub fn add_rms_norm<T: Elem>(x: &[T], y: &[T], w: &[T], n: usize, eps: f32) -> (Vec<T>, Vec<T>) {
     let mut sums = Vec::with_capacity(x.len());
     let mut normed = Vec::with_capacity(x.len());
