@@ -121,6 +121,10 @@ impl HostLogits {
                 self.rows_pinned = true;
                 let pinned = self.pinned(n, &stream)?;
                 let source = cuda.as_cuda_slice::<f32>()?.slice(start..start + len);
+                // The `len` values at `offset`, as a plain slice: cudarc copies as many bytes as
+                // the destination holds, so the destination must be exactly `len` long. (Nor can
+                // its own event order the copy: the engine's devices track no events,
+                // `crate::load::parse_device`; the synchronisation below does.)
                 // SAFETY: the buffer holds at least n >= offset + len values and lives in
                 // `self`; nothing else refers to it.
                 let host: &mut [f32] = unsafe {
@@ -128,6 +132,7 @@ impl HostLogits {
                     std::slice::from_raw_parts_mut(base.add(offset), len)
                 };
                 stream.memcpy_dtoh(&source, host).map_err(candle_core::Error::wrap)?;
+                // The copy is asynchronous into page-locked memory: wait for it.
                 stream.synchronize().map_err(candle_core::Error::wrap)
             }
             #[allow(unreachable_patterns)]
@@ -159,44 +164,8 @@ impl HostLogits {
         self.copied.clear();
         let t = t.contiguous()?;
         let n = t.elem_count();
-        let (storage, layout) = t.storage_and_layout();
-        let start = layout.start_offset();
-        match &*storage {
-            Storage::Cpu(cpu) => {
-                let values = &cpu.as_slice::<f32>()?[start..start + n];
-                self.vec.clear();
-                self.vec.extend_from_slice(values);
-                Ok(&mut self.vec[..])
-            }
-            #[cfg(feature = "cuda")]
-            Storage::Cuda(cuda) => {
-                let candle_core::Device::Cuda(dev) = t.device() else {
-                    candle_core::bail!("HostLogits::copy: CUDA storage on a non-CUDA device");
-                };
-                let stream = dev.cuda_stream();
-                let pinned = self.pinned(n, &stream)?;
-                let source = cuda.as_cuda_slice::<f32>()?.slice(start..start + n);
-                // The first n values of the buffer, as a plain slice: cudarc copies as many
-                // bytes as the destination holds, so the destination must be exactly n long.
-                // (Nor can its own event order the copy: the engine's devices track no events,
-                // `crate::load::parse_device`; the synchronisation below does.)
-                // SAFETY: the buffer holds at least n values and lives in `self`, which the
-                // returned slice borrows; nothing else refers to it.
-                let host: &mut [f32] = unsafe {
-                    std::slice::from_raw_parts_mut(pinned.as_mut_ptr().map_err(candle_core::Error::wrap)?, n)
-                };
-                stream.memcpy_dtoh(&source, host).map_err(candle_core::Error::wrap)?;
-                // The copy is asynchronous into page-locked memory: wait for it.
-                stream.synchronize().map_err(candle_core::Error::wrap)?;
-                Ok(host)
-            }
-            #[allow(unreachable_patterns)]
-            _ => {
-                drop(storage);
-                self.vec = t.flatten_all()?.to_vec1::<f32>()?;
-                Ok(&mut self.vec[..])
-            }
-        }
+        self.copy_into(&t, 0, n, n)?;
+        self.host_mut(n)
     }
 }
 

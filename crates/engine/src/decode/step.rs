@@ -264,8 +264,7 @@ impl Generator<'_> {
         }
         // The token emitted at each node of the path was scored by that node's row (no rows on
         // the host on the greedy device path, which runs without log-probabilities).
-        for (&node, &token) in b.path.iter().zip(&b.emitted).filter(|_| greedy.is_none() && self.logprobs_top.is_some())
-        {
+        for (&node, &token) in b.path.iter().zip(&b.emitted).filter(|_| greedy.is_none()) {
             let row = b.row_of[node];
             record_logprobs(self.logprobs_top, self.target_host.row(row)?, token, &mut self.logprobs)?;
         }

@@ -14,7 +14,6 @@ use candle_core::{DType, Device, Result, Tensor};
 pub struct KvCache {
     /// Every layer's keys, then every layer's values (one slice for [`compact_rows`]).
     buffers: Vec<Tensor>,
-    layers: usize,
     len: usize,
     capacity: usize,
 }
@@ -31,7 +30,12 @@ impl KvCache {
     ) -> Result<Self> {
         let shape = (1, kv_heads, capacity, head_dim);
         let buffers = (0..2 * layers).map(|_| Tensor::zeros(shape, dtype, device)).collect::<Result<_>>()?;
-        Ok(Self { buffers, layers, len: 0, capacity })
+        Ok(Self { buffers, len: 0, capacity })
+    }
+
+    /// The index of `layer`'s values in `buffers` (after every layer's keys).
+    fn value_index(&self, layer: usize) -> usize {
+        self.buffers.len() / 2 + layer
     }
 
     /// Number of cached positions.
@@ -69,9 +73,9 @@ impl KvCache {
         let t = k.dim(2)?;
         self.reserve(t)?;
         self.buffers[layer].slice_set(&k.contiguous()?, 2, self.len)?;
-        self.buffers[self.layers + layer].slice_set(&v.contiguous()?, 2, self.len)?;
+        self.buffers[self.value_index(layer)].slice_set(&v.contiguous()?, 2, self.len)?;
         let total = self.len + t;
-        Ok((self.buffers[layer].narrow(2, 0, total)?, self.buffers[self.layers + layer].narrow(2, 0, total)?))
+        Ok((self.buffers[layer].narrow(2, 0, total)?, self.buffers[self.value_index(layer)].narrow(2, 0, total)?))
     }
 
     /// Writes the new rows of `layer` after the cached positions, in place, as the device
@@ -108,13 +112,13 @@ impl KvCache {
         };
         self.buffers[layer].inplace_op3(&k.contiguous()?, positions, &rope)?;
         let copy = RowsIntoCache { kv_heads, head_dim, slots };
-        self.buffers[self.layers + layer].inplace_op2(&v.contiguous()?, &copy)
+        self.buffers[self.value_index(layer)].inplace_op2(&v.contiguous()?, &copy)
     }
 
     /// The whole key and value buffers of `layer` (`[1, kv_heads, capacity, head_dim]`), every
     /// position, cached or not.
     pub fn buffers(&self, layer: usize) -> (&Tensor, &Tensor) {
-        (&self.buffers[layer], &self.buffers[self.layers + layer])
+        (&self.buffers[layer], &self.buffers[self.value_index(layer)])
     }
 
     /// Counts `t` appended positions as cached (after every layer appended them).
@@ -151,7 +155,7 @@ impl KvCache {
 
     /// Cached values of `layer` (for tests).
     pub fn values(&self, layer: usize) -> Result<Tensor> {
-        self.buffers[self.layers + layer].narrow(2, 0, self.len)
+        self.buffers[self.value_index(layer)].narrow(2, 0, self.len)
     }
 }
 

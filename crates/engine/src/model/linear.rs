@@ -222,7 +222,7 @@ fn dense_rows(w: &Tensor, x: &Tensor) -> Result<Tensor> {
 /// `x @ w_i^T + b_i` for several products of the same input (q/k/v). When every one takes
 /// the few-rows kernel, the input is quantized once and one dispatch computes them all;
 /// otherwise each runs alone. Same results either way.
-pub fn forward_many(lins: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+pub fn forward_many(lins: &[Linear], x: &Tensor) -> Result<Vec<Tensor>> {
     let ws: Option<Vec<_>> = lins.iter().map(|l| l.few_rows_weight(x)).collect();
     let Some(ws) = ws.filter(|ws| ws.len() > 1) else {
         return lins.iter().map(|l| l.forward(x)).collect();

@@ -28,7 +28,7 @@ impl Products {
     /// Each product of `x` (`[.., k]`), in order.
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         match self {
-            Self::Apart(parts) => forward_many(&parts.iter().collect::<Vec<_>>(), x),
+            Self::Apart(parts) => forward_many(parts, x),
             Self::Joined(runs) => {
                 let mut out = Vec::new();
                 for (matrix, widths) in runs {

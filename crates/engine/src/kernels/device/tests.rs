@@ -37,19 +37,8 @@ fn candle_rope(x: &Tensor, pos: &[u32], inv: &[f32], af: f32, interleaved: bool)
 
 /// The bits of a tensor's elements, for bit-for-bit comparisons of any float dtype.
 fn bits(t: &Tensor) -> Vec<u32> {
-    match t.dtype() {
-        DType::F32 => t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect(),
-        _ => t
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect(),
-    }
+    let values = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    values.iter().map(|x| x.to_bits()).collect()
 }
 
 /// [`RopeRows`] gives candle's rotary embedding bit for bit: f32, bf16 and f16, both
