@@ -186,6 +186,19 @@ if has gen; then
       MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=$g gen "$model $lab T=0" "$F" "$P" "${N[@]}" --temperature 0 "${S[@]}" --tree chain-4 --draft-sampling wr
       MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=$g gen "$model $lab T=0" "$F" "$P" "${N[@]}" --temperature 0 "${DA[@]}" --tree mc_sim_7b_63
     done
+    # Selection at T = 0.7 (and with top-p 0.9): the warp on the device (WarpRows, the default)
+    # against the warp on the host (MDSD_DEVICE_WARP=0), on the device-kernel path with graphs. "verify ms/step" in
+    # gen.md is the host's selection per step (row copies, warp, verification); the draft's
+    # warps are in "draft ms/forward". device_warped_rows in the JSON counts the rows.
+    if [ $model = t15q ]; then
+      for w in 0 1; do
+        lab=warp-host; [ $w = 1 ] && lab=warp-device
+        MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=1 MDSD_DEVICE_WARP=$w gen "$model $lab T=0.7" "$F" "$P" "${N[@]}" --temperature 0.7 --no-spec
+        MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=1 MDSD_DEVICE_WARP=$w gen "$model $lab T=0.7" "$F" "$P" "${N[@]}" --temperature 0.7 "${S[@]}" --tree chain-4 --draft-sampling wr
+        MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=1 MDSD_DEVICE_WARP=$w gen "$model $lab T=0.7" "$F" "$P" "${N[@]}" --temperature 0.7 "${DA[@]}" --tree mc_sim_7b_63
+        MDSD_FUSED_DECODE=1 MDSD_CUDA_GRAPHS=1 MDSD_DEVICE_WARP=$w gen "$model $lab T=0.7" "$F" "$P" "${N[@]}" --temperature 0.7 --top-p 0.9 "${S[@]}" --tree chain-4 --draft-sampling wr
+      done
+    fi
     # Exactness at T = 0: a repetition penalty keeps the text from looping on one token, so
     # equal texts say something. f32 (HF) and dequantized f32 (GGUF) are batch-invariant.
     if [ $model = t15 ]; then X=(--dtype f32); else X=(--target-weights f32 --draft-weights f32); fi

@@ -15,9 +15,9 @@ def flag(args, name):
 
 print(
     "| label | tree | draft | draft sampling | tau | rows/forward | draft ms/forward | target ms/forward "
-    "| tokens/s | vs no-spec | text = no-spec |"
+    "| verify ms/step | tokens/s | vs no-spec | text = no-spec |"
 )
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 failed = 0
 for r in rows:
     if r["label"] == "warm-up":
@@ -34,7 +34,7 @@ for r in rows:
         draft += f", ids < {flag(args, '--draft-vocab')}" if flag(args, "--draft-vocab") != "0" else ", all ids"
     if res is None:
         failed += 1
-        print(f"| {r['label']} | {tree} | {draft} | | **failed** | | | | | | |")
+        print(f"| {r['label']} | {tree} | {draft} | | **failed** | | | | | | | |")
         continue
     ratio = res["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] > 0 else float("nan")
     same = ""
@@ -46,7 +46,24 @@ for r in rows:
     print(
         f"| {r['label']} | {tree} | {draft} | {flag(args, '--draft-sampling') if spec else ''} | {res['tau']:.2f} "
         f"| {rows_per:.1f} | {per('draft_s', 'draft_forwards')} | {per('target_s', 'target_forwards')} "
-        f"| {res['tokens_per_s']:.1f} | {ratio:.2f}x | {same} |"
+        f"| {per('verify_s', 'target_forwards')} | {res['tokens_per_s']:.1f} | {ratio:.2f}x | {same} |"
     )
+# The warp on the device against the warp on the host (gpu_checks.sh): the same seed and
+# logits give the same text (p differs only in the sum's rounding).
+pairs = {}
+for r in rows:
+    for side in ("warp-host", "warp-device"):
+        if side in r["label"] and r["result"] is not None:
+            pairs.setdefault((r["label"].replace(side, "warp"), r["args"]), {})[side] = r["result"]
+if pairs:
+    print("\n| warp A/B | args | device rows warped | verify ms/step host → device | text equal |")
+    print("|---|---|---|---|---|")
+    for (label, args), p in pairs.items():
+        if len(p) < 2:
+            continue
+        h, d = p["warp-host"], p["warp-device"]
+        v = lambda x: 1000 * x["verify_s"] / max(x["target_forwards"], 1)
+        equal = "yes" if h["text"] == d["text"] else "**no**"
+        print(f"| {label} | {args} | {d.get('device_warped_rows', 0)} | {v(h):.3f} → {v(d):.3f} | {equal} |")
 if failed:
     print(f"\n{failed} run(s) failed: see errors.txt")

@@ -2,7 +2,8 @@
 """gpu-latest.json from a gpu_checks.sh output folder: the commit, device and date; forward
 costs in milliseconds per model and row count (eager candle ops and the device kernels);
 mdsd's tokens/s per tree from gen.jsonl; llama.cpp's tg128/pp512 and speculative tokens/s;
-the EAGLE head's step. Missing parts are left out, never invented.
+the EAGLE head's step; host selection per step at T = 0.7 with the warp on the host and on
+the device. Missing parts are left out, never invented.
 
 Usage: python3 benches/cuda/summarize_gpu.py OUT > OUT/gpu-latest.json
 """
@@ -74,6 +75,21 @@ def main(out):
                 args = r["args"]
                 tree = "no-spec" if "--no-spec" in args else re.search(r"--tree (\S+)", args).group(1)
                 summary.setdefault(kind, {}).setdefault(r["label"].split()[0], {})[tree] = res.get("tokens_per_s")
+                continue
+            if res and ("warp-host T=0.7" in r["label"] or "warp-device T=0.7" in r["label"]):
+                # Host selection per step at T = 0.7 (row copies, warp, verification:
+                # verify_s) and the draft's forward with its warps, per tree.
+                side = "device" if "warp-device" in r["label"] else "host"
+                args = r["args"]
+                tree = "no-spec" if "--no-spec" in args else re.search(r"--tree (\S+)", args).group(1)
+                top_p = re.search(r"--top-p (\S+)", args)
+                if top_p:
+                    tree += f" top-p {top_p.group(1)}"
+                steps = max(res.get("target_forwards", 0), 1)
+                entry = {"verify_ms_per_step": round(1e3 * res["verify_s"] / steps, 4), "tok_s": res.get("tokens_per_s")}
+                if res.get("draft_forwards"):
+                    entry["draft_ms_per_forward"] = round(1e3 * res["draft_s"] / res["draft_forwards"], 4)
+                summary.setdefault("selection_t07", {}).setdefault(side, {})[tree] = entry
                 continue
             if not res or not r["label"].endswith("speed T=0"):
                 continue

@@ -1,9 +1,9 @@
 //! The buffers one speculative step reuses ([`StepBuffers`]), shared by the generator and the
 //! draft sources (`crate::decode::draft`), and the row helpers both apply (logit bias, the
 //! error for invalid logits). A leaf of `crate::decode`: it imports no other part of it but
-//! the host copy and the penalties.
+//! the host copies and the penalties.
 
-use crate::decode::host_copy::HostLogits;
+use crate::decode::host_copy::{HostLogits, HostProbs};
 use crate::decode::penalties::{Penalties, PenaltyState};
 use crate::{Error, Result};
 use samplers::construction::DraftScratch;
@@ -50,6 +50,12 @@ pub(crate) struct StepBuffers {
     /// The draft's logits of a tree level on the host
     /// ([`draw_children`](crate::decode::draft::draw_children)).
     pub(crate) draft_host: HostLogits,
+    /// Whether the running step warps the draft's rows on the device (then their
+    /// probabilities reach the host, in `draft_probs`).
+    pub(crate) draft_warp_on_device: bool,
+    pub(crate) draft_probs: HostProbs,
+    /// The draft rows the running step warped on the device.
+    pub(crate) device_warped_rows: usize,
 }
 
 impl StepBuffers {

@@ -193,6 +193,9 @@ pub struct Stats {
     pub graph_forwards: usize,
     /// The draft model's forwards replayed so.
     pub draft_graph_forwards: usize,
+    /// Rows of logits (the target's and the draft's) whose probabilities were computed on the
+    /// device and reached the host as probabilities (`Generator::set_device_warp`).
+    pub device_warped_rows: usize,
     /// Why generation stopped: `max_new_tokens`, `stop_token` (`is_stop` held) or
     /// `context_length`; callers that match stop strings in `is_stop` say `stop_string`.
     pub stop_reason: String,

@@ -25,14 +25,16 @@
 //! [`crate::decode::draft::window`]): its cache then skips positions, and its rows are counted apart
 //! from the target's.
 //!
-//! Temperature, top-k and top-p ([`Warp`]) apply identically to `p` and `q`; the emitted
-//! tokens are then distributed exactly as autoregressive sampling of the warped target. With
+//! Temperature, top-k and top-p ([`samplers::dist::Warp`]) apply identically to `p` and `q`;
+//! the emitted tokens are then distributed exactly as autoregressive sampling of the warped
+//! target (on CUDA, warped on the device where the warp allows it: `device_select`). With
 //! [`Randomness::Positional`] they are moreover the very tokens plain decoding with that
 //! randomness emits: every node's drafts and verdict come from noise keyed by the position.
 
 pub mod auto_tree;
 pub(crate) mod buffers;
 mod config;
+mod device_select;
 pub mod draft;
 mod graphs;
 pub mod host_copy;
@@ -48,17 +50,15 @@ use crate::decode::auto_tree::AutoTree;
 use crate::decode::draft::eagle::EagleDraft;
 use crate::decode::draft::ngram::NgramDrafter;
 use crate::decode::draft::window::{DraftContext, DraftWindow};
-use crate::decode::host_copy::HostLogits;
+use crate::decode::host_copy::{HostLogits, HostProbs};
 use crate::decode::logprobs::{token_logprobs, TokenLogprobs};
 use crate::decode::penalties::Penalties;
 use crate::decode::tree::DraftTree;
-use crate::kernels::device::ArgmaxRows;
 use crate::model::eagle::EagleHead;
 use crate::model::kv_cache::KvCache;
 use crate::model::DecoderModel;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use samplers::dist::Warp;
 use samplers::PositionalNoise;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,6 +67,7 @@ use crate::error::config_bail;
 use crate::{Error, Result};
 use buffers::{nan_error, StepBuffers};
 pub use config::{check_ngram, DraftSource, GenerationConfig, Randomness, SpecConfig, Stats, TreeChoice};
+use device_select::{argmax_ids, probs_row};
 pub use prefill::PrefillProgress;
 use step::StepInput;
 
@@ -80,6 +81,10 @@ pub struct Generator<'a> {
     buf: StepBuffers,
     /// The target's logits of a step on the host.
     target_host: HostLogits,
+    /// Or its probabilities, warped on the device ([`Self::set_device_warp`]).
+    target_probs: HostProbs,
+    /// Warp rows on the device when the warp allows it ([`Self::set_device_warp`]).
+    device_warp: bool,
     /// `--tree auto` state, kept across generations (costs are the models').
     auto: Option<AutoTree>,
     /// Forward costs shared with other generators of the same models ([`Self::share_costs`]).
@@ -109,34 +114,6 @@ pub struct Generator<'a> {
     graphs: Option<crate::model::StepGraphs>,
     /// The draft model's, on its own cache.
     draft_graphs: Option<crate::model::StepGraphs>,
-}
-
-impl Generator<'_> {
-    /// Whether the target's tokens are picked on the device ([`ArgmaxRows`]): greedy sampling
-    /// (temperature 0 or top-k 1) with nothing that reads or changes whole rows on the host
-    /// (log-probabilities, penalties, a logit bias), on CUDA or on the device-kernel path
-    /// ([`DecoderModel::set_fused_decode`]). At temperature 0 every verifier emits the row's
-    /// argmax (its p is one-hot), so the tokens are the host path's.
-    fn device_argmax(&self, warp: Warp) -> bool {
-        (warp.temperature == 0.0 || warp.top_k == 1)
-            && self.logprobs_top.is_none()
-            && self.buf.penalties.is_off()
-            && self.buf.logit_bias.is_empty()
-            && (self.target.device().is_cuda() || self.target.fused_decode())
-    }
-}
-
-/// The greedy token of each row of `target`'s logits for `hidden` (`[rows, hidden]`), picked on
-/// the device ([`ArgmaxRows`]): one id per row crosses to the host.
-fn argmax_ids(target: &DecoderModel, hidden: &candle_core::Tensor) -> Result<Vec<u32>> {
-    let ids = target.logits(hidden)?.apply_op1_no_bwd(&ArgmaxRows)?.to_vec1::<u32>()?;
-    if ids.contains(&u32::MAX) {
-        return Err(Error::InvalidLogits {
-            model: "target",
-            source: samplers::SamplerError::BadParameter("a row of NaN or +inf, or only -inf, logits".into()),
-        });
-    }
-    Ok(ids)
 }
 
 /// A batch of accepted tokens, as [`Generator::generate_emitting`] hands it out.
@@ -177,6 +154,8 @@ impl<'a> Generator<'a> {
             vocab,
             buf: StepBuffers::default(),
             target_host: HostLogits::default(),
+            target_probs: HostProbs::default(),
+            device_warp: device_select::from_env(),
             auto: None,
             cost_book: None,
             eagle: None,
@@ -495,6 +474,21 @@ impl<'a> Generator<'a> {
                     self.buf.emitted.push(token);
                     stats.target_forwards += 1;
                     stats.target_rows += 1;
+                }
+                None if self.warp_on_device(config.warp) => {
+                    // Warped on the device: the row's probabilities cross to the host.
+                    let t0 = Instant::now();
+                    let hidden = self.plain_step(pending, &mut stats)?;
+                    let probs = device_select::warp_rows(&self.target.logits(&hidden)?, config.warp)?;
+                    let p = probs_row(self.target_probs.copy(&probs)?, "target")?;
+                    timings[1] += t0.elapsed();
+                    let t1 = Instant::now();
+                    let position = self.target_cache.len() as u64;
+                    self.buf.emitted.push(sample_token(self.buf.noise, position, p, &mut rng)?);
+                    timings[2] += t1.elapsed();
+                    stats.target_forwards += 1;
+                    stats.target_rows += 1;
+                    stats.device_warped_rows += 1;
                 }
                 None => {
                     let t0 = Instant::now();

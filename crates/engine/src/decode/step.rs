@@ -2,7 +2,8 @@
 //! target forward, verify from the root, keep the accepted path in both caches (the steps
 //! 1-4 of the module docs of [`super`]).
 
-use super::{argmax_ids, for_draft, graphs, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
+use super::device_select::{self, argmax_ids, probs_row};
+use super::{for_draft, graphs, record_logprobs, sample_token, DraftSource, Generator, SpecConfig, Stats};
 use crate::decode::auto_tree::AutoTree;
 use crate::decode::draft::{draw_children, expandable, tree_bias};
 use crate::decode::tree::DraftTree;
@@ -46,7 +47,13 @@ impl Generator<'_> {
         let (tree, warp, pending) = (step.tree, step.warp, step.pending);
         let qwarp = spec.draft_warp.unwrap_or(warp);
         let on_device = self.device_argmax(warp);
+        // Probabilities from the device (else logits warped on the host), for the target's rows
+        // and the draft's.
+        let warp_on_device = !on_device && self.warp_on_device(warp);
+        let draft_on_device = self.warp_on_device(qwarp) && spec.confidence_cutoff == 0.0;
         let b = &mut self.buf;
+        b.draft_warp_on_device = draft_on_device;
+        b.device_warped_rows = 0;
         let nodes = tree.len();
         b.token.clear();
         b.token.resize(nodes, None);
@@ -169,7 +176,12 @@ impl Generator<'_> {
         let greedy = if on_device { Some(argmax_ids(self.target, &hidden)?) } else { None };
         if greedy.is_none() {
             // Rows reach the host as verification reads them.
-            self.target_host.rows_of(&self.target.logits(&hidden)?)?;
+            let logits = self.target.logits(&hidden)?;
+            if warp_on_device {
+                self.target_probs.rows_of(&device_select::warp_rows(&logits, warp)?)?;
+            } else {
+                self.target_host.rows_of(&logits)?;
+            }
         }
         stats.target_forwards += 1;
         stats.target_rows += live.len();
@@ -210,12 +222,18 @@ impl Generator<'_> {
                     _ => break,
                 }
             }
-            // The tokens emitted so far this step are the drafted path to this node.
-            b.warp_target_row(self.target_host.row(row)?, warp)?;
+            let p: &[f64] = if warp_on_device {
+                stats.device_warped_rows += 1;
+                probs_row(self.target_probs.row(row)?, "target")?
+            } else {
+                // The tokens emitted so far this step are the drafted path to this node.
+                b.warp_target_row(self.target_host.row(row)?, warp)?;
+                &b.p
+            };
             // The position of the token sampled at this node.
             let position = (root_pos + tree.depth(node) + 1) as u64;
             if b.drawn[node].is_empty() {
-                b.emitted.push(sample_token(b.noise, position, &b.p, rng)?);
+                b.emitted.push(sample_token(b.noise, position, p, rng)?);
                 break;
             }
             b.drafts.clear();
@@ -223,15 +241,15 @@ impl Generator<'_> {
             let verdict = if let Some(noise) = b.noise {
                 // The target's own race decides; a draft equal to it is accepted.
                 noise
-                    .sample(position, &b.p)
+                    .sample(position, p)
                     .map(|token| Verdict { token, accepted: b.drafts.iter().position(|&d| d == token) })
             } else if step.lookup {
-                samplers::verify_deterministic(&b.p, &b.drafts, rng, &mut b.verify_scratch)
+                samplers::verify_deterministic(p, &b.drafts, rng, &mut b.verify_scratch)
             } else {
                 spec.verifier.verify(
                     spec.construction,
                     tree.children(node).len(),
-                    &b.p,
+                    p,
                     &b.q_at[node],
                     &b.drafts,
                     rng,
@@ -262,13 +280,14 @@ impl Generator<'_> {
                 None => break,
             }
         }
-        // The token emitted at each node of the path was scored by that node's row (no rows on
-        // the host on the greedy device path, which runs without log-probabilities).
-        for (&node, &token) in b.path.iter().zip(&b.emitted).filter(|_| greedy.is_none()) {
+        // The token emitted at each node of the path was scored by that node's row (only asked
+        // for on the host paths: selection on the device runs without log-probabilities).
+        for (&node, &token) in b.path.iter().zip(&b.emitted).filter(|_| self.logprobs_top.is_some()) {
             let row = b.row_of[node];
             record_logprobs(self.logprobs_top, self.target_host.row(row)?, token, &mut self.logprobs)?;
         }
         timings[2] += t2.elapsed();
+        stats.device_warped_rows += b.device_warped_rows;
 
         // 4. Keep the accepted path in both caches.
         let t3 = Instant::now();

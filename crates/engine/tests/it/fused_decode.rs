@@ -292,13 +292,14 @@ fn step_forwards_replayed_equal_eager_forwards() {
 
 /// On a GPU: each kernel against its Rust reference (the same op on the CPU), on fresh random
 /// inputs. Attention, cache copies, the residual sum with its norm, the gated activation, the
-/// kept-path compaction and argmax bit for bit in f32; the rotary embedding within 2e-6 relative (the GPU's `cosf`/`sinf`
-/// against the CPU's).
+/// kept-path compaction and argmax bit for bit in f32, the warp's probabilities bit for bit in
+/// f64; the rotary embedding within 2e-6 relative (the GPU's `cosf`/`sinf` against the CPU's).
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs a GPU: build with --features cuda, run with MDSD_TEST_DEVICE=cuda")]
 fn device_kernels_equal_their_reference() {
     use engine::kernels::device::{
         compact_rows, AddRmsNorm, ArgmaxRows, CacheAttention, RopeIntoCache, RopeRows, RowsIntoCache, SiluMul, Slots,
+        WarpRows,
     };
     let dev = test_device();
     assert!(!dev.is_cpu(), "MDSD_TEST_DEVICE is the CPU: this test compares a device's kernels with the CPU");
@@ -400,6 +401,20 @@ fn device_kernels_equal_their_reference() {
         let ids_d = l_d.apply_op1_no_bwd(&ArgmaxRows).unwrap().to_device(&cpu).unwrap().to_vec1::<u32>().unwrap();
         assert_eq!(ids_c, ids_d);
         assert_eq!(ids_c[3], 10);
+        // Probabilities at a temperature, and with min-p, top-k and top-p, bit for bit (the same
+        // f64 exponential, sum tree and radix select), past the vocabulary of the default pair's
+        // 151,936; a row with NaN comes back all NaN.
+        let mut logits = host(&randn(&[3, 152_000]));
+        logits[2 * 152_000 + 7] = f32::NAN;
+        let (l_c, l_d) = both(&Tensor::from_vec(logits, (3, 152_000), &cpu).unwrap());
+        let t = samplers::dist::Warp::temperature;
+        for warp in [t(0.7), samplers::dist::Warp { min_p: 0.05, top_k: 100, top_p: 0.9, ..t(1.3) }] {
+            let op = WarpRows::new(warp).unwrap();
+            let p_host = |p: Tensor| p.to_device(&cpu).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            let (p_c, p_d) = (p_host(l_c.apply_op1_no_bwd(&op).unwrap()), p_host(l_d.apply_op1_no_bwd(&op).unwrap()));
+            assert!(p_c.iter().zip(&p_d).all(|(a, b)| a.to_bits() == b.to_bits()), "warp rows, {warp:?}");
+            assert!(p_d[2 * 152_000..].iter().all(|x| x.is_nan()) && !p_d[0].is_nan());
+        }
         // A block's residual sum and the norm after it: bit for bit.
         let (ax_c, ax_d) = both(&randn(&[1, rows, 1536]));
         let (ay_c, ay_d) = both(&randn(&[1, rows, 1536]));
@@ -425,5 +440,99 @@ fn device_kernels_equal_their_reference() {
         for (c, d) in bufs.iter().zip(&bufs_d) {
             assert!(bits_equal(c, d), "compact rows, {} kept", kept.len());
         }
+    }
+}
+
+/// Rows warped on the device (`engine::kernels::device::WarpRows`, at a positive temperature:
+/// on CUDA the kernel, on the CPU its reference) decode as rows warped on the host: with the
+/// same seed, plain decoding and every kind of fixed tree with every draft source emit the
+/// host warp's tokens, at temperature 0.8, at 1.0 with min-p 0.05 and at 0.9 with top-k 20 and
+/// top-p 0.9 (their `p` and `q` differ only in the sums' rounding), with drafts accepted; with
+/// the device warp on, every verified and drafted row went through it, with it off none did.
+#[test]
+fn rows_warped_on_the_device_decode_as_rows_warped_on_the_host() {
+    use engine::decode::GenerationConfig;
+    use samplers::dist::Warp;
+    let (target, draft, head) = common::target_draft_head(73, "fused-warp");
+    let (target, draft) = (with_fused(target, true), with_fused(draft, true));
+    let prompt = [3u32, 9, 27, 4, 12, 36, 9, 27];
+    let mut accepted = 0;
+    let cut = Warp { top_k: 20, top_p: 0.9, ..Warp::temperature(0.9) };
+    for warp in [Warp::temperature(0.8), Warp { min_p: 0.05, ..Warp::temperature(1.0) }, cut] {
+        let base = GenerationConfig { warp, ..common::greedy(30, 5) };
+        let mut configs = vec![("plain", base.clone())];
+        // `auto` picks its trees from measured timings: its text at a temperature varies
+        // from run to run whatever the warp.
+        for (name, s) in common::every_kind_of_tree().into_iter().filter(|(name, _)| *name != "auto") {
+            configs.push((name, GenerationConfig { speculative: Some(s), ..base.clone() }));
+        }
+        for (name, config) in &configs {
+            let sources: &[&str] = if config.speculative.is_some() { &["self", "1-layer", "EAGLE"] } else { &["none"] };
+            for &source in sources {
+                let run = |on: bool| {
+                    let mut g = match source {
+                        "self" => Generator::new(&target, Some(&target), 200).unwrap(),
+                        "1-layer" => Generator::new(&target, Some(&draft), 200).unwrap(),
+                        "EAGLE" => Generator::with_eagle(&target, &head, 200).unwrap(),
+                        _ => Generator::new(&target, None, 200).unwrap(),
+                    };
+                    g.set_device_warp(on);
+                    assert_eq!(g.device_warp(), on);
+                    g.generate(&prompt, config, |_| false, |_| Ok(())).unwrap()
+                };
+                let ((device, ds), (host, hs)) = (run(true), run(false));
+                let what = format!("{name}, {source}, {warp:?}");
+                assert_eq!(device, host, "{what}");
+                assert_eq!(device.len(), 30, "{what}");
+                assert_eq!(hs.device_warped_rows, 0, "{what}");
+                // At least one row per step (the verified nodes), and the drafted nodes.
+                assert!(ds.device_warped_rows >= ds.target_forwards, "{what}: {ds:?}");
+                if ds.draft_forwards > 0 && source != "self" {
+                    assert!(ds.device_warped_rows > ds.target_forwards, "{what}: no draft row warped: {ds:?}");
+                }
+                if ds.tau > 1.2 {
+                    accepted += 1;
+                }
+            }
+        }
+    }
+    assert!(accepted >= 10, "drafts were accepted in only {accepted} runs");
+}
+
+/// The output law with the warp on the device (the device-kernel path's models, the warp's
+/// reference on the CPU): the first two tokens follow the exact autoregressive law, by
+/// Pearson's chi-square over the 25 cells of a 5-token vocabulary (4,000 generations per case,
+/// seeds 0..3999, p-value floor 1e-4; each case catches an error of 0.059 or more in total
+/// variation with probability 0.9), with RRS: at temperature 1 over drafts with replacement,
+/// with min-p over drafts without replacement, and at 0.8 with top-k 4 and top-p 0.9 over drafts
+/// with replacement from the target's own first layer; every row of p and q came from the
+/// device warp.
+#[test]
+fn the_device_warp_s_output_follows_the_target_law() {
+    use crate::decode::{model, two_token_law, MIN_P, SMALL_PROMPT};
+    use samplers::dist::Warp;
+    use samplers::{DraftConstruction, Verifier};
+    let small = |seed, layers| Tiny { vocab: 5, scale: 1.0, layers, ..Tiny::qwen2(seed) };
+    let target = with_fused(model(small(31, 2), "warp-chi-target"), true);
+    let other = with_fused(model(small(32, 1), "warp-chi-draft"), true);
+    // The target's own first layer: its top-k drafts are the target's often enough.
+    let shallow = with_fused(model(small(31, 1), "warp-chi-shallow"), true);
+    let cut = Warp { top_k: 4, top_p: 0.9, ..Warp::temperature(0.8) };
+    let cases = [
+        (DraftConstruction::WithReplacement, Warp::temperature(1.0), &other),
+        (DraftConstruction::WithoutReplacement, MIN_P, &other),
+        (DraftConstruction::WithReplacement, cut, &shallow),
+    ];
+    for (c, warp, draft) in cases {
+        let law = two_token_law(&target, warp);
+        let mut generator = Generator::new(&target, Some(draft), 64).unwrap();
+        assert!(generator.device_warp(), "the device warp is on by default");
+        let tree = engine::DraftTree::preset("drafts-2-depth-2").unwrap();
+        let config = |seed| common::two_tokens(seed, warp, tree.clone().into(), c, Verifier::Rrs, None);
+        let counts = common::two_token_counts(&mut generator, &SMALL_PROMPT, 5, 4000, config, |stats| {
+            assert!(stats.device_warped_rows >= 2, "the warp ran on the host: {stats:?}");
+        });
+        let tv = common::assert_follows_law(&counts, &law, 4000, None, &format!("device warp, {c}+rrs, {warp:?}"));
+        assert!(tv <= 0.06, "detects only {tv:.4}");
     }
 }

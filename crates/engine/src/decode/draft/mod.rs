@@ -69,32 +69,45 @@ pub(crate) fn draw_children(
     b: &mut StepBuffers,
 ) -> Result<()> {
     let (rows, dv) = logits.dims2()?;
-    // Borrowed beside `b`'s other fields, which the loop uses.
-    let host = b.draft_host.copy(logits)?;
+    // Borrowed beside `b`'s other fields, which the loop uses: the logits on the host, or the
+    // probabilities warped on the device (`Generator::warp_on_device`: no bias, penalties or
+    // confidence cutoff to apply then).
+    let (host, probs): (&mut [f32], &[f64]) = if b.draft_warp_on_device {
+        (&mut [], b.draft_probs.copy(&crate::decode::device_select::warp_rows(logits, warp)?)?)
+    } else {
+        (b.draft_host.copy(logits)?, &[])
+    };
     for (r, &i) in level_nodes.iter().enumerate().take(rows) {
-        let row = &mut host[r * dv..(r + 1) * dv];
-        // The draft's row is not read again: the bias and penalties stay.
-        add_bias(row, &b.logit_bias);
-        // The drafted tokens from the root (exclusive) to this node: the row's text past the
-        // committed one, for the penalties.
-        b.path_tokens.clear();
-        let mut at = i;
-        while let Some(parent) = tree.parent(at) {
-            b.path_tokens.extend(b.token[at]);
-            at = parent;
-        }
-        b.penalty.apply(row, &b.path_tokens);
-        let row = &*row;
         b.drawn[i].clear();
-        if b.confidence_cutoff > 0.0 {
-            let parent = tree.parent(i).map_or(1.0, |p| b.confidence[p]);
-            b.confidence[i] = parent * top_probability(row);
-            if b.confidence[i] < b.confidence_cutoff {
-                continue;
-            }
-        }
         let q = &mut b.q_at[i];
-        warp.apply(row, q).map_err(|e| nan_error(e, "draft"))?;
+        if b.draft_warp_on_device {
+            let row = crate::decode::device_select::probs_row(&probs[r * dv..(r + 1) * dv], "draft")?;
+            q.clear();
+            q.extend_from_slice(row);
+            b.device_warped_rows += 1;
+        } else {
+            let row = &mut host[r * dv..(r + 1) * dv];
+            // The draft's row is not read again: the bias and penalties stay.
+            add_bias(row, &b.logit_bias);
+            // The drafted tokens from the root (exclusive) to this node: the row's text past
+            // the committed one, for the penalties.
+            b.path_tokens.clear();
+            let mut at = i;
+            while let Some(parent) = tree.parent(at) {
+                b.path_tokens.extend(b.token[at]);
+                at = parent;
+            }
+            b.penalty.apply(row, &b.path_tokens);
+            let row = &*row;
+            if b.confidence_cutoff > 0.0 {
+                let parent = tree.parent(i).map_or(1.0, |p| b.confidence[p]);
+                b.confidence[i] = parent * top_probability(row);
+                if b.confidence[i] < b.confidence_cutoff {
+                    continue;
+                }
+            }
+            warp.apply(row, q).map_err(|e| nan_error(e, "draft"))?;
+        }
         q.resize(vocab, 0.0);
         let kids = tree.children(i);
         match b.noise {

@@ -355,6 +355,22 @@ pub(super) fn argmax_rows(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, S
     Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev.clone() }, Shape::from(rows)))
 }
 
+/// `super::WarpRows` on CUDA: `[rows, cols]` f32 logits to f64 probabilities, one block per row.
+pub(super) fn warp_rows(s: &CudaStorage, l: &Layout, w: &reference::WarpParams) -> Result<(CudaStorage, Shape)> {
+    let dev = &s.device;
+    let (rows, cols) = l.shape().dims2()?;
+    let x = view(s.as_cuda_slice::<f32>()?, l, "logits")?;
+    let func = dev.get_or_load_custom_func("warp_rows_f32", MODULE, PTX)?;
+    // SAFETY: the kernel writes every entry.
+    let out = unsafe { dev.alloc::<f64>(rows * cols)? };
+    let (cols_u, truncate) = (cols as u32, w.truncate as u32);
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = func.builder();
+    b.arg(&x).arg(&cols_u).arg(&w.inv_t).arg(&w.min_p).arg(&truncate).arg(&w.limit).arg(&w.top_p_fixed).arg(&out);
+    unsafe { b.launch(cfg) }.w()?;
+    Ok((CudaStorage { slice: CudaStorageSlice::F64(out), device: dev.clone() }, Shape::from((rows, cols))))
+}
+
 /// Buffers per launch of `compact_rows_*` (its pointer table, a kernel parameter).
 const COMPACT_BUFFERS: usize = 128;
 /// Kept rows per launch of `compact_rows_*` (a kernel parameter too).

@@ -416,3 +416,237 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows_f32(const float* x
     }
     if (t == 0) out[r] = (bad[0] || best[0] == -INFINITY) ? 0xffffffffu : at[0];
 }
+
+// samplers::warp::exp_nonpositive, operation for operation: e^x for x <= 0 in f64 (a Cody-Waite
+// reduction, the degree-13 Taylor polynomial, 2^n applied as 2^(n + 54) then 2^-54), so that
+// every e_i of warp_rows_f32 is the host warp's, bit for bit.
+__device__ __forceinline__ double exp_nonpositive(double x) {
+    const double LOG2E = __longlong_as_double(0x3FF71547652B82FEll);
+    const double LN2_HI = __longlong_as_double(0x3FE62E42FEE00000ll);
+    const double LN2_LO = __longlong_as_double(0x3DEA39EF35793C76ll);
+    const double SHIFT = 6755399441055744.0;  // 1.5 * 2^52
+    const double LOWEST = -745.2;
+    // Rust's clamp, NaN kept.
+    double xc = x < LOWEST ? LOWEST : x;
+    xc = xc > 0.0 ? 0.0 : xc;
+    double shifted = fma(xc, LOG2E, SHIFT);
+    double n = shifted - SHIFT;
+    double r = fma(n, -LN2_HI, xc);
+    r = fma(n, -LN2_LO, r);
+    double poly = 1.0 / 6227020800.0;
+    poly = fma(poly, r, 1.0 / 479001600.0);
+    poly = fma(poly, r, 1.0 / 39916800.0);
+    poly = fma(poly, r, 1.0 / 3628800.0);
+    poly = fma(poly, r, 1.0 / 362880.0);
+    poly = fma(poly, r, 1.0 / 40320.0);
+    poly = fma(poly, r, 1.0 / 5040.0);
+    poly = fma(poly, r, 1.0 / 720.0);
+    poly = fma(poly, r, 1.0 / 120.0);
+    poly = fma(poly, r, 1.0 / 24.0);
+    poly = fma(poly, r, 1.0 / 6.0);
+    poly = fma(poly, r, 0.5);
+    double y = fma(__dmul_rn(poly, r), r, r) + 1.0;
+    long long n_int = __double_as_longlong(shifted) - __double_as_longlong(SHIFT);
+    double pow2 = __longlong_as_double((n_int + 54 + 1023) << 52);
+    double v = __dmul_rn(__dmul_rn(y, pow2), __longlong_as_double((long long)(1023 - 54) << 52));
+    return x < LOWEST ? 0.0 : v;
+}
+
+#define WARP_THREADS 256
+#define WARP_BINS 256
+
+// The sum of each thread's `acc` over the block (reference::warp_block_sum): the halving tree of the
+// 256 per-thread sums. Every thread gets it.
+__device__ double warp_block_sum(double acc, double* part) {
+    uint32_t t = threadIdx.x;
+    __syncthreads();
+    part[t] = acc;
+    __syncthreads();
+    for (uint32_t stride = WARP_THREADS / 2; stride > 0; stride /= 2) {
+        if (t < stride) part[t] += part[t + stride];
+        __syncthreads();
+    }
+    double sum = part[0];
+    __syncthreads();
+    return sum;
+}
+
+// reference::warp_fixed: p in [0, 1] in units of 2^-62 (the scaling is exact, the conversion
+// truncates).
+__device__ __forceinline__ unsigned long long warp_fixed(double p) { return __double2ull_rz(p * 4611686018427387904.0); }
+
+// Adds each lane's token (bin `b`, WARP_BINS for none; its mass `fixed` when `mass` is given) to
+// the shared histogram. Most of a row falls in a few bins of the first passes, so the lanes of a
+// warp with the same bin are summed first (one atomic per bin and warp, not 32 on one address);
+// counts and masses are integer sums, the same in any order. Every lane of the warp calls it.
+__device__ __forceinline__ void warp_bin_add(uint32_t b, unsigned long long fixed, unsigned int* count,
+    unsigned long long* mass) {
+#if __CUDA_ARCH__ >= 800
+    unsigned peers = __match_any_sync(0xffffffffu, b);
+    // 22-bit pieces: 32 of them sum within 32 bits (fixed < 2^63).
+    unsigned lo = __reduce_add_sync(peers, (unsigned)(fixed & 0x3FFFFFull));
+    unsigned mid = __reduce_add_sync(peers, (unsigned)((fixed >> 22) & 0x3FFFFFull));
+    unsigned hi = __reduce_add_sync(peers, (unsigned)(fixed >> 44));
+    if (b < WARP_BINS && (threadIdx.x & 31) == (unsigned)(__ffs(peers) - 1)) {
+        atomicAdd(&count[b], (unsigned)__popc(peers));
+        if (mass) atomicAdd(&mass[b], (unsigned long long)lo + ((unsigned long long)mid << 22) + ((unsigned long long)hi << 44));
+    }
+#else
+    if (b < WARP_BINS) {
+        atomicAdd(&count[b], 1u);
+        if (mass) atomicAdd(&mass[b], fixed);
+    }
+#endif
+}
+
+// The probabilities of each row (reference::warp_rows): p_i = e_i / sum_j e_j with
+// e_i = exp_nonpositive((l_i - max) * inv_t), 0 below min_p; then, when `truncate`, top-k
+// (`limit`) and top-p (`top_p_fixed`, in 2^-62): the last kept token by a radix select over
+// p's bits (8 passes of 8 bits; counts and 2^-62 masses summed as integers), among its ties by
+// id (4 passes), and the kept set renormalised. f64 sums are each thread's entries in index
+// order, then the halving tree. A row holding NaN or +inf, or only -inf, becomes all NaN. One
+// block of 256 threads per row.
+extern "C" __global__ void __launch_bounds__(WARP_THREADS) warp_rows_f32(const float* x, uint32_t cols, double inv_t,
+    double min_p, uint32_t truncate, uint32_t limit, unsigned long long top_p, double* out) {
+    __shared__ float best[WARP_THREADS];
+    __shared__ int bad[WARP_THREADS];
+    __shared__ double part[WARP_THREADS];
+    __shared__ unsigned int count[WARP_BINS];
+    __shared__ unsigned long long mass[WARP_BINS];
+    // The select's state, written by thread 0: the pick, the ties' count, the count and the
+    // mass above.
+    __shared__ unsigned long long state[4];
+    uint32_t r = blockIdx.x, t = threadIdx.x;
+    const float* row = x + (uint64_t)r * cols;
+    double* o = out + (uint64_t)r * cols;
+    float m = -INFINITY;
+    int nan = 0;
+    for (uint32_t i = t; i < cols; i += WARP_THREADS) {
+        float v = row[i];
+        if (isnan(v) || v == INFINITY) nan = 1;
+        m = fmaxf(m, v);
+    }
+    best[t] = m;
+    bad[t] = nan;
+    __syncthreads();
+    for (uint32_t stride = WARP_THREADS / 2; stride > 0; stride /= 2) {
+        if (t < stride) {
+            best[t] = fmaxf(best[t], best[t + stride]);
+            bad[t] |= bad[t + stride];
+        }
+        __syncthreads();
+    }
+    float top = best[0];
+    if (bad[0] || top == -INFINITY) {
+        for (uint32_t i = t; i < cols; i += WARP_THREADS) o[i] = __longlong_as_double(0x7FF8000000000000ll);
+        return;
+    }
+    double dmax = (double)top, acc = 0.0;
+    for (uint32_t i = t; i < cols; i += WARP_THREADS) {
+        double e = exp_nonpositive(__dmul_rn((double)row[i] - dmax, inv_t));
+        if (e < min_p) e = 0.0;
+        o[i] = e;
+        acc += e;
+    }
+    double sum = warp_block_sum(acc, part);
+    for (uint32_t i = t; i < cols; i += WARP_THREADS) o[i] = __ddiv_rn(o[i], sum);
+    if (!truncate) return;
+    // The last kept token's probability, 8 bits at a time from the top.
+    unsigned long long prefix = 0, mask = 0;
+    if (t == 0) {
+        state[2] = 0;
+        state[3] = 0;
+    }
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (uint32_t b = t; b < WARP_BINS; b += WARP_THREADS) {
+            count[b] = 0;
+            mass[b] = 0;
+        }
+        __syncthreads();
+        // A trip count the same for the whole block: every lane reaches warp_bin_add.
+        for (uint32_t base = 0; base < cols; base += WARP_THREADS) {
+            uint32_t i = base + t, b = WARP_BINS;
+            unsigned long long fixed = 0;
+            if (i < cols) {
+                unsigned long long key = (unsigned long long)__double_as_longlong(o[i]);
+                if ((key & mask) == prefix) {
+                    b = (uint32_t)(key >> shift) & (WARP_BINS - 1);
+                    fixed = warp_fixed(o[i]);
+                }
+            }
+            warp_bin_add(b, fixed, count, mass);
+        }
+        __syncthreads();
+        if (t == 0) {
+            // Down from the largest bin: a bin is passed whole while the token after it would
+            // still be kept; the first bin where that fails, or the lowest, holds the last one.
+            unsigned long long above_n = state[2], above_m = state[3];
+            int lowest = 0;
+            while (count[lowest] == 0) lowest++;
+            int pick = lowest;
+            for (int b = WARP_BINS - 1; b >= lowest; b--) {
+                if (count[b] == 0) continue;
+                if (b != lowest && above_n + count[b] < limit && above_m + mass[b] < top_p) {
+                    above_n += count[b];
+                    above_m += mass[b];
+                } else {
+                    pick = b;
+                    break;
+                }
+            }
+            state[0] = (unsigned long long)pick;
+            state[1] = count[pick];
+            state[2] = above_n;
+            state[3] = above_m;
+        }
+        __syncthreads();
+        prefix |= state[0] << shift;
+        mask |= 0xFFull << shift;
+    }
+    // Its ties in id order: the j-th is kept while within the limit and the mass before it is
+    // short of top-p.
+    unsigned long long ties = state[1], above_n = state[2], above_m = state[3];
+    unsigned long long v = warp_fixed(__longlong_as_double((long long)prefix));
+    unsigned long long j = min(ties, (unsigned long long)limit - above_n);
+    if (v > 0) j = min(j, 1 + (top_p - 1 - above_m) / v);
+    unsigned long long bound = 0xFFFFFFFFFFFFFFFFull;
+    if (j < ties) {
+        // The j-th smallest id among the ties, 8 bits at a time from the top.
+        unsigned long long id_prefix = 0, id_mask = 0, before = 0;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (uint32_t b = t; b < WARP_BINS; b += WARP_THREADS) count[b] = 0;
+            __syncthreads();
+            for (uint32_t base = 0; base < cols; base += WARP_THREADS) {
+                uint32_t i = base + t, b = WARP_BINS;
+                if (i < cols && (unsigned long long)__double_as_longlong(o[i]) == prefix
+                    && ((unsigned long long)i & id_mask) == id_prefix)
+                    b = (i >> shift) & (WARP_BINS - 1);
+                warp_bin_add(b, 0, count, nullptr);
+            }
+            __syncthreads();
+            if (t == 0) {
+                int pick = 0;
+                for (int b = 0; b < WARP_BINS; b++) {
+                    if (before + count[b] >= j) {
+                        pick = b;
+                        break;
+                    }
+                    before += count[b];
+                }
+                state[0] = (unsigned long long)pick;
+            }
+            __syncthreads();
+            id_prefix |= state[0] << shift;
+            id_mask |= 0xFFull << shift;
+        }
+        bound = id_prefix;
+    }
+    acc = 0.0;
+    for (uint32_t i = t; i < cols; i += WARP_THREADS) {
+        unsigned long long key = (unsigned long long)__double_as_longlong(o[i]);
+        if (!(key > prefix || (key == prefix && (unsigned long long)i <= bound))) o[i] = 0.0;
+        acc += o[i];
+    }
+    double kept = warp_block_sum(acc, part);
+    for (uint32_t i = t; i < cols; i += WARP_THREADS) o[i] = __ddiv_rn(o[i], kept);
+}

@@ -390,3 +390,86 @@ fn add_rms_norm_follows_the_definition() {
     let x = Tensor::zeros((2, 8), DType::F32, &dev).unwrap();
     assert!(x.apply_op3_no_bwd(&x, &Tensor::zeros(7, DType::F32, &dev).unwrap(), &AddRmsNorm { eps: 1e-6 }).is_err());
 }
+
+/// [`WarpRows`] against the host warp (`samplers::Warp` at a temperature, with min-p, top-k
+/// and top-p): the same kept set and the same probabilities within 1e-12 relative (the sums of
+/// up to 151,936 terms are taken in another order), whose ratio to the host's is one constant
+/// within 1e-15 (each `e_i` is the host's: only the sums differ), on rows of 151,936 and 1,000
+/// entries holding `-inf` and far-apart logits, and on rows of many equal logits, whose ties
+/// top-k and top-p cut by id; a row with NaN, `+inf` or only `-inf` comes back all NaN; bad
+/// warps and empty rows are errors.
+#[test]
+fn warp_rows_equal_the_host_warp() {
+    use samplers::dist::Warp;
+    let t = |temperature| Warp::temperature(temperature);
+    let warps = [
+        t(0.7),
+        t(2.5),
+        Warp { min_p: 0.05, ..t(1.0) },
+        Warp { top_p: 0.9, ..t(0.7) },
+        Warp { top_p: 0.95, ..t(1.0) },
+        Warp { top_k: 50, ..t(0.7) },
+        Warp { top_k: 2, ..t(1.5) },
+        Warp { top_k: 40, top_p: 0.8, min_p: 0.01, ..t(1.2) },
+        Warp { top_k: 1, ..t(1.0) },
+    ];
+    let mut ties_cut = 0;
+    for (cols, seed, levels) in [(151_936usize, 3u32, 0), (1_000, 4, 0), (1_000, 5, 7), (300, 6, 3)] {
+        let mut logits: Vec<f32> = values(2 * cols, seed).iter().map(|x| 8.0 * x).collect();
+        if levels > 0 {
+            // Few distinct logits: the kept set ends inside a run of ties.
+            logits.iter_mut().for_each(|x| *x = (*x * levels as f32 / 8.0).round());
+        }
+        logits[5] = f32::NEG_INFINITY;
+        logits[cols + 9] = 40.0;
+        logits[cols + 10] = -1e30;
+        let tensor = Tensor::from_slice(&logits, (2, cols), &Device::Cpu).unwrap();
+        for warp in warps {
+            let what = format!("{cols} cols, {levels} levels, {warp:?}");
+            let p = tensor.apply_op1_no_bwd(&WarpRows::new(warp).unwrap()).unwrap();
+            assert_eq!((p.dims2().unwrap(), p.dtype()), ((2, cols), DType::F64));
+            let p = p.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+            for (row, got) in logits.chunks_exact(cols).zip(p.chunks_exact(cols)) {
+                let mut want = Vec::new();
+                warp.apply(row, &mut want).unwrap();
+                let top = want.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+                let ratio = got[top] / want[top];
+                for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a == 0.0, b == 0.0, "{what}: entry {i} kept in one only");
+                    assert!((a - b).abs() <= 1e-12 * b, "{what}: entry {i}: {a:e} against {b:e}");
+                    if b > 1e-300 {
+                        assert!((a / b - ratio).abs() <= 1e-15, "{what}: entry {i}'s ratio {}", a / b);
+                    }
+                }
+                let kept = got.iter().filter(|&&x| x > 0.0).count();
+                let full = warp.top_k == 0 && warp.top_p == 1.0 && warp.min_p == 0.0;
+                // One entry of each row is -inf or -1e30; min-p, top-k and top-p keep fewer.
+                assert!(if full { kept == cols - 1 } else { kept >= 1 && kept < cols / 2 }, "{what}: {kept} kept");
+                // A cut inside a run of equal logits (equal probabilities): some kept, some not.
+                let mut runs = std::collections::BTreeMap::<u32, (bool, bool)>::new();
+                for (&l, &a) in row.iter().zip(got) {
+                    let run = runs.entry(l.to_bits()).or_default();
+                    run.0 |= a > 0.0;
+                    run.1 |= a == 0.0;
+                }
+                ties_cut += runs.values().filter(|&&(kept, cut)| kept && cut).count();
+            }
+        }
+    }
+    assert!(ties_cut >= 3, "a cut fell inside a run of ties only {ties_cut} times");
+    let inf = f32::INFINITY;
+    let bad = [[1.0f32, f32::NAN, 0.0], [1.0, inf, 0.0], [-inf, -inf, -inf], [0.0, 1.0, -inf]];
+    let tensor = Tensor::from_slice(bad.as_flattened(), (4, 3), &Device::Cpu).unwrap();
+    for warp in [t(1.0), Warp { top_p: 0.5, ..t(1.0) }] {
+        let p = tensor.apply_op1_no_bwd(&WarpRows::new(warp).unwrap()).unwrap().to_vec2::<f64>().unwrap();
+        assert!(p[..3].iter().flatten().all(|x| x.is_nan()), "{p:?}");
+        assert!(p[3].iter().all(|x| !x.is_nan()) && p[3][2] == 0.0, "{p:?}");
+    }
+    let bad_warps =
+        [t(0.0), t(1e-310), t(f64::INFINITY), t(-1.0), Warp { min_p: 1.5, ..t(1.0) }, Warp { top_p: 0.0, ..t(1.0) }];
+    for warp in bad_warps {
+        assert!(WarpRows::new(warp).is_err(), "{warp:?}");
+    }
+    let empty = Tensor::zeros((0, 5), DType::F32, &Device::Cpu).unwrap();
+    assert!(empty.apply_op1_no_bwd(&WarpRows::new(t(1.0)).unwrap()).is_err());
+}
