@@ -574,7 +574,8 @@ extern "C" __global__ void __launch_bounds__(WARP_THREADS) warp_rows_f32(const f
                     fixed = warp_fixed(o[i]);
                 }
             }
-            warp_bin_add(b, fixed, count, mass);
+            // Past the first passes few tokens share the prefix: a warp with none skips the adds.
+            if (__any_sync(0xffffffffu, b < WARP_BINS)) warp_bin_add(b, fixed, count, mass);
         }
         __syncthreads();
         if (t == 0) {
@@ -621,7 +622,7 @@ extern "C" __global__ void __launch_bounds__(WARP_THREADS) warp_rows_f32(const f
                 if (i < cols && (unsigned long long)__double_as_longlong(o[i]) == prefix
                     && ((unsigned long long)i & id_mask) == id_prefix)
                     b = (i >> shift) & (WARP_BINS - 1);
-                warp_bin_add(b, 0, count, nullptr);
+                if (__any_sync(0xffffffffu, b < WARP_BINS)) warp_bin_add(b, 0, count, nullptr);
             }
             __syncthreads();
             if (t == 0) {

@@ -8,7 +8,7 @@
 //! probabilities at a temperature ([`WarpRows`]).
 //!
 //! On CUDA each runs a kernel of `decode.cu` (compiled to PTX by the build under the `cuda`
-//! feature); on the CPU each runs [`reference`], the same algorithm in Rust, so that the CPU
+//! feature); on the CPU each runs [`mod@reference`], the same algorithm in Rust, so that the CPU
 //! tests check what the kernels compute and a model can run this path on the CPU too
 //! (`DecoderModel::set_fused_decode`). The model's own CPU path does not use them: its kernels
 //! are [`super::attention`] and the rest.

@@ -578,7 +578,7 @@ fn warp_block_sum(values: &[f64]) -> f64 {
 /// The warp of `samplers::Warp` at a temperature > 0 on each row of `logits` (`[rows, cols]`),
 /// in f64: `p_i = e_i / sum_j e_j` with `e_i = e^((l_i - max) / T)` (0 below `min_p`), then
 /// top-k and top-p. Every `e_i` is the host warp's, bit for bit (the same
-/// [`samplers::warp::exp_nonpositive`] of the same argument); sums are [`warp_block_sum`]'s (the
+/// [`samplers::warp::exp_nonpositive`] of the same argument); sums are `warp_block_sum`'s (the
 /// host sums in 16 lanes, so `p` may differ from the host's in the last bits).
 ///
 /// Top-k and top-p keep, as the host does, the prefix of the order by probability (descending,
