@@ -14,7 +14,9 @@
 //!   and plain steps sample the same device `p`.
 //!
 //! Both need what the host would otherwise apply to whole rows to be off: log-probabilities,
-//! penalties, a logit bias; `MDSD_DEVICE_WARP=0` (or [`Generator::set_device_warp`]) keeps the
+//! penalties, a logit bias. The greedy pick runs on CUDA and on the device-kernel path; the
+//! warp, until a lent GPU has checked its kernel, on the device-kernel path only
+//! (`MDSD_FUSED_DECODE=1`). `MDSD_DEVICE_WARP=0` (or [`Generator::set_device_warp`]) keeps the
 //! warp on the host for A/B runs.
 
 use super::Generator;
@@ -39,12 +41,15 @@ impl Generator<'_> {
     }
 
     /// Whether rows warped with `warp` are warped on the device ([`WarpRows`]): a positive
-    /// temperature, nothing that reads or changes whole rows on the host, on CUDA or on the
-    /// device-kernel path, and [`Self::set_device_warp`] on.
+    /// temperature, nothing that reads or changes whole rows on the host, the device-kernel
+    /// path ([`DecoderModel::set_fused_decode`], `MDSD_FUSED_DECODE=1`; on CUDA its kernel, on
+    /// the CPU its reference), and [`Self::set_device_warp`] on. Like that path, the kernel
+    /// waits for a lent GPU's checks (`benches/cuda/gpu_checks.sh`) before CUDA runs use it by
+    /// default.
     pub(super) fn warp_on_device(&self, warp: Warp) -> bool {
         // (A temperature whose inverse overflows stays on the host, which reports it.)
         let temperature = warp.temperature > 0.0 && (1.0 / warp.temperature).is_finite();
-        self.device_warp && temperature && self.rows_untouched_on_host() && self.on_device()
+        self.device_warp && temperature && self.rows_untouched_on_host() && self.target.fused_decode()
     }
 
     /// Warp on the device where the warp allows it (the default, unless `MDSD_DEVICE_WARP=0`),
