@@ -11,7 +11,8 @@
 //!   row per verified node and per drafted node (0.43 ms each at T = 0.7, 1.07 ms with top-p
 //!   0.9, on a 2-vCPU EPYC: `cargo bench -p samplers --bench samplers -- warp`). The emitted
 //!   tokens follow the same law: verification is exact for whatever `p` and `q` it is given,
-//!   and plain steps sample the same device `p`.
+//!   and plain steps sample the same device `p`: on the device ([`SampleRow`], one id to the
+//!   host) with the stream's next uniform, or on the host for positional randomness.
 //!
 //! Both need what the host would otherwise apply to whole rows to be off: log-probabilities,
 //! penalties, a logit bias. The greedy pick runs on CUDA and on the device-kernel path; the
@@ -20,7 +21,7 @@
 //! warp on the host for A/B runs.
 
 use super::Generator;
-use crate::kernels::device::{ArgmaxRows, WarpRows};
+use crate::kernels::device::{ArgmaxRows, SampleRow, WarpRows};
 use crate::model::DecoderModel;
 use crate::{Error, Result};
 use samplers::dist::Warp;
@@ -86,6 +87,18 @@ pub(super) fn argmax_ids(target: &DecoderModel, hidden: &candle_core::Tensor) ->
 /// positive temperature), computed where `logits` are ([`WarpRows`]).
 pub(crate) fn warp_rows(logits: &candle_core::Tensor, warp: Warp) -> Result<candle_core::Tensor> {
     Ok(logits.apply_op1_no_bwd(&WarpRows::new(warp)?)?)
+}
+
+/// A token drawn on the device from `probs` (`[1, vocab]`, [`warp_rows`]'s) with the next
+/// uniform of `rng`, which the host's draw (`samplers::dist::sample`) would take: one id crosses
+/// to the host, not the row ([`SampleRow`]; the host's token but within rounding of a boundary).
+pub(crate) fn sample_on_device(probs: &candle_core::Tensor, rng: &mut rand::rngs::StdRng) -> Result<u32> {
+    let u = rand::Rng::random::<f64>(rng);
+    let id = probs.apply_op1_no_bwd(&SampleRow { u })?.to_vec1::<u32>()?[0];
+    if id == u32::MAX {
+        return Err(invalid("target"));
+    }
+    Ok(id)
 }
 
 /// A row of [`warp_rows`] on the host, or the error for invalid logits of `which` model (such

@@ -476,16 +476,21 @@ impl<'a> Generator<'a> {
                     stats.target_rows += 1;
                 }
                 None if self.warp_on_device(config.warp) => {
-                    // Warped on the device: the row's probabilities cross to the host.
+                    // Warped on the device, and drawn there (one id crosses to the host), or
+                    // with positional randomness the row's probabilities cross.
                     let t0 = Instant::now();
                     let hidden = self.plain_step(pending, &mut stats)?;
                     let probs = device_select::warp_rows(&self.target.logits(&hidden)?, config.warp)?;
-                    let p = probs_row(self.target_probs.copy(&probs)?, "target")?;
+                    let token = match self.buf.noise {
+                        None => device_select::sample_on_device(&probs, &mut rng)?,
+                        Some(_) => {
+                            let p = probs_row(self.target_probs.copy(&probs)?, "target")?;
+                            let position = self.target_cache.len() as u64;
+                            sample_token(self.buf.noise, position, p, &mut rng)?
+                        }
+                    };
                     timings[1] += t0.elapsed();
-                    let t1 = Instant::now();
-                    let position = self.target_cache.len() as u64;
-                    self.buf.emitted.push(sample_token(self.buf.noise, position, p, &mut rng)?);
-                    timings[2] += t1.elapsed();
+                    self.buf.emitted.push(token);
                     stats.target_forwards += 1;
                     stats.target_rows += 1;
                     stats.device_warped_rows += 1;

@@ -371,6 +371,21 @@ pub(super) fn warp_rows(s: &CudaStorage, l: &Layout, w: &reference::WarpParams) 
     Ok((CudaStorage { slice: CudaStorageSlice::F64(out), device: dev.clone() }, Shape::from((rows, cols))))
 }
 
+/// `super::SampleRow` on CUDA: one token drawn from one row of f64 probabilities.
+pub(super) fn sample_row(s: &CudaStorage, l: &Layout, cols: usize, u: f64) -> Result<(CudaStorage, Shape)> {
+    let dev = &s.device;
+    let p = view(s.as_cuda_slice::<f64>()?, l, "probabilities")?;
+    let func = dev.get_or_load_custom_func("sample_row_f64", MODULE, PTX)?;
+    // SAFETY: the kernel writes the one entry.
+    let out = unsafe { dev.alloc::<u32>(1)? };
+    let cols_u = cols as u32;
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = func.builder();
+    b.arg(&p).arg(&cols_u).arg(&u).arg(&out);
+    unsafe { b.launch(cfg) }.w()?;
+    Ok((CudaStorage { slice: CudaStorageSlice::U32(out), device: dev.clone() }, Shape::from(1)))
+}
+
 /// Buffers per launch of `compact_rows_*` (its pointer table, a kernel parameter).
 const COMPACT_BUFFERS: usize = 128;
 /// Kept rows per launch of `compact_rows_*` (a kernel parameter too).

@@ -651,3 +651,68 @@ extern "C" __global__ void __launch_bounds__(WARP_THREADS) warp_rows_f32(const f
     double kept = warp_block_sum(acc, part);
     for (uint32_t i = t; i < cols; i += WARP_THREADS) o[i] = __ddiv_rn(o[i], kept);
 }
+
+// A token drawn from one row of probabilities with the uniform u (reference::sample_row): thread
+// t sums its contiguous chunk of ceil(cols / 256) entries (the positive ones) in order; thread 0
+// adds the chunks' sums in order for the total, finds the chunk where the running sum passes
+// u * total, and that chunk's thread scans it. The last positive index when rounding leaves the
+// scan short; u32::MAX when no entry is positive. One block of 256 threads.
+extern "C" __global__ void __launch_bounds__(WARP_THREADS) sample_row_f64(const double* p, uint32_t cols, double u,
+    uint32_t* out) {
+    __shared__ double part[WARP_THREADS];
+    __shared__ uint32_t last[WARP_THREADS];
+    __shared__ int found;
+    __shared__ double before, target;
+    uint32_t t = threadIdx.x;
+    uint32_t chunk = (cols + WARP_THREADS - 1) / WARP_THREADS;
+    uint32_t start = min(t * chunk, cols);
+    uint32_t end = min(start + chunk, cols);
+    double s = 0.0;
+    uint32_t l = 0xffffffffu;
+    for (uint32_t i = start; i < end; i++) {
+        double w = p[i];
+        if (w > 0.0) {
+            s += w;
+            l = i;
+        }
+    }
+    part[t] = s;
+    last[t] = l;
+    __syncthreads();
+    if (t == 0) {
+        double total = 0.0;
+        for (int k = 0; k < WARP_THREADS; k++) total += part[k];
+        double goal = __dmul_rn(u, total), acc = 0.0;
+        target = goal;
+        found = -1;
+        for (int k = 0; k < WARP_THREADS; k++) {
+            if (goal < acc + part[k]) {
+                found = k;
+                before = acc;
+                break;
+            }
+            acc += part[k];
+        }
+        if (found < 0) {
+            uint32_t best = 0xffffffffu;
+            for (int k = 0; k < WARP_THREADS; k++)
+                if (last[k] != 0xffffffffu && (best == 0xffffffffu || last[k] > best)) best = last[k];
+            out[0] = best;
+        }
+    }
+    __syncthreads();
+    if ((int)t == found) {
+        double acc = before;
+        for (uint32_t i = start; i < end; i++) {
+            double w = p[i];
+            if (w > 0.0) {
+                acc += w;
+                if (target < acc) {
+                    out[0] = i;
+                    return;
+                }
+            }
+        }
+        out[0] = l;
+    }
+}

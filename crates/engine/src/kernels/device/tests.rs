@@ -473,3 +473,45 @@ fn warp_rows_equal_the_host_warp() {
     let empty = Tensor::zeros((0, 5), DType::F32, &Device::Cpu).unwrap();
     assert!(empty.apply_op1_no_bwd(&WarpRows::new(t(1.0)).unwrap()).is_err());
 }
+
+/// [`SampleRow`] draws the host's token: for the same uniform (the next of the same stream),
+/// `samplers::dist::sample` gives the same token in 3,000 draws from rows of 151,936 and 1,000
+/// warped probabilities (some cut to 0 by min-p) and a row of 3; a row without a positive entry
+/// gives `u32::MAX`; more than one row, a uniform outside `[0, 1)` or another dtype are errors.
+#[test]
+fn sample_row_draws_the_host_s_token() {
+    use rand::{Rng, SeedableRng};
+    use samplers::dist::Warp;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut draws = 0;
+    for (cols, seed, warp) in [
+        (151_936usize, 8u32, Warp::temperature(0.7)),
+        (1_000, 9, Warp { min_p: 0.1, ..Warp::temperature(1.0) }),
+        (3, 10, Warp::temperature(2.0)),
+    ] {
+        let logits: Vec<f32> = values(cols, seed).iter().map(|x| 6.0 * x).collect();
+        let mut p = Vec::new();
+        warp.apply(&logits, &mut p).unwrap();
+        let row = Tensor::from_slice(&p, (1, cols), &Device::Cpu).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..1000 {
+            let mut host_rng = rng.clone();
+            let want = samplers::dist::sample(&p, &mut host_rng);
+            let u = rng.random::<f64>();
+            let got = row.apply_op1_no_bwd(&SampleRow { u }).unwrap().to_vec1::<u32>().unwrap();
+            assert_eq!(got, [want], "{cols} columns, u {u}");
+            assert_eq!(reference::sample_row(&p, u), want);
+            seen.insert(want);
+            draws += 1;
+        }
+        assert!(seen.len() > 2.min(cols - 1), "{cols} columns: only {} tokens drawn", seen.len());
+    }
+    assert_eq!(draws, 3000);
+    assert_eq!(reference::sample_row(&[0.0, f64::NAN, 0.0], 0.5), u32::MAX);
+    let two = Tensor::from_slice(&[0.5f64, 0.5, 0.5, 0.5], (2, 2), &Device::Cpu).unwrap();
+    assert!(two.apply_op1_no_bwd(&SampleRow { u: 0.5 }).is_err());
+    let one = two.narrow(0, 0, 1).unwrap();
+    assert!(one.apply_op1_no_bwd(&SampleRow { u: 1.0 }).is_err());
+    assert!(one.to_dtype(DType::F32).unwrap().apply_op1_no_bwd(&SampleRow { u: 0.5 }).is_err());
+    assert_eq!(one.apply_op1_no_bwd(&SampleRow { u: 0.75 }).unwrap().to_vec1::<u32>().unwrap(), [1]);
+}
