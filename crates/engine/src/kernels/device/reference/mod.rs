@@ -146,14 +146,7 @@ pub fn add_rms_norm<T: Elem>(x: &[T], y: &[T], w: &[T], n: usize, eps: f32) -> (
                 j += NORM_BLOCK;
             }
         }
-        let mut stride = NORM_BLOCK / 2;
-        while stride > 0 {
-            for t in 0..stride {
-                p[t] += p[t + stride];
-            }
-            stride /= 2;
-        }
-        let m = (p[0] / n as f32 + eps).sqrt();
+        let m = (tree_sum(&mut p) / n as f32 + eps).sqrt();
         normed.extend(row.iter().zip(w).map(|(&s, &w)| T::from_f32(s.to_f32() / m * w.to_f32())));
         sums.extend(row);
     }
@@ -262,10 +255,19 @@ fn block_sum(values: &[f32]) -> f32 {
         let b = values.get(t + BLOCK).copied().unwrap_or(0.0);
         *slot = a + b;
     }
-    let mut stride = BLOCK / 2;
+    tree_sum(&mut p)
+}
+
+/// The kernels' block tree over the threads' totals `p` (a power of two of them): thread `t`
+/// adds thread `t + stride`'s total for `stride` = half the threads, then a quarter, ... 1;
+/// returns thread 0's. Overwrites `p`.
+pub(crate) fn tree_sum<T: Copy + std::ops::AddAssign>(p: &mut [T]) -> T {
+    debug_assert!(p.len().is_power_of_two());
+    let mut stride = p.len() / 2;
     while stride > 0 {
         for t in 0..stride {
-            p[t] += p[t + stride];
+            let other = p[t + stride];
+            p[t] += other;
         }
         stride /= 2;
     }

@@ -49,14 +49,7 @@ fn warp_block_sum(values: &[f64]) -> f64 {
     for (i, &x) in values.iter().enumerate() {
         partial[i % WARP_THREADS] += x;
     }
-    let mut stride = WARP_THREADS / 2;
-    while stride > 0 {
-        for t in 0..stride {
-            partial[t] += partial[t + stride];
-        }
-        stride /= 2;
-    }
-    partial[0]
+    super::tree_sum(&mut partial)
 }
 
 /// The warp of `samplers::Warp` at a temperature > 0 on each row of `logits` (`[rows, cols]`),
