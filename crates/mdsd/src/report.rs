@@ -132,7 +132,8 @@ pub fn mode(args: &GenerateArgs, verifier: Verifier, window: Option<DraftWindow>
 
 /// A one-line display of a long prompt's prefill on stderr ([`Generator::set_prefill_progress`]),
 /// or `None` when stderr is not a terminal or `--json` is on. Prompts of one CPU prefill chunk
-/// or less are not shown; the line is cleared when each model's prefill ends.
+/// or less are not shown, nor a draft's catch-up once the text streams (its line would overwrite
+/// the text's); the line is cleared when each model's prefill ends.
 ///
 /// [`Generator::set_prefill_progress`]: engine::decode::Generator::set_prefill_progress
 pub fn prefill_display(json: bool) -> Option<Box<dyn FnMut(PrefillProgress) + Send>> {
@@ -142,7 +143,7 @@ pub fn prefill_display(json: bool) -> Option<Box<dyn FnMut(PrefillProgress) + Se
     }
     let mut start = std::time::Instant::now();
     Some(Box::new(move |p: PrefillProgress| {
-        if p.total <= engine::model::PREFILL_CHUNK_CPU {
+        if p.total <= engine::model::PREFILL_CHUNK_CPU || p.catch_up {
             return;
         }
         if p.done == 0 {

@@ -187,6 +187,9 @@ pub struct AutoTree {
     /// Rows of the next step's first draft forward: the tokens a draft model has not run yet
     /// (it catches up on them before drafting) and the root; 1 for an EAGLE head.
     pub draft_lag: usize,
+    /// The acceptance counts (accepted, tried) of the last text that tried drafts: what
+    /// [`Self::catch_up_pays`] expects of a text that has tried none yet.
+    carried: Option<(Alphas, Alphas)>,
 }
 
 impl AutoTree {
@@ -202,6 +205,7 @@ impl AutoTree {
             steps_without_drafts: 0,
             uses,
             draft_lag: 1,
+            carried: None,
         }
     }
 
@@ -222,6 +226,9 @@ impl AutoTree {
     /// (carried over, a summary's poor acceptance kept the next questions from drafting at
     /// all), and keeps the measured costs, which belong to the models and the machine.
     pub fn new_text(&mut self) {
+        if self.tried.iter().flatten().any(|&t| t > 0.0) {
+            self.carried = Some((self.accepted, self.tried));
+        }
         self.accepted = [[0.0; WIDTHS]; WIDTHS];
         self.tried = [[0.0; WIDTHS]; WIDTHS];
         self.steps_without_drafts = 0;
@@ -254,21 +261,26 @@ impl AutoTree {
     /// pair, a chain's draft kept the prior 0.60 while forks' first drafts showed 0.84, and
     /// chains (accepted about as often, at fewer rows) were never tried.
     pub fn alphas(&self) -> Alphas {
-        let pooled: [f64; WIDTHS] = std::array::from_fn(|j| {
-            let widths = j..WIDTHS;
-            let accepted: f64 = widths.clone().map(|k| self.accepted[k][j]).sum();
-            let tried: f64 = widths.map(|k| self.tried[k][j]).sum();
-            (accepted + PRIOR_ALPHA[j][j] * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
-        });
-        std::array::from_fn(|k| {
-            std::array::from_fn(|j| {
-                if j <= k {
-                    (self.accepted[k][j] + pooled[j] * PRIOR_WEIGHT) / (self.tried[k][j] + PRIOR_WEIGHT)
-                } else {
-                    0.0
-                }
-            })
-        })
+        estimate(&self.accepted, &self.tried)
+    }
+
+    /// The acceptance a catch-up is weighed with: this text's once it has tried drafts, else
+    /// the last such text's (the pair and the machine stay; a text that never drafts learns
+    /// nothing), else the prior.
+    fn expected_alphas(&self) -> Alphas {
+        match self.carried {
+            Some((accepted, tried)) if self.tried.iter().flatten().all(|&t| t == 0.0) => estimate(&accepted, &tried),
+            _ => self.alphas(),
+        }
+    }
+
+    /// Whether a generation alone, whose draft model lags and has not caught up for
+    /// `EXPLORE_EVERY` steps, should catch up to explore: only while no text has tried drafts
+    /// yet ([`Self::catch_up_pays`] has no acceptance of this pair but the prior to go by).
+    pub fn explores_lagging(&self) -> bool {
+        self.carried.is_none()
+            && self.tried.iter().flatten().all(|&t| t == 0.0)
+            && self.steps_without_drafts >= EXPLORE_EVERY
     }
 
     /// Records the verification of one node's `drafts` drafts, tried in order: the one of rank
@@ -312,14 +324,52 @@ impl AutoTree {
     /// Seconds of one step of `tree` in a batch whose other members ask `others` (see the
     /// module docs), or `None` when a needed cost is unknown.
     pub fn batch_step_cost(&self, tree: &DraftTree, others: &SharedLoad) -> Option<f64> {
+        self.step_cost_with_lag(tree, others, self.draft_lag)
+    }
+
+    /// [`Self::batch_step_cost`] with `lag` rows in the first draft forward.
+    fn step_cost_with_lag(&self, tree: &DraftTree, others: &SharedLoad, lag: usize) -> Option<f64> {
         let mut c = self.target.at(others.target_rows + tree.len())?;
         if !tree.children(0).is_empty() {
-            c += self.draft.at(others.draft_rows + self.draft_lag.max(1))?;
+            c += self.draft.at(others.draft_rows + lag.max(1))?;
             for w in level_widths(tree) {
                 c += self.draft.at(others.draft_rows + w)?;
             }
         }
         Some(c)
+    }
+
+    /// Whether a draft model that has not run the text's last `owed` tokens should run them now,
+    /// in a forward of their own, rather than leave the text to plain steps, in a batch whose
+    /// other members ask `others` (alone: [`SharedLoad::NONE`]). True when, caught up (its first
+    /// draft forward of one row), a drafting tree beats plain steps by the choice's own rule (the
+    /// batch's tokens per second, [`Self::choose_in_batch`]) and that tree's seconds per token of
+    /// this text, over the `remaining` tokens, save more than the catch-up costs (the draft's
+    /// curve at `owed` rows). True when a cost is unknown (the draft then catches up, as its
+    /// prompt's prefill used to). The acceptance is this text's, or before it has tried drafts
+    /// the last text's that did (the prior's 0.6 on the first).
+    ///
+    /// This is what lets a draft put off its prompt's prefill (`Generator`'s deferred draft
+    /// prefill): alone, the catch-up pays for a long answer and the draft drafts as before,
+    /// from the second step; in a full batch on a CPU, where plain steps win, it never runs.
+    pub fn catch_up_pays(&self, owed: usize, remaining: usize, others: &SharedLoad) -> bool {
+        let alphas = self.expected_alphas();
+        // (the batch's tokens per second, seconds per token of this text) of a step of `t`.
+        let rates = |t: &DraftTree| {
+            let e = Self::expected_tokens(t, &alphas);
+            self.step_cost_with_lag(t, others, 1).map(|c| ((e + others.tokens) / c.max(1e-9), c / e.max(1e-9)))
+        };
+        let plain = self.trees.iter().find(|(_, t)| t.children(0).is_empty()).map(|(_, t)| rates(t));
+        let (Some(Some(plain)), Some(catch_up)) = (plain, self.draft.at(owed.max(1))) else { return true };
+        let mut best: Option<(f64, f64)> = None;
+        for (_, t) in self.trees.iter().filter(|(_, t)| !t.children(0).is_empty()) {
+            match rates(t) {
+                Some(r) if best.is_none_or(|b| r.0 > b.0) => best = Some(r),
+                Some(_) => {}
+                None => return true,
+            }
+        }
+        best.is_some_and(|(rate, secs)| rate > plain.0 && remaining as f64 * (plain.1 - secs) > catch_up)
     }
 
     /// The tokens a lookup step is expected to emit, from the `tokens` the text's `steps`
@@ -398,6 +448,15 @@ impl AutoTree {
         }
         self.uses[pick] += 1;
         pick
+    }
+
+    /// [`Self::choose_in_batch`] for a step that cannot draft (a draft model that owes more
+    /// tokens than a step's first forward takes): the plain tree, with the same bookkeeping.
+    pub fn choose_without_drafts(&mut self) -> usize {
+        self.accepted.iter_mut().chain(self.tried.iter_mut()).flatten().for_each(|x| *x *= FORGET);
+        self.steps_without_drafts += 1;
+        self.uses[0] += 1;
+        0
     }
 
     /// Measures the forward costs not measured yet: after a warm-up, one forward per row
@@ -510,6 +569,25 @@ pub fn time_forward(
     let s = t0.elapsed().as_secs_f64();
     cache.truncate(base);
     Ok(Some(s))
+}
+
+/// The estimates `α_{k,j}` from acceptance counts (see [`AutoTree::alphas`]).
+fn estimate(accepted: &Alphas, tried: &Alphas) -> Alphas {
+    let pooled: [f64; WIDTHS] = std::array::from_fn(|j| {
+        let widths = j..WIDTHS;
+        let a: f64 = widths.clone().map(|k| accepted[k][j]).sum();
+        let t: f64 = widths.map(|k| tried[k][j]).sum();
+        (a + PRIOR_ALPHA[j][j] * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT)
+    });
+    std::array::from_fn(|k| {
+        std::array::from_fn(|j| {
+            if j <= k {
+                (accepted[k][j] + pooled[j] * PRIOR_WEIGHT) / (tried[k][j] + PRIOR_WEIGHT)
+            } else {
+                0.0
+            }
+        })
+    })
 }
 
 /// Widths of the draft forwards below the root: the nodes with children at each depth >= 1.

@@ -261,6 +261,82 @@ fn trees_shrink_as_the_batch_fills() {
     }
 }
 
+/// A draft model that owes many tokens catches up when drafting the rest saves more than the
+/// catch-up forward costs: alone with a long answer left, not with one token left, not in a
+/// full batch where plain steps win anyway (the choice there is `no-drafts` too); with a cost
+/// unknown, it catches up (as its prompt's prefill did). A step that cannot draft takes the
+/// plain tree with the choice's bookkeeping.
+#[test]
+fn a_catch_up_runs_when_drafting_the_rest_pays() {
+    let mut a = AutoTree::new(false);
+    assert!(a.catch_up_pays(60, 128, &SharedLoad::NONE), "no costs known: catch up");
+    let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
+    for r in 1..=200 {
+        a.target.record(r, cost(r));
+        a.draft.record(r, cost(r) / 5.0);
+    }
+    for _ in 0..70 {
+        a.record_node(1, Some(0));
+    }
+    for _ in 0..30 {
+        a.record_node(1, None);
+    }
+    assert!(a.catch_up_pays(60, 128, &SharedLoad::NONE));
+    assert!(!a.catch_up_pays(60, 1, &SharedLoad::NONE), "one token left");
+    // The break-even: seconds saved per token times the tokens left against the catch-up
+    // (alone, the best rate is the fewest seconds per token).
+    let alphas = a.alphas();
+    let per_token =
+        |t: &DraftTree| a.step_cost_with_lag(t, &SharedLoad::NONE, 1).unwrap() / AutoTree::expected_tokens(t, &alphas);
+    let plain = per_token(&a.trees[0].1);
+    let best = a.trees[1..].iter().map(|(_, t)| per_token(t)).fold(f64::INFINITY, f64::min);
+    let even = a.draft.at(60).unwrap() / (plain - best);
+    assert!(even > 2.0 && even < 128.0, "{even}");
+    assert!(!a.catch_up_pays(60, even.floor() as usize, &SharedLoad::NONE));
+    assert!(a.catch_up_pays(60, even.floor() as usize + 1, &SharedLoad::NONE));
+    let full = SharedLoad { target_rows: 60, draft_rows: 15, tokens: 30.0 };
+    assert!(!a.catch_up_pays(60, 10_000, &full), "a full batch, where plain steps win");
+    assert_eq!(a.trees[a.clone().choose_in_batch(&full)].0, "no-drafts");
+    let uses = a.uses[0];
+    assert_eq!(a.choose_without_drafts(), 0);
+    assert_eq!(a.uses[0], uses + 1);
+}
+
+/// Before a text has tried drafts, a catch-up is weighed with the acceptance of the last text
+/// that tried some (drafts all rejected there: no catch-up however long the answer; accepted:
+/// catch up), and the text's own once it has tried drafts. A generation alone explores with a
+/// lagging draft (after 16 plain steps) only while no text has tried drafts.
+#[test]
+fn a_catch_up_expects_the_last_text_s_acceptance() {
+    let mut a = AutoTree::new(false);
+    let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
+    for r in 1..=200 {
+        a.target.record(r, cost(r));
+        a.draft.record(r, cost(r) / 5.0);
+    }
+    assert!(!a.explores_lagging());
+    for _ in 0..16 {
+        a.choose_without_drafts();
+    }
+    assert!(a.explores_lagging(), "no acceptance known: explore after 16 plain steps");
+    assert!(a.catch_up_pays(60, 10_000, &SharedLoad::NONE), "the prior's 0.6");
+    for _ in 0..100 {
+        a.record_node(1, None);
+    }
+    a.new_text();
+    assert!(!a.catch_up_pays(60, 10_000, &SharedLoad::NONE), "the last text rejected every draft");
+    for _ in 0..16 {
+        a.choose_without_drafts();
+    }
+    assert!(!a.explores_lagging(), "a text has tried drafts: no exploring catch-up");
+    for _ in 0..100 {
+        a.record_node(1, Some(0));
+    }
+    assert!(a.catch_up_pays(60, 10_000, &SharedLoad::NONE), "this text's own acceptance");
+    a.new_text();
+    assert!(a.catch_up_pays(60, 10_000, &SharedLoad::NONE), "the last text accepted every draft");
+}
+
 /// With multi-draft candidates, second drafts are drafted only when they are accepted:
 /// cheap target rows and a cheap draft, first drafts accepted at 0.7; second drafts never
 /// accepted give a tree without second drafts, second drafts accepted at 0.6 one with them.

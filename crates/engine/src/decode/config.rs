@@ -150,8 +150,13 @@ pub struct Stats {
     /// ([`crate::decode::Generator::set_prefix_reuse`]): the prompt's pass ran only the others.
     pub reused_tokens: usize,
     /// Prompt tokens the draft model ran before the first step (fewer than the prompt's with a
-    /// draft window or prefix reuse; 0 without a draft model).
+    /// draft window or prefix reuse; 0 without a draft model, and when its prefill was put off:
+    /// `Generator::set_deferred_draft_prefill`).
     pub draft_prefill_tokens: usize,
+    /// Tokens the draft model ran after the first step to catch up on the text in forwards of
+    /// their own (a prefill put off, or many plain steps in a batch); a window's skipped tokens
+    /// are not run.
+    pub draft_catch_up_tokens: usize,
     pub new_tokens: usize,
     /// Target forwards after the prompt (one per step).
     pub target_forwards: usize,

@@ -7,6 +7,7 @@ mod chi_square;
 mod common;
 mod decode;
 mod default_pair;
+mod draft_catch_up;
 mod eagle;
 mod fused_decode;
 mod layout;

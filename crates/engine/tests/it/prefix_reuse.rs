@@ -307,7 +307,7 @@ fn prefill_progress_counts_the_tokens_each_model_runs() {
     let expect = |model: &'static str, total: usize| -> Vec<PrefillProgress> {
         let mut done: Vec<usize> = (0..total).step_by(chunk).collect();
         done.push(total);
-        done.into_iter().map(|done| PrefillProgress { model, done, total }).collect()
+        done.into_iter().map(|done| PrefillProgress { model, done, total, catch_up: false }).collect()
     };
     let take = || std::mem::take(&mut *seen.lock().unwrap());
 

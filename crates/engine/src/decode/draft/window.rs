@@ -178,6 +178,83 @@ impl DraftContext {
         }
     }
 
+    /// The part of a new text's prompt that `cache` holds already, for a draft whose prefill is
+    /// put off ([`Self::extend_reporting`] runs the rest later): as [`Self::prefill_reusing`]
+    /// keeps rows, the cache keeps the rows of the text's first `reusable` tokens where their
+    /// positions allow, and forgets everything otherwise. Returns the context tokens it then
+    /// covers: the next token to run is at that position.
+    pub fn keep_shared(&mut self, cache: &mut KvCache, reusable: usize) -> usize {
+        let keep = match self.window {
+            _ if reusable == 0 => None,
+            _ if self.skipped == 0 => Some(reusable.min(cache.len())),
+            Some(w) if reusable >= self.skipped + w.sinks => Some((reusable - self.skipped).min(cache.len())),
+            _ => None,
+        };
+        match keep {
+            Some(keep) => {
+                cache.truncate(keep);
+                self.skipped + keep
+            }
+            None => {
+                cache.truncate(0);
+                self.skipped = 0;
+                0
+            }
+        }
+    }
+
+    /// Runs `tokens`, the context's next tokens after those the cache covers, through the draft,
+    /// calling `progress(done, total)` after each forward chunk. Without a window, or while the
+    /// cache stays within `sinks + recent + slack` rows, every token runs. Past that the cache
+    /// ends as a fresh prefill of the whole context leaves it: the sinks and the last `recent`
+    /// tokens, at their positions; the tokens between are never run, and cached rows among them
+    /// are dropped. Returns the tokens run. A draft that put off its prompt's prefill catches up
+    /// so, at the cost of the tokens it keeps, however long the text has grown meanwhile.
+    pub fn extend_reporting(
+        &mut self,
+        draft: &DecoderModel,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<usize> {
+        let n = tokens.len();
+        let first = cache.len() + self.skipped;
+        let limit = self.window.map_or(usize::MAX, |w| w.sinks.saturating_add(w.recent).saturating_add(w.slack()));
+        let Some(w) = self.window.filter(|_| cache.len() + n > limit) else {
+            if n > 0 {
+                draft.forward_chain_reporting(tokens, first, cache, &mut |d| progress(d, n))?;
+            }
+            return Ok(n);
+        };
+        // The context then ends past `sinks + recent` tokens: keep positions `0..sinks` and
+        // `recent_from..end`, which lies past the sinks and past every skipped position
+        // (`cache.len() + n > sinks + recent + slack`).
+        let end = first + n;
+        let recent_from = end - w.recent;
+        // A cache shorter than the sinks has skipped nothing: the first tokens fill the sinks.
+        let fill = w.sinks.saturating_sub(cache.len()).min(n);
+        let total = fill + w.recent.min(n - fill);
+        if fill > 0 {
+            draft.forward_chain_reporting(&tokens[..fill], first, cache, &mut |d| progress(d, total))?;
+        }
+        if recent_from >= first + fill {
+            // Every cached row past the sinks is older than the recent part.
+            cache.truncate(w.sinks);
+        } else {
+            // The cached rows at positions `recent_from..first` stay (row `r` past the sinks
+            // holds position `r + skipped`).
+            let from = recent_from - self.skipped;
+            let kept: Vec<usize> = (from - w.sinks..cache.len() - w.sinks).collect();
+            cache.compact(w.sinks, &kept)?;
+        }
+        self.skipped = recent_from - w.sinks;
+        let run = recent_from.max(first + fill) - first;
+        if run < n {
+            draft.forward_chain_reporting(&tokens[run..], first + run, cache, &mut |d| progress(fill + d, total))?;
+        }
+        Ok(fill + (n - run))
+    }
+
     /// Drops the rows between the sinks and the last `recent` once the cache holds more than
     /// `sinks + recent + slack` rows. Call between steps (every cached row committed).
     pub fn slide(&mut self, cache: &mut KvCache) -> Result<()> {
