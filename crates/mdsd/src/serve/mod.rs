@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Run every prompt whole, instead of only what it adds to a cached text of its tenant.
     #[arg(long)]
     pub no_prefix_reuse: bool,
+    /// Listen at once, without the warm-up generations (the first request then pays for the
+    /// first reads of the weights and for `--tree auto`'s cost measurements).
+    #[arg(long)]
+    pub no_warmup: bool,
     /// Let every client reuse every other's cached prefixes (default: within one API key, or
     /// one client address when no key is set).
     #[arg(long)]
@@ -151,6 +155,25 @@ fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Two short generations on one slot before the server listens, at temperature 0 and at 0.7
+/// (whose `--tree auto` candidates are wider), as llama.cpp's server and vLLM warm up: the
+/// first request then neither reads the weights from the mapped files for the first time (a
+/// first 50-token prefill of the default pair took 1.8 s against 1.0 s after) nor waits for
+/// `auto`'s forward-cost measurements (0.45-0.55 s there; kept in the slots' shared
+/// `CostBook`). The slot forgets the text after. Returns the seconds taken.
+fn warm_up(session: &Session, generator: &mut Generator, capacity: usize) -> anyhow::Result<f64> {
+    let start = std::time::Instant::now();
+    let vocab = session.target.model.config().vocab_size as u32;
+    let prompt: Vec<u32> = (0..8.min(capacity as u32 - 2)).map(|i| (i * 7 + 1) % vocab).collect();
+    for temperature in [0.0, 0.7] {
+        let warp = samplers::dist::Warp { temperature, ..session.config.warp };
+        let config = engine::decode::GenerationConfig { max_new_tokens: 1, warp, seed: 0, ..session.config.clone() };
+        generator.generate(&prompt, &config, |_| false, |_| Ok(()))?;
+    }
+    generator.forget_cached_text();
+    Ok(start.elapsed().as_secs_f64())
+}
+
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs { run, .. } = &args;
     for (flag, given) in [
@@ -193,6 +216,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut generators: Vec<Generator<'static>> = session.generators(run, capacity, max_batch)?;
     for g in &mut generators {
         g.set_prefix_reuse(!args.no_prefix_reuse);
+    }
+    if !args.no_warmup {
+        let secs = warm_up(session, &mut generators[0], capacity).context("warming up")?;
+        eprintln!("mdsd serve: warmed up in {secs:.1} s (the weights read once, `auto`'s forward costs measured)");
     }
     let model = session.target.path.file_stem().map_or("target".into(), |s| s.to_string_lossy().to_string());
     eprintln!("--- {}", crate::report::mode(run, session.verifier, session.window(&generators[0], run)));

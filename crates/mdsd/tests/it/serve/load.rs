@@ -408,7 +408,8 @@ fn serve_slots_share_auto_costs() {
     let dir = temp_dir("serve-auto-slots");
     let target = Tiny::llama(75).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(76) }.write_hf(&dir.join("draft"));
-    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto", "--max-batch", "2"]);
+    let server =
+        start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto", "--max-batch", "2", "--no-warmup"]);
     let request = |from: [u8; 4], prompt: &str| {
         completion_from(
             server.port,
@@ -422,6 +423,27 @@ fn serve_slots_share_auto_costs() {
     // Another tenant: the least used free slot, not the first one.
     let second = request([127, 0, 0, 2], "DCBA");
     assert_eq!(costs(&second), 0.0, "the second slot measured again: {second}");
+}
+
+/// The warm-up before the server listens measures `auto`'s forward costs for both candidate
+/// sets (temperature 0 and above), so the first requests at either temperature measure
+/// nothing; the log says so.
+#[test]
+fn serve_warms_up_before_it_listens() {
+    let dir = temp_dir("serve-warm-up");
+    let target = Tiny::llama(77).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
+    let draft = Tiny { layers: 1, ..Tiny::llama(78) }.write_hf(&dir.join("draft"));
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto"]);
+    assert!(server.log().contains("warmed up in"), "{}", server.log());
+    for temperature in [0.0, 0.7] {
+        let v = completion_from(
+            server.port,
+            [127, 0, 0, 1],
+            &json!({"prompt": "ABCD", "max_tokens": 4, "ignore_eos": true, "temperature": temperature}),
+        );
+        let costs = v["mdsd"]["auto_costs_s"].as_f64().unwrap_or_else(|| panic!("no auto_costs_s: {v}"));
+        assert_eq!(costs, 0.0, "temperature {temperature}: the first request measured: {v}");
+    }
 }
 
 /// SIGTERM: the server stops accepting and lets a running answer end within the grace period

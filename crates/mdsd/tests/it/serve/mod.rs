@@ -675,14 +675,16 @@ fn serve_generates_n_choices() {
 }
 
 /// With `--tree auto` (the default), the server measures forward costs once per set of
-/// candidate trees and keeps them: requests alternating temperature 0 (chains) and 0.7 (chains
-/// and multi-draft trees) measure on the first of each kind only (`mdsd.auto_costs_s`).
+/// candidate trees and keeps them: without the warm-up (`--no-warmup`, which measures both
+/// before listening: `serve_warms_up_before_it_listens`), requests alternating temperature 0
+/// (chains) and 0.7 (chains and multi-draft trees) measure on the first of each kind only
+/// (`mdsd.auto_costs_s`).
 #[test]
 fn serve_keeps_auto_costs_across_temperatures() {
     let dir = temp_dir("serve-auto");
     let target = Tiny::llama(61).write_gguf(&dir.join("target.gguf"), GgmlDType::Q8_0, &[]);
     let draft = Tiny { layers: 1, ..Tiny::llama(62) }.write_hf(&dir.join("draft"));
-    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto"]);
+    let server = start(&["--target", s(&target), "--draft", s(&draft), "--tree", "auto", "--no-warmup"]);
     let costs: Vec<f64> = [0.0, 0.7, 0.0, 0.7]
         .iter()
         .map(|t| {
