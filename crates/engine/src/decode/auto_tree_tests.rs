@@ -217,6 +217,16 @@ fn choice_follows_acceptance_and_cost() {
     assert!(picks.iter().any(|&p| p != 0));
 }
 
+/// Target forwards of 25 ms up to 8 rows, then 2.5 ms per row (compute-bound); the draft's a
+/// fifth of that; measured up to 200 rows.
+fn compute_bound_costs(a: &mut AutoTree) {
+    let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
+    for r in 1..=200 {
+        a.target.record(r, cost(r));
+        a.draft.record(r, cost(r) / 5.0);
+    }
+}
+
 /// In a batch the trees shrink as the cost curve says: with forwards that cost little more
 /// for a few rows and then grow with every row (a CPU's), drafts accepted at 0.7 make a
 /// deep chain alone, a shorter one beside three members, and none beside fifteen whose
@@ -224,12 +234,7 @@ fn choice_follows_acceptance_and_cost() {
 #[test]
 fn trees_shrink_as_the_batch_fills() {
     let mut a = AutoTree::new(false);
-    // 25 ms up to 8 rows, then 2.5 ms per row (compute-bound); the draft a fifth of that.
-    let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
-    for r in 1..=200 {
-        a.target.record(r, cost(r));
-        a.draft.record(r, cost(r) / 5.0);
-    }
+    compute_bound_costs(&mut a);
     for _ in 0..60 {
         a.record_node(1, Some(0));
     }
@@ -270,11 +275,7 @@ fn trees_shrink_as_the_batch_fills() {
 fn a_catch_up_runs_when_drafting_the_rest_pays() {
     let mut a = AutoTree::new(false);
     assert!(a.catch_up_pays(60, 128, &SharedLoad::NONE), "no costs known: catch up");
-    let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
-    for r in 1..=200 {
-        a.target.record(r, cost(r));
-        a.draft.record(r, cost(r) / 5.0);
-    }
+    compute_bound_costs(&mut a);
     for _ in 0..70 {
         a.record_node(1, Some(0));
     }
@@ -309,11 +310,7 @@ fn a_catch_up_runs_when_drafting_the_rest_pays() {
 #[test]
 fn a_catch_up_expects_the_last_text_s_acceptance() {
     let mut a = AutoTree::new(false);
-    let cost = |r: usize| 0.025 + 0.0025 * r.saturating_sub(8) as f64;
-    for r in 1..=200 {
-        a.target.record(r, cost(r));
-        a.draft.record(r, cost(r) / 5.0);
-    }
+    compute_bound_costs(&mut a);
     assert!(!a.explores_lagging());
     for _ in 0..16 {
         a.choose_without_drafts();

@@ -202,7 +202,7 @@ impl<'a> Generator<'a> {
     /// on the text in a forward of its own when `AutoTree::catch_up_pays` says drafting the rest
     /// is worth it: alone on a long answer, from the second step; in a batch whose plain steps
     /// beat drafting (a full batch on a CPU), never, where its prefill was wasted work before
-    /// (8 MT-Bench prompts, `generate --jsonl --max-batch 8` on a 2-vCPU EPYC: 4.5 s of 42 s).
+    /// (docs/results/README.md#const-deferred-draft-prefill).
     /// Which tokens are drafted changes, never what is emitted: at temperature 0 the same text.
     pub fn set_deferred_draft_prefill(&mut self, on: bool) {
         self.defer_draft_prefill = on;

@@ -157,10 +157,10 @@ fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
 
 /// Two short generations on one slot before the server listens, at temperature 0 and at 0.7
 /// (whose `--tree auto` candidates are wider), as llama.cpp's server and vLLM warm up: the
-/// first request then neither reads the weights from the mapped files for the first time (a
-/// first 50-token prefill of the default pair took 1.8 s against 1.0 s after) nor waits for
-/// `auto`'s forward-cost measurements (0.45-0.55 s there; kept in the slots' shared
-/// `CostBook`). The slot forgets the text after. Returns the seconds taken.
+/// first request then pays neither for the first forwards' one-time work nor for `auto`'s
+/// forward-cost measurements (0.45-0.54 s for the default pair on a 2-vCPU EPYC:
+/// docs/results/README.md#const-serve-warm-up), which the slots share (`CostBook`). The slot
+/// forgets the text after. Returns the seconds taken.
 fn warm_up(session: &Session, generator: &mut Generator, capacity: usize) -> anyhow::Result<f64> {
     let start = std::time::Instant::now();
     let vocab = session.target.model.config().vocab_size as u32;
