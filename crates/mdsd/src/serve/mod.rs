@@ -56,7 +56,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_prefix_reuse: bool,
     /// Listen at once, without the warm-up generations (the first request then pays for the
-    /// first reads of the weights and for `--tree auto`'s cost measurements).
+    /// first forwards' one-time work and for `--tree auto`'s cost measurements).
     #[arg(long)]
     pub no_warmup: bool,
     /// Let every client reuse every other's cached prefixes (default: within one API key, or
@@ -219,7 +219,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if !args.no_warmup {
         let secs = warm_up(session, &mut generators[0], capacity).context("warming up")?;
-        eprintln!("mdsd serve: warmed up in {secs:.1} s (the weights read once, `auto`'s forward costs measured)");
+        eprintln!("mdsd serve: warmed up in {secs:.1} s (first forwards run, `auto`'s forward costs measured)");
     }
     let model = session.target.path.file_stem().map_or("target".into(), |s| s.to_string_lossy().to_string());
     eprintln!("--- {}", crate::report::mode(run, session.verifier, session.window(&generators[0], run)));
