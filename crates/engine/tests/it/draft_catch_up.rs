@@ -194,3 +194,50 @@ fn a_deferred_draft_prefill_catches_up_after_the_first_token() {
         }
     }
 }
+
+/// At temperature 1 the first two tokens after a 20-token prompt follow the target's law when
+/// the draft's prefill is put off: the first from a plain step, the second from a step whose
+/// draft caught up in a forward of its own and drafted a multi-draft tree (recursive rejection
+/// sampling, drafts without replacement). `auto` starts every draw from costs that favour
+/// drafting (the steps' own timings would soon say otherwise for these tiny models), so every
+/// draw catches up. Chi-square as in `chi_square::first_two_tokens_follow_the_target_law`: 4,000
+/// generations, cells expecting fewer than 5 pooled, fails below a p-value of 1e-4; it catches
+/// any error of 0.059 or more in total variation (probability 0.9, `common::detectable_tv`).
+/// A draft must be accepted in at least 1% of the draws.
+#[test]
+fn a_caught_up_draft_keeps_the_target_law() {
+    use samplers::dist::Warp;
+    let small = |seed, layers| Tiny { vocab: 5, scale: 1.0, layers, ..Tiny::qwen2(seed) };
+    let target = model(small(33, 2), "catch-up-chi-target");
+    let draft = model(small(34, 1), "catch-up-chi-draft");
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 3 + 1) % 5).collect();
+    let warp = Warp::temperature(1.0);
+    let law = common::two_token_law(&target, &prompt, warp);
+    let mut generator = Generator::new(&target, Some(&draft), 64).unwrap();
+    let draws = 4000u64;
+    let (mut counts, mut accepted) = (vec![0u64; 25], 0);
+    // One rayon thread, inline, as `common::two_token_counts` runs its draws (the same arithmetic).
+    let inline = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    inline.install(|| {
+        for seed in 0..draws {
+            *generator.auto_tree_mut() = Some(common::auto_favouring_wide_trees());
+            let tree = TreeChoice::Auto;
+            let config = common::two_tokens(
+                seed,
+                warp,
+                tree,
+                DraftConstruction::WithoutReplacement,
+                samplers::Verifier::Rrs,
+                None,
+            );
+            let (out, stats) = generator.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+            assert_eq!(out.len(), 2);
+            counts[out[0] as usize * 5 + out[1] as usize] += 1;
+            assert_eq!((stats.draft_prefill_tokens, stats.draft_catch_up_tokens), (0, prompt.len()), "seed {seed}");
+            assert_eq!(stats.target_forwards, 2, "seed {seed}: a plain first step, then a drafted one");
+            accepted += stats.accepted_at_depth.first().is_some_and(|&a| a > 0) as u64;
+        }
+    });
+    assert!(accepted * 100 >= draws, "a draft was accepted in only {accepted} of {draws} draws");
+    common::assert_follows_law(&counts, &law, draws, Some(25), "deferred draft, auto wor+rrs");
+}
