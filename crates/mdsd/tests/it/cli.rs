@@ -77,12 +77,14 @@ fn generate_json_on_tiny_models() {
         let out = mdsd(&args);
         assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["new_tokens"], 20, "{v}");
+        // 20 tokens, unless these random models sampled their end-of-turn token first.
+        let new_tokens = v["new_tokens"].as_u64().unwrap();
+        assert!(new_tokens == 20 || (new_tokens < 20 && v["stop_reason"] == "stop_token"), "{v}");
         assert_eq!(v["prompt_tokens"], 7);
         let forwards = v["target_forwards"].as_u64().unwrap();
         let tau = v["tau"].as_f64().unwrap();
-        assert!((tau - 20.0 / forwards as f64).abs() < 1e-9, "{v}");
-        assert!(v["text"].as_str().unwrap().chars().count() == 20, "{v}");
+        assert!((tau - new_tokens as f64 / forwards as f64).abs() < 1e-9, "{v}");
+        assert!(v["text"].as_str().unwrap().chars().count() == new_tokens as usize, "{v}");
         for key in ["tokens_per_s", "draft_s", "target_s", "verify_s", "acceptance_per_depth", "stop_reason"] {
             assert!(v.get(key).is_some(), "missing {key}: {v}");
         }
