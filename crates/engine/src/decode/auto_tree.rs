@@ -226,7 +226,7 @@ impl AutoTree {
     /// (carried over, a summary's poor acceptance kept the next questions from drafting at
     /// all), and keeps the measured costs, which belong to the models and the machine.
     pub fn new_text(&mut self) {
-        if self.tried.iter().flatten().any(|&t| t > 0.0) {
+        if self.has_tried() {
             self.carried = Some((self.accepted, self.tried));
         }
         self.accepted = [[0.0; WIDTHS]; WIDTHS];
@@ -264,12 +264,17 @@ impl AutoTree {
         estimate(&self.accepted, &self.tried)
     }
 
+    /// Whether this text has tried any draft (its counts only decay, never back to 0).
+    fn has_tried(&self) -> bool {
+        self.tried.iter().flatten().any(|&t| t > 0.0)
+    }
+
     /// The acceptance a catch-up is weighed with: this text's once it has tried drafts, else
     /// the last such text's (the pair and the machine stay; a text that never drafts learns
     /// nothing), else the prior.
     fn expected_alphas(&self) -> Alphas {
         match self.carried {
-            Some((accepted, tried)) if self.tried.iter().flatten().all(|&t| t == 0.0) => estimate(&accepted, &tried),
+            Some((accepted, tried)) if !self.has_tried() => estimate(&accepted, &tried),
             _ => self.alphas(),
         }
     }
@@ -278,9 +283,7 @@ impl AutoTree {
     /// `EXPLORE_EVERY` steps, should catch up to explore: only while no text has tried drafts
     /// yet ([`Self::catch_up_pays`] has no acceptance of this pair but the prior to go by).
     pub fn explores_lagging(&self) -> bool {
-        self.carried.is_none()
-            && self.tried.iter().flatten().all(|&t| t == 0.0)
-            && self.steps_without_drafts >= EXPLORE_EVERY
+        self.carried.is_none() && !self.has_tried() && self.steps_without_drafts >= EXPLORE_EVERY
     }
 
     /// Records the verification of one node's `drafts` drafts, tried in order: the one of rank

@@ -147,24 +147,25 @@ impl Generator<'_> {
     /// Runs the tokens a draft model owes before the pending one (`draft_pending` but its last)
     /// through it, as its prompt's prefill would have (a window keeps its sinks and recent
     /// tokens: [`DraftContext::extend_reporting`]), and as a prefill in a batch (one at a time,
-    /// reported as the `"draft"` model's progress). Returns false, running nothing, when they
-    /// would not fit the draft's cache or context (its steps then go without drafts, as before).
+    /// reported as the `"draft"` model's progress). Runs nothing when they would not fit the
+    /// draft's cache or context: the draft then keeps owing them, and its steps go without
+    /// drafts, as before.
     ///
     /// [`DraftContext::extend_reporting`]: crate::decode::draft::window::DraftContext::extend_reporting
-    pub(super) fn catch_up_draft(&mut self, draft_pending: &mut Vec<u32>, stats: &mut Stats) -> Result<bool> {
-        let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) else { return Ok(false) };
+    pub(super) fn catch_up_draft(&mut self, draft_pending: &mut Vec<u32>, stats: &mut Stats) -> Result<()> {
+        let (Some(d), Some(cache)) = (self.draft, self.draft_cache.as_mut()) else { return Ok(()) };
         let owed = draft_pending.len().saturating_sub(1);
         if owed == 0 {
-            return Ok(true);
+            return Ok(());
         }
         let end = cache.len() + self.draft_context.skipped() + owed;
         let rows_after = match self.draft_context.window() {
-            Some(w) => (cache.len() + owed).min(w.sinks.saturating_add(w.recent).saturating_add(w.slack())),
+            Some(w) => (cache.len() + owed).min(w.max_rows()),
             None => cache.len() + owed,
         };
         // Room for the pending token and a tree after it, in positions and in rows.
         if end + 2 > d.config().context_length || rows_after + 2 > cache.capacity() {
-            return Ok(false);
+            return Ok(());
         }
         let _prefilling = crate::model::Prefilling::enter();
         let report = &mut self.prefill_progress;
@@ -173,7 +174,7 @@ impl Generator<'_> {
         let ran = self.draft_context.extend_reporting(d, cache, &tokens, &mut progress)?;
         stats.draft_catch_up_tokens += ran;
         draft_pending.drain(..owed);
-        Ok(true)
+        Ok(())
     }
 }
 

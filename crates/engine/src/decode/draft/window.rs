@@ -54,6 +54,12 @@ impl DraftWindow {
         Ok(Self { sinks, recent })
     }
 
+    /// Rows the cache may hold before [`DraftContext::slide`] drops the middle:
+    /// `sinks + recent + slack`.
+    pub fn max_rows(&self) -> usize {
+        self.sinks.saturating_add(self.recent).saturating_add(self.slack())
+    }
+
     /// Rows the cache may grow by past `sinks + recent` before the middle is dropped: half
     /// the window (at least 16), so that sliding (one copy of the recent rows) happens once
     /// per that many tokens.
@@ -153,12 +159,7 @@ impl DraftContext {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<usize> {
         let n = tokens.len();
-        let keep = match self.window {
-            _ if reusable == 0 => None,
-            _ if self.skipped == 0 => Some(reusable.min(cache.len())),
-            Some(w) if reusable >= self.skipped + w.sinks => Some((reusable - self.skipped).min(cache.len())),
-            _ => None,
-        };
+        let keep = self.shared_rows(cache, reusable);
         let fresh = match self.window {
             Some(w) if n > w.sinks.saturating_add(w.recent) => w.sinks + w.recent,
             _ => n,
@@ -178,18 +179,26 @@ impl DraftContext {
         }
     }
 
+    /// Rows of `cache` that a new text whose first `reusable` tokens it shares can keep: below
+    /// the sinks a row sits at its index, past them `skipped` positions later, so a window that
+    /// skipped tokens keeps its rows only while the shared text reaches past the sinks' part
+    /// (`None`: none).
+    fn shared_rows(&self, cache: &KvCache, reusable: usize) -> Option<usize> {
+        match self.window {
+            _ if reusable == 0 => None,
+            _ if self.skipped == 0 => Some(reusable.min(cache.len())),
+            Some(w) if reusable >= self.skipped + w.sinks => Some((reusable - self.skipped).min(cache.len())),
+            _ => None,
+        }
+    }
+
     /// The part of a new text's prompt that `cache` holds already, for a draft whose prefill is
     /// put off ([`Self::extend_reporting`] runs the rest later): as [`Self::prefill_reusing`]
     /// keeps rows, the cache keeps the rows of the text's first `reusable` tokens where their
     /// positions allow, and forgets everything otherwise. Returns the context tokens it then
     /// covers: the next token to run is at that position.
     pub fn keep_shared(&mut self, cache: &mut KvCache, reusable: usize) -> usize {
-        let keep = match self.window {
-            _ if reusable == 0 => None,
-            _ if self.skipped == 0 => Some(reusable.min(cache.len())),
-            Some(w) if reusable >= self.skipped + w.sinks => Some((reusable - self.skipped).min(cache.len())),
-            _ => None,
-        };
+        let keep = self.shared_rows(cache, reusable);
         match keep {
             Some(keep) => {
                 cache.truncate(keep);
@@ -219,7 +228,7 @@ impl DraftContext {
     ) -> Result<usize> {
         let n = tokens.len();
         let first = cache.len() + self.skipped;
-        let limit = self.window.map_or(usize::MAX, |w| w.sinks.saturating_add(w.recent).saturating_add(w.slack()));
+        let limit = self.window.map_or(usize::MAX, |w| w.max_rows());
         let Some(w) = self.window.filter(|_| cache.len() + n > limit) else {
             if n > 0 {
                 draft.forward_chain_reporting(tokens, first, cache, &mut |d| progress(d, n))?;
@@ -260,7 +269,7 @@ impl DraftContext {
     pub fn slide(&mut self, cache: &mut KvCache) -> Result<()> {
         let Some(w) = self.window else { return Ok(()) };
         let len = cache.len();
-        if len <= w.sinks.saturating_add(w.recent).saturating_add(w.slack()) {
+        if len <= w.max_rows() {
             return Ok(());
         }
         let drop = len - w.sinks - w.recent;
