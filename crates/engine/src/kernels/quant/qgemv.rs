@@ -32,6 +32,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape};
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
+use super::avx2::columns as repacked;
 use super::avx2::q4k::{self as q4ki, BlockQ8KI, Q4KMatrix};
 use super::avx2::q6k::{self as q6ki, BlockQ8K6I, Q6KMatrix};
 use super::avx512::q4k::{self as q4k_tiled, Q4KTiledMatrix};
@@ -242,12 +244,12 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
                             }
                             Kind::Ggml(bytes, _) => columns::<BlockQ6K>(bytes, acts, m, p.n, kb, cols, out),
                             Kind::Q4KInterleaved(w) => {
-                                q4ki::columns(&q4ki::Product { w, acts: acts_i, m, n: p.n, kb }, cols, out)
+                                repacked::columns(&repacked::Product { w, acts: acts_i, m, n: p.n, kb }, cols, out)
                             }
                             Kind::Q4KTiled(w) => q4k_tiled::columns(w, acts, m, cols, out),
                             Kind::Q6KTiled(w) => q4k_tiled::columns(w, acts, m, cols, out),
                             Kind::Q6KInterleaved(w) => {
-                                q4ki::columns(&q4ki::Product { w, acts: acts_6, m, n: p.n, kb }, cols, out)
+                                repacked::columns(&repacked::Product { w, acts: acts_6, m, n: p.n, kb }, cols, out)
                             }
                         }
                     }

@@ -21,6 +21,8 @@
 //! ([`RepackedBlock::dots_vnni`]). The activation groups are ordered ([`ACTIVATION_SLOT`]) so
 //! that each 512-bit operand is one contiguous load.
 
+#[cfg(target_arch = "x86_64")]
+use super::columns::{prefetch_ahead, RepackedBlock};
 use crate::kernels::quant::{BlockQ4K, BlockQ8K, QK_K};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Result;
@@ -157,7 +159,7 @@ pub fn cpu_supported() -> bool {
     }
 }
 
-/// True when [`columns`] takes the AVX-512 VNNI kernels (`vpdpbusd` on 512-bit registers for
+/// True when [`super::columns::columns`] takes the AVX-512 VNNI kernels (`vpdpbusd` on 512-bit registers for
 /// Q4_K, which needs AVX512F/BW/VL and AVX512-VNNI): on such CPUs unless `MDSD_VNNI=0`. They compute the same
 /// integers and the same `f32` operations in the same order as the AVX2 kernels, so a product
 /// is the same bit for bit either way (tested); only the speed differs.
@@ -295,29 +297,14 @@ pub fn permute_activations(b: &BlockQ8K, out: &mut BlockQ8KI) {
     }
 }
 
-/// A repacked weight block and the activation block layout its kernel reads.
-#[cfg(target_arch = "x86_64")]
-pub trait RepackedBlock: Sized {
-    type Act;
-    /// Dot products of one weight row (its blocks) with `R` activation rows.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be available; every `acts[r]` has at least `w.len()` blocks.
-    unsafe fn dots<const R: usize>(w: &[Self], acts: [&[Self::Act]; R]) -> [f32; R];
-
-    /// [`Self::dots`] with AVX-512 VNNI where the layout allows it, bit for bit the same result.
-    /// Implementations carry the VNNI kernels' target features (not a default method calling
-    /// `dots`: a body without those features cannot inline a `#[target_feature]` kernel, which
-    /// then ran as a call per weight row).
-    ///
-    /// # Safety
-    /// As [`Self::dots`], and AVX512F, AVX512VL and AVX512-VNNI must be available.
-    unsafe fn dots_vnni<const R: usize>(w: &[Self], acts: [&[Self::Act]; R]) -> [f32; R];
-}
-
 #[cfg(target_arch = "x86_64")]
 impl RepackedBlock for BlockQ4KI {
     type Act = BlockQ8KI;
+    /// Pairs: a fourth row's accumulators spill AVX2's 16 registers, and the nibbles cost only
+    /// 3 operations per 32 bytes. The target's gate and up product in panels, 2 cores, same
+    /// run: 64 rows 94.8 GMAC/s in fours, 98.3 in pairs; 16 rows 95.3 and 108.7
+    /// (docs/results/README.md#const-qgemv-panels).
+    const FOURS: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -430,119 +417,6 @@ unsafe fn q4k_dots<const R: usize, const VNNI: bool>(w: &[BlockQ4KI], acts: [&[B
     out
 }
 
-/// Output columns `cols` of the product `p` (see [`Product`]): `out[r * n + c]`. Activation rows go in pairs (three for an
-/// odd remainder: measured 3% cheaper than a pair and a single; fours while 8 or more remain,
-/// which made a 32-row target forward 1.08x faster than pairs, 551.7 → 509.8 ms), each weight row staying in L1
-/// between them. A row's result does not depend on the rows beside it (same operations in the
-/// same order for every tile size).
-///
-/// # Safety
-/// As [`RepackedBlock::dots`]; `p.acts` has `m * kb` blocks, `p.w` at least `cols.end * kb`,
-/// `out` `m * n` values.
-#[cfg(target_arch = "x86_64")]
-pub unsafe fn columns<B: RepackedBlock>(p: &Product<B>, cols: std::ops::Range<usize>, out: &mut [f32]) {
-    if vnni_enabled() {
-        columns_vnni(p, cols, out)
-    } else {
-        columns_avx2(p, cols, out)
-    }
-}
-
-/// The operands of [`columns`]: `m` activation rows (`acts`, `kb` blocks each) against the
-/// repacked matrix `w` of `n` rows.
-#[cfg(target_arch = "x86_64")]
-pub struct Product<'a, B: RepackedBlock> {
-    pub w: &'a [B],
-    pub acts: &'a [B::Act],
-    pub m: usize,
-    pub n: usize,
-    pub kb: usize,
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn columns_avx2<B: RepackedBlock>(p: &Product<B>, cols: std::ops::Range<usize>, out: &mut [f32]) {
-    columns_with::<B, false>(p, cols, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn columns_vnni<B: RepackedBlock>(p: &Product<B>, cols: std::ops::Range<usize>, out: &mut [f32]) {
-    columns_with::<B, true>(p, cols, out)
-}
-
-/// The body of [`columns`], inlined into each kernel family's entry.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn columns_with<B: RepackedBlock, const VNNI: bool>(
-    p: &Product<B>,
-    cols: std::ops::Range<usize>,
-    out: &mut [f32],
-) {
-    let Product { w, acts, m, n, kb } = *p;
-    #[inline(always)]
-    unsafe fn dots<B: RepackedBlock, const VNNI: bool, const R: usize>(w: &[B], acts: [&[B::Act]; R]) -> [f32; R] {
-        if VNNI {
-            B::dots_vnni(w, acts)
-        } else {
-            B::dots(w, acts)
-        }
-    }
-    let act = |r: usize| &acts[r * kb..(r + 1) * kb];
-    // Many rows (a prompt) go in chunks whose activations stay in L2 while the weights stream.
-    for chunk in (0..m).step_by(ROW_CHUNK) {
-        let end = m.min(chunk + ROW_CHUNK);
-        for c in cols.clone() {
-            let row = &w[c * kb..(c + 1) * kb];
-            let mut r0 = chunk;
-            while r0 < end {
-                if end - r0 >= 8 {
-                    let d = dots::<B, VNNI, _>(row, [act(r0), act(r0 + 1), act(r0 + 2), act(r0 + 3)]);
-                    for (i, v) in d.into_iter().enumerate() {
-                        out[(r0 + i) * n + c] = v;
-                    }
-                    r0 += 4;
-                } else if end - r0 == 3 {
-                    let d = dots::<B, VNNI, _>(row, [act(r0), act(r0 + 1), act(r0 + 2)]);
-                    for (i, v) in d.into_iter().enumerate() {
-                        out[(r0 + i) * n + c] = v;
-                    }
-                    r0 += 3;
-                } else if end - r0 >= 2 {
-                    let d = dots::<B, VNNI, _>(row, [act(r0), act(r0 + 1)]);
-                    out[r0 * n + c] = d[0];
-                    out[(r0 + 1) * n + c] = d[1];
-                    r0 += 2;
-                } else {
-                    out[r0 * n + c] = dots::<B, VNNI, _>(row, [act(r0)])[0];
-                    r0 += 1;
-                }
-            }
-        }
-    }
-}
-
-/// How far ahead of the block in use [`prefetch_ahead`] asks for weights: the matrices stream
-/// from memory once per product, and the hardware prefetcher alone left the one-row product
-/// short of the memory's speed (measured with the tiled layout, [`crate::kernels::quant::avx512::q4k`]).
-pub(crate) const PREFETCH_BYTES: usize = 8192;
-
-/// Asks for `LINES` cache lines from [`PREFETCH_BYTES`] after `p` (a hint: addresses past the
-/// matrix are harmless).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) fn prefetch_ahead<const LINES: usize>(p: *const u8) {
-    use std::arch::x86_64::*;
-    for l in 0..LINES {
-        // SAFETY: a prefetch never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + 64 * l) as *const i8) };
-    }
-}
-
-/// Activation rows per pass over the weights in [`columns`]: 32 rows of a 8,960-wide input are
-/// 270 KiB of Q8_K blocks, within a 512 KiB L2.
-const ROW_CHUNK: usize = 32;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -568,7 +442,7 @@ mod tests {
     }
 
     /// Each row of a product is the same, bit for bit, alone or among 2 to 9 rows (every tile
-    /// size of [`columns`]): speculative decoding at temperature 0 relies on it.
+    /// size of [`super::columns::columns`]): speculative decoding at temperature 0 relies on it.
     #[test]
     fn rows_do_not_depend_on_the_batch() {
         if !cpu_supported() {
@@ -622,6 +496,7 @@ mod tests {
             eprintln!("no AVX-512 VNNI on this CPU: its kernels are never taken, nothing to check");
             return;
         }
+        use crate::kernels::quant::avx2::columns::{columns_avx2, columns_vnni, Product};
         fn both<B: RepackedBlock>(w: &[B], acts: &[B::Act], m: usize, n: usize, kb: usize) -> (Vec<f32>, Vec<f32>) {
             let (mut a, mut v) = (vec![0f32; m * n], vec![0f32; m * n]);
             // SAFETY: AVX2/FMA/F16C and AVX-512 VNNI/VL checked above; sizes as documented.

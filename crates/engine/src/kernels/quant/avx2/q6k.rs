@@ -150,8 +150,13 @@ impl Repacks for BlockQ6KI {
 pub type Q6KMatrix = RepackedMatrix<BlockQ6KI>;
 
 #[cfg(target_arch = "x86_64")]
-impl super::q4k::RepackedBlock for BlockQ6KI {
+impl super::columns::RepackedBlock for BlockQ6KI {
     type Act = BlockQ8K6I;
+    /// Fours: the 6-bit values take 34 operations per block to decode, so sharing them over 4
+    /// rows pays for the spills. The output layer's product in panels, 2 cores, same run: 64
+    /// rows 67.4 GMAC/s in pairs, 87.7 in fours; 16 rows 65.5 and 79.7
+    /// (docs/results/README.md#const-qgemv-panels).
+    const FOURS: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -181,7 +186,7 @@ unsafe fn dots_avx2<const R: usize>(w: &[BlockQ6KI], acts: [&[BlockQ8K6I]; R]) -
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, b) in w.iter().enumerate() {
-        super::q4k::prefetch_ahead::<4>(b as *const BlockQ6KI as *const u8);
+        super::columns::prefetch_ahead::<4>(b as *const BlockQ6KI as *const u8);
         let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b.d as i32)));
         // The 16 scales as i16: lane s scales sub-block s.
         let scale = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.scales.as_ptr() as *const __m128i));
