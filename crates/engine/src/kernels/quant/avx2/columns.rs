@@ -77,9 +77,10 @@ pub(crate) unsafe fn columns_vnni<B: RepackedBlock>(p: &Product<B>, cols: std::o
 ///
 /// Below [`PANEL_MIN_ROWS`] rows (decoding, trees, batches of streams), and always with VNNI,
 /// every weight row meets all the tiles in turn while it sits in L1, so the matrix streams from
-/// memory while the products run. Otherwise (AVX2, prompts) the columns go in panels of about [`PANEL_BYTES`] of weights, and every tile of rows
-/// passes over a whole panel before the next tile: the tile's activations stay in L1 (in L2
-/// for four rows of the 8,960-wide inputs, 40 KiB) while the panel is read from L2. The row
+/// memory while the products run. Otherwise (AVX2, prompts) the columns go in panels of about
+/// [`PANEL_BYTES`] of weights, and every tile of rows passes over a whole panel before the next
+/// tile: the tile's activations stay in L1 (in L2 for four rows of the 8,960-wide inputs, 40
+/// KiB) while the panel is read from L2. The row
 /// order there, every tile of a 32-row chunk against one weight row before the next, read the
 /// chunk's activations (up to 320 KiB) from L2 for every weight row: the target's gate and up
 /// product of 256 rows ran at 88.7 GMAC/s on 2 cores against 106.8 in panels, 32 rows at 89.3
@@ -215,33 +216,25 @@ mod tests {
 
     /// The AVX2 loop over ranges of several [`PANEL_BYTES`] panels (the pool's chunks are
     /// smaller than a panel at this size, so products through it would not split one), Q4_K and
-    /// Q6_K, against 32 to 41 rows (every tile size at the end, fours and pairs): every output in the range equals the exact product of the
-    /// quantized weights and activations (f64), the others are left alone, and each row equals
-    /// its product alone (and the VNNI loop's, where it runs), bit for bit.
+    /// Q6_K, against 32 to 41 rows (every tile size at the end, fours and pairs): every output
+    /// in the range equals the exact product of the quantized weights and activations (f64),
+    /// the others are left alone, and each row equals its product alone (and the VNNI loop's,
+    /// where it runs), bit for bit.
     #[test]
     fn panels_cover_every_column_and_row() {
+        use crate::kernels::quant::avx2::q4k::BlockQ4KI;
+        use crate::kernels::quant::avx2::q6k::{self, BlockQ8K6I, Q6KMatrix};
+        use std::ops::Range;
         if !cpu_supported() {
             eprintln!("no AVX2/FMA/F16C on this CPU: the kernel is never taken, nothing to check");
             return;
         }
-        // Every product here runs in panels (the row order has `rows_do_not_depend_on_the_batch`
-        // in both layouts' tests).
-        check(60, 32, &[32, 33, 34, 35, 38, 41]);
-    }
-
-    /// [`panels_cover_every_column_and_row`] for an `[n, 256 kb]` matrix and `ms` rows.
-    fn check(n: usize, kb: usize, ms: &[usize]) {
-        use crate::kernels::quant::avx2::q6k::{self, BlockQ8K6I, Q6KMatrix};
-        use std::ops::Range;
         /// `x @ w^T` for columns `cols` (others NaN) through the AVX2 loop.
         fn product<B: RepackedBlock>(w: &[B], acts: &[B::Act], m: usize, n: usize, cols: Range<usize>) -> Vec<f32> {
             let mut out = vec![f32::NAN; m * n];
-            let kb = acts.len() / m;
-            assert!(n > 3 * PANEL_BYTES / (kb * std::mem::size_of::<B>()), "fewer than 4 panels");
-            assert!(m >= PANEL_MIN_ROWS, "{m} rows in the row order");
-            let p = Product { w, acts, m, n, kb };
-            // SAFETY: AVX2/FMA/F16C checked by the caller; `acts` has m * kb blocks, `w` n * kb,
-            // `out` m * n values, cols.end <= n.
+            let p = Product { w, acts, m, n, kb: acts.len() / m };
+            // SAFETY: AVX2/FMA/F16C checked above; `acts` has m * kb blocks, `w` n * kb, `out`
+            // m * n values, cols.end <= n.
             unsafe { columns_avx2(&p, cols.clone(), &mut out) };
             if vnni_enabled() {
                 let mut v = vec![f32::NAN; m * n];
@@ -254,6 +247,12 @@ mod tests {
             }
             out
         }
+        // Every product of `ms` runs in panels, over at least 4 of them for either layout (Q4_K's
+        // smaller blocks make the wider panels); one row alone runs in the row order (which
+        // `rows_do_not_depend_on_the_batch` covers in both layouts' tests).
+        let (n, kb, ms) = (60, 32, [32, 33, 34, 35, 38, 41]);
+        assert!(n > 3 * PANEL_BYTES / (kb * std::mem::size_of::<BlockQ4KI>()), "fewer than 4 panels");
+        assert!(ms.iter().all(|&m| m >= PANEL_MIN_ROWS), "rows in the row order");
         let dev = Device::Cpu;
         let k = kb * QK_K;
         let rows = ms.iter().copied().max().unwrap();
@@ -272,37 +271,14 @@ mod tests {
             let q = QTensor::quantize(&w, dtype).unwrap();
             let wd: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let (q4, q6) = (Q4KMatrix::from_qtensor(&q).unwrap(), Q6KMatrix::from_qtensor(&q).unwrap());
+            // Rows `first .. first + m` against the matrix, columns `cols`.
             let run = |m: usize, first: usize, cols: Range<usize>| match (&q4, &q6) {
                 (Some(mat), _) => product(&mat.blocks, &acts4[first * kb..(first + m) * kb], m, n, cols),
                 (_, Some(mat)) => product(&mat.blocks, &acts6[first * kb..(first + m) * kb], m, n, cols),
                 _ => unreachable!("both types repack on an AVX2 CPU"),
             };
-            // One row alone takes the row order: the reference for "alone" is the kernel's
-            // one-row product, through `columns`.
-            let alone: Vec<Vec<f32>> = (0..rows)
-                .map(|r| {
-                    let mut out = vec![0f32; n];
-                    let acts_row = r * kb..(r + 1) * kb;
-                    // SAFETY: AVX2/FMA/F16C checked by the caller; sizes as documented.
-                    unsafe {
-                        match (&q4, &q6) {
-                            (Some(mat), _) => columns(
-                                &Product { w: &mat.blocks, acts: &acts4[acts_row], m: 1, n, kb },
-                                0..n,
-                                &mut out,
-                            ),
-                            (_, Some(mat)) => columns(
-                                &Product { w: &mat.blocks, acts: &acts6[acts_row], m: 1, n, kb },
-                                0..n,
-                                &mut out,
-                            ),
-                            _ => unreachable!(),
-                        }
-                    }
-                    out
-                })
-                .collect();
-            for &m in ms {
+            let alone: Vec<Vec<f32>> = (0..rows).map(|r| run(1, r, 0..n)).collect();
+            for m in ms {
                 for cols in [0..n, 7..n - 5] {
                     let out = run(m, 0, cols.clone());
                     for r in 0..m {
