@@ -480,7 +480,7 @@ mod raw_repack_tests {
                 let raw = Linear::repacked_from_raw(dtype, &[kept, cols], &bytes[..kept * row_bytes], None, 0).unwrap();
                 let Some(raw) = raw else {
                     assert!(
-                        !q4k_interleaved::cpu_supported() || !repacking_on(),
+                        !crate::kernels::quant::avx2::cpu_supported() || !repacking_on(),
                         "{dtype:?}: our kernels exist but were not used"
                     );
                     continue;
@@ -501,7 +501,7 @@ mod raw_repack_tests {
                     );
                 }
             }
-            if q4k_interleaved::cpu_supported() && repacking_on() {
+            if crate::kernels::quant::avx2::cpu_supported() && repacking_on() {
                 assert!(Linear::repacked_from_raw(dtype, &[rows, cols], &bytes[..bytes.len() - 1], None, 0).is_err());
             }
         }

@@ -93,7 +93,7 @@ pub fn assert_rows_do_not_depend_on_the_batch(n: usize, k: usize, product: impl 
 /// True when the tiled kernels ([`super::avx512::q4k`], [`super::avx512::q6k`]) are taken on this
 /// CPU; otherwise says so (their tests then have nothing to check).
 pub fn tiled_kernels_available() -> bool {
-    let ok = super::avx2::q4k::vnni_enabled();
+    let ok = super::avx2::vnni_enabled();
     if !ok {
         eprintln!("no AVX-512 VNNI (or MDSD_VNNI=0): the tiled kernels are never taken, nothing to check");
     }

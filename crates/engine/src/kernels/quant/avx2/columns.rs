@@ -4,7 +4,7 @@
 //! each comes from the nearest cache. The products of one tile are the layout's own kernel.
 
 #[cfg(target_arch = "x86_64")]
-use super::q4k::vnni_enabled;
+use super::vnni_enabled;
 
 /// A repacked weight block and the activation block layout its kernel reads.
 #[cfg(target_arch = "x86_64")]
@@ -208,7 +208,8 @@ const ROW_CHUNK: usize = 32;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::kernels::quant::avx2::q4k::{cpu_supported, permute_activations, BlockQ8KI, Q4KMatrix};
+    use crate::kernels::quant::avx2::cpu_supported;
+    use crate::kernels::quant::avx2::q4k::{permute_activations, BlockQ8KI, Q4KMatrix};
     use crate::kernels::quant::repack_test_support::values;
     use crate::kernels::quant::{BlockQ8K, QK_K};
     use candle_core::quantized::{GgmlDType, QTensor};

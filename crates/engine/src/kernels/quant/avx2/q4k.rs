@@ -15,7 +15,7 @@
 //! Overflow: a `maddubs` lane is `q0 y0 + q1 y1` with `q < 16` and `|y| <= 128`, so at most
 //! 3,840 in magnitude, and 8 of them sum to at most 30,720 < 2^15.
 //!
-//! On CPUs with AVX-512 VNNI ([`vnni_enabled`]) the same layout feeds 512-bit `vpdpbusd`s: the
+//! On CPUs with AVX-512 VNNI ([`super::vnni_enabled`]) the same layout feeds 512-bit `vpdpbusd`s: the
 //! 4 bytes of a 32-bit lane all belong to one sub-block, so each lane sums one sub-block's
 //! products directly, and the result is bit for bit the AVX2 kernel's
 //! ([`RepackedBlock::dots_vnni`]). The activation groups are ordered ([`ACTIVATION_SLOT`]) so
@@ -23,6 +23,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::columns::{prefetch_ahead, RepackedBlock};
+use super::cpu_supported;
 use crate::kernels::quant::{BlockQ4K, BlockQ8K, QK_K};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Result;
@@ -142,43 +143,6 @@ impl<B: Repacks> RepackedMatrix<B> {
         let rows = rows.min(self.rows);
         let kb = self.cols / QK_K;
         Self { blocks: self.blocks[..rows * kb].to_vec(), rows, cols: self.cols }
-    }
-}
-
-/// x86-64 with AVX2, FMA and F16C.
-pub fn cpu_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// True when [`super::columns::columns`] takes the AVX-512 VNNI kernels (`vpdpbusd` on 512-bit registers for
-/// Q4_K, which needs AVX512F/BW/VL and AVX512-VNNI): on such CPUs unless `MDSD_VNNI=0`. They compute the same
-/// integers and the same `f32` operations in the same order as the AVX2 kernels, so a product
-/// is the same bit for bit either way (tested); only the speed differs.
-pub fn vnni_enabled() -> bool {
-    static VALUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VALUE.get_or_init(|| cpu_supported() && cpu_has_vnni() && std::env::var("MDSD_VNNI").map_or(true, |v| v != "0"))
-}
-
-fn cpu_has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 
@@ -492,7 +456,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vnni_kernels_match_the_avx2_kernels_bit_for_bit() {
-        if !(cpu_supported() && cpu_has_vnni()) {
+        if !(cpu_supported() && crate::kernels::quant::avx2::cpu_has_vnni()) {
             eprintln!("no AVX-512 VNNI on this CPU: its kernels are never taken, nothing to check");
             return;
         }

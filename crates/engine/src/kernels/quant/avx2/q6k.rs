@@ -245,7 +245,7 @@ unsafe fn dots_avx2<const R: usize>(w: &[BlockQ6KI], acts: [&[BlockQ8K6I]; R]) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::quant::avx2::q4k::cpu_supported;
+    use crate::kernels::quant::avx2::cpu_supported;
     use crate::kernels::quant::qgemv::{matmul_many, quantize_row_q8k, RowsWeight};
     use crate::kernels::quant::repack_test_support::{self as support, values};
     use candle_core::quantized::QTensor;

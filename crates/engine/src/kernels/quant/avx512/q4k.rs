@@ -25,7 +25,8 @@
 //! Overflow: a lane of one sub-block's sum is at most 32 x 15 x 128 = 61,440; times a 6-bit
 //! scale and over 8 sub-blocks, under 3.2e7 < 2^31. Minimums: 8 x 63 x 4,096 < 2^21.
 
-use crate::kernels::quant::avx2::q4k::{nibbles, repack_parallel_by, scale_min, vnni_enabled};
+use crate::kernels::quant::avx2::q4k::{nibbles, repack_parallel_by, scale_min};
+use crate::kernels::quant::avx2::vnni_enabled;
 use crate::kernels::quant::{BlockQ4K, BlockQ8K, QK_K};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Result;
