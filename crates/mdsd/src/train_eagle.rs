@@ -14,12 +14,16 @@ use anyhow::{bail, Context};
 use clap::Args;
 use engine::decode::{GenerationConfig, Generator};
 use engine::load::{load, LoadOptions};
+use engine::model::Batcher;
 use engine::train::data::{self, Conversation, SourceLimits};
 use engine::train::features::FeatureStore;
 use engine::train::{HeadShape, TrainConfig, TrainEvent, TrainableHead, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 
 #[derive(Args, Debug)]
 pub struct TrainEagleArgs {
@@ -63,6 +67,10 @@ pub struct TrainEagleArgs {
     /// MT-Bench first turns answered by the target for the evaluation (never trained on).
     #[arg(long, default_value_t = 80)]
     eval_answers: usize,
+    /// Answers generated at once, their forwards batched (each answer is the one it gets alone:
+    /// the setting changes only the time).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    answer_batch: u16,
     /// Longest evaluation answer, in tokens.
     #[arg(long, default_value_t = 128)]
     eval_answer_tokens: usize,
@@ -130,11 +138,25 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], usize::MAX)?;
     prompts
         .extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));
-    let self_answers = answers(target, tok, &prompts, args.self_answer_tokens, &args.out.join("self_answers.jsonl"))?;
+    let self_answers = answers(
+        target,
+        tok,
+        &prompts,
+        args.self_answer_tokens,
+        usize::from(args.answer_batch),
+        &args.out.join("self_answers.jsonl"),
+    )?;
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], usize::MAX)?;
     let mt: Vec<(String, String)> =
         mt.into_iter().take(args.eval_answers).map(|(c, t)| (format!("mt_bench/{c}"), t)).collect();
-    let eval_answers = answers(target, tok, &mt, args.eval_answer_tokens, &args.out.join("eval_answers.jsonl"))?;
+    let eval_answers = answers(
+        target,
+        tok,
+        &mt,
+        args.eval_answer_tokens,
+        usize::from(args.answer_batch),
+        &args.out.join("eval_answers.jsonl"),
+    )?;
 
     // 2. Features.
     let limits = SourceLimits { alpaca: args.alpaca, cnndm: args.cnndm, wmt14: args.wmt14, ..Default::default() };
@@ -229,12 +251,16 @@ fn keep_freed_memory() {
 }
 
 /// The target's greedy answers to `prompts` (`(source, text)`), kept in `file` (one
-/// [`Conversation`] per line); answers already there are not generated again.
+/// [`Conversation`] per line, in the prompts' order); answers already there are not generated
+/// again. `batch` generations run at once, on threads of their own with their forwards batched
+/// ([`Batcher`]); a row's result does not depend on the rows beside it, so every answer is the
+/// one it gets alone, whatever `batch` is.
 fn answers(
     target: &engine::model::DecoderModel,
     tok: &engine::tokenizer::TextTokenizer,
     prompts: &[(String, String)],
     max_tokens: usize,
+    batch: usize,
     file: &Path,
 ) -> anyhow::Result<Vec<Conversation>> {
     let mut done: Vec<Conversation> = match std::fs::read_to_string(file) {
@@ -268,7 +294,6 @@ fn answers(
     bar.set_message(file.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
     bar.set_position(done.len() as u64);
     let capacity = target.config().context_length.min(4096);
-    let mut generator = Generator::new(target, None, capacity)?;
     let config = GenerationConfig {
         max_new_tokens: max_tokens,
         warp: samplers::dist::Warp::temperature(0.0),
@@ -276,25 +301,83 @@ fn answers(
         randomness: Default::default(),
         speculative: None,
     };
-    for (source, prompt) in &prompts[done.len()..] {
-        let ids = tok.encode(&tok.apply_chat_template(prompt, None)?)?;
-        if ids.len() + max_tokens > capacity {
-            bar.inc(1);
-            bar.println(format!("skipped a prompt of {} tokens (over {capacity} with its answer)", ids.len()));
-            let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer: String::new() };
-            writeln!(out, "{}", serde_json::to_string(&c)?)?;
-            done.push(c);
-            continue;
-        }
-        let (new, _) = generator.generate(&ids, &config, |id| tok.is_stop(id), |_| Ok(()))?;
-        let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer: tok.decode(&new)? };
-        writeln!(out, "{}", serde_json::to_string(&c)?)?;
-        out.flush()?;
-        done.push(c);
-        bar.inc(1);
+    let todo = &prompts[done.len()..];
+    let workers = batch.clamp(1, todo.len());
+    let mut generators = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        generators.push(Generator::new(target, None, capacity)?);
     }
+    let batcher = Batcher::new();
+    let next = AtomicUsize::new(0);
+    let (tx, rx) = mpsc::channel::<(usize, anyhow::Result<Result<String, usize>>)>();
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        for mut generator in generators {
+            let (tx, next, batcher, config) = (tx.clone(), &next, &batcher, &config);
+            std::thread::Builder::new()
+                .name("mdsd-answers".into())
+                .spawn_scoped(scope, move || {
+                    // Alone, a generation runs its forwards itself; with others, batched.
+                    let _member = (workers > 1).then(|| batcher.join());
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some((_, prompt)) = todo.get(i) else { break };
+                        let answer = answer(&mut generator, tok, prompt, config, capacity);
+                        if tx.send((i, answer)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .context("starting an answer thread")?;
+        }
+        drop(tx);
+        // Written in the prompts' order (a resumed run keeps the file's lines as a prefix).
+        let start = done.len();
+        let mut ready = BTreeMap::new();
+        for (i, answer) in rx {
+            ready.insert(i, answer);
+            while let Some(answer) = ready.remove(&(done.len() - start)) {
+                let answer = match answer {
+                    Ok(a) => a,
+                    Err(e) => {
+                        next.store(todo.len(), Ordering::SeqCst);
+                        return Err(e);
+                    }
+                };
+                let (source, prompt) = &todo[done.len() - start];
+                let answer = answer.unwrap_or_else(|prompt_tokens| {
+                    bar.println(format!(
+                        "skipped a prompt of {prompt_tokens} tokens (over {capacity} with its answer)"
+                    ));
+                    String::new()
+                });
+                let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer };
+                writeln!(out, "{}", serde_json::to_string(&c)?)?;
+                out.flush()?;
+                done.push(c);
+                bar.inc(1);
+            }
+        }
+        Ok(())
+    })?;
     bar.finish_and_clear();
     Ok(done)
+}
+
+/// The greedy answer to one prompt through the chat template, or `Err(prompt tokens)` when
+/// the prompt and its longest answer do not fit in `capacity`.
+fn answer(
+    generator: &mut Generator,
+    tok: &engine::tokenizer::TextTokenizer,
+    prompt: &str,
+    config: &GenerationConfig,
+    capacity: usize,
+) -> anyhow::Result<Result<String, usize>> {
+    let ids = tok.encode(&tok.apply_chat_template(prompt, None)?)?;
+    if ids.len() + config.max_new_tokens > capacity {
+        return Ok(Err(ids.len()));
+    }
+    let (new, _) = generator.generate(&ids, config, |id| tok.is_stop(id), |_| Ok(()))?;
+    Ok(Ok(tok.decode(&new)?))
 }
 
 /// The feature store in `dir` with every text of `texts` (tokenized, cut to `max_len`)

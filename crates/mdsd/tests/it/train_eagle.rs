@@ -42,13 +42,13 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     std::fs::create_dir_all(&data).unwrap();
     write_data(&data);
     let out = dir.join("run");
-    let run = |epochs: &str| {
-        let args = [
+    let run_in = |out: &std::path::Path, epochs: &str, extra: &[&str]| {
+        let mut args = vec![
             "train-eagle",
             "--target",
             s(&target),
             "--out",
-            s(&out),
+            s(out),
             "--data",
             s(&data),
             "--epochs",
@@ -66,11 +66,13 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
             "--draft-vocab",
             "0",
         ];
+        args.extend_from_slice(extra);
         let o = mdsd(&args);
         let err = String::from_utf8_lossy(&o.stderr).to_string();
         assert!(o.status.success(), "{err}");
         err
     };
+    let run = |epochs: &str| run_in(&out, epochs, &[]);
     let first = run("1");
     assert!(first.contains("wrote") && first.contains("head"), "{first}");
     // MT-Bench's categories are never trained on: one Spec-Bench self answer (qa), one Alpaca.
@@ -78,6 +80,22 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     assert_eq!(answers.lines().count(), 2, "{answers}");
     assert!(!answers.contains("JKL"), "{answers}");
     assert_eq!(std::fs::read_to_string(out.join("eval_answers.jsonl")).unwrap().lines().count(), 2);
+    // The answers were generated together (the default --answer-batch 8, here 2 at once) and
+    // are, in order, those generated one at a time.
+    let alone = dir.join("alone");
+    run_in(&alone, "1", &["--answer-batch", "1", "--max-steps", "1"]);
+    for f in ["self_answers.jsonl", "eval_answers.jsonl"] {
+        let read = |d: &std::path::Path| std::fs::read_to_string(d.join(f)).unwrap();
+        assert_eq!(read(&alone), read(&out), "{f}");
+        // And each is `generate`'s greedy answer to its prompt.
+        let lines: Vec<serde_json::Value> = read(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_ne!(lines[0]["answer"], lines[1]["answer"], "{f}: two prompts, two answers");
+        for line in &lines {
+            let prompt = line["prompt"].as_str().unwrap();
+            let plain = generate_greedy_json(&target, prompt, "6", &["--no-spec", "--chat"]);
+            assert_eq!(plain["text"], line["answer"], "{f}: {prompt}");
+        }
+    }
     let stored = |f: &str| std::fs::read_to_string(out.join(f).join("sequences.jsonl")).unwrap().lines().count();
     let (train, eval) = (stored("features"), stored("eval_features"));
     assert_eq!((train, eval), (10, 2), "6 Alpaca + 1 CNN/DM + 1 WMT + 2 self answers; 2 evaluation answers");
