@@ -15,9 +15,18 @@ use std::collections::HashMap;
 use std::path::Path;
 
 impl EagleHead {
-    /// Loads the head in folder `dir` for `target`, checking that its hidden size and
-    /// vocabulary are the target's. Weights are cast to the target's dtype.
+    /// Loads the head in folder `dir` for `target` ([`Self::load_dense`]); on a CPU where our
+    /// Q6_K kernels run, its matrices are then re-quantized to Q6_K
+    /// ([`Self::quantize_for_this_cpu`]) unless `MDSD_EAGLE_DENSE=1`.
     pub fn load(dir: &Path, target: &DecoderModel) -> Result<Self> {
+        let mut head = Self::load_dense(dir, target)?;
+        head.quantize_for_this_cpu().map_err(|e| err(dir, format!("quantizing the EAGLE head: {e}")))?;
+        Ok(head)
+    }
+
+    /// Loads the head in folder `dir` for `target`, checking that its hidden size and
+    /// vocabulary are the target's. Weights are cast to the target's dtype and kept dense.
+    pub fn load_dense(dir: &Path, target: &DecoderModel) -> Result<Self> {
         let config_path = dir.join("config.json");
         let hf = HfConfig::load(&config_path)?;
         let mut config = hf.resolve(&config_path)?;

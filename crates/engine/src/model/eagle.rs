@@ -17,7 +17,9 @@
 //! (otherwise the target's embedding is used).
 
 use super::kv_cache::KvCache;
+use super::products::Products;
 use super::{block, block_parts, DecoderModel, Layer, Linear, ModelConfig, Part, Rope, StepInputs, Visibility};
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use std::path::{Path, PathBuf};
 
@@ -57,6 +59,54 @@ impl EagleHead {
             layer.join_products()?;
         }
         Ok(Self { config, fc, layer, embed, lm_head: None, rotary, dtype, device: device.clone(), path })
+    }
+
+    /// Re-quantizes the head's dense matrices (`fc` and the layer's seven) whose input width is
+    /// a whole number of `dtype`'s blocks ([`Linear::quantized`]); returns how many were. On the
+    /// CPU a head step reads all its weights for a few rows, so it is bound by their bytes:
+    /// f32 matrices are 4.9 times Q6_K's. Speculative decoding stays exact with any head (the
+    /// verifier uses the q the head computes); only how often drafts are accepted can move.
+    pub fn quantize_matrices(&mut self, dtype: GgmlDType) -> Result<usize> {
+        let mut done = 0;
+        let mut quantize = |l: &mut Linear| -> Result<()> {
+            if let Some(q) = l.quantized(dtype)? {
+                *l = q;
+                done += 1;
+            }
+            Ok(())
+        };
+        quantize(&mut self.fc)?;
+        let layer = &mut self.layer;
+        for products in [&mut layer.qkv, &mut layer.gate_up] {
+            match products {
+                Products::Apart(parts) => parts.iter_mut().try_for_each(&mut quantize)?,
+                Products::Joined(runs) => runs.iter_mut().try_for_each(|(l, _)| quantize(l))?,
+            }
+        }
+        quantize(&mut layer.o)?;
+        quantize(&mut layer.down)?;
+        Ok(done)
+    }
+
+    /// On a CPU where our Q6_K kernels run (x86-64 with AVX2), [`Self::quantize_matrices`] to
+    /// Q6_K, unless `MDSD_EAGLE_DENSE=1`: a head step on the CPU is bound by the bytes of its
+    /// weights. Elsewhere nothing changes. Returns how many matrices were quantized.
+    pub fn quantize_for_this_cpu(&mut self) -> Result<usize> {
+        let dense = std::env::var("MDSD_EAGLE_DENSE").is_ok_and(|v| v == "1");
+        if !self.device.is_cpu() || !crate::kernels::quant::avx2::cpu_supported() || dense {
+            return Ok(0);
+        }
+        self.quantize_matrices(GgmlDType::Q6K)
+    }
+
+    /// How many of the head's matrices are dense (not quantized).
+    pub fn dense_matrices(&self) -> usize {
+        let layer = &self.layer;
+        let products = [&layer.qkv, &layer.gate_up].into_iter().flat_map(|p| match p {
+            Products::Apart(parts) => parts.iter().collect::<Vec<_>>(),
+            Products::Joined(runs) => runs.iter().map(|(l, _)| l).collect(),
+        });
+        [&self.fc, &layer.o, &layer.down].into_iter().chain(products).filter(|l| l.is_dense()).count()
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -419,6 +419,27 @@ impl Linear {
         Ok(Some(Self { weight: Some(weight), repacked: None, bias, pad_input, few_rows_max }))
     }
 
+    /// This product with its dense matrix quantized to `dtype` (candle's quantizer, ggml's
+    /// rounding), routed as [`Self::new`] routes a stored matrix of that type (a Q4_K or Q6_K
+    /// one on an AVX2 CPU to our repacked kernels); the bias is kept. `None` when the matrix is
+    /// not a dense one on the CPU, or its input width is not a whole number of `dtype`'s blocks.
+    pub fn quantized(&self, dtype: GgmlDType) -> Result<Option<Self>> {
+        let w = match (&self.weight, &self.repacked) {
+            (Some(QMatMul::Tensor(w) | QMatMul::TensorF16(w)), None) if w.device().is_cpu() && w.rank() == 2 => w,
+            _ => return Ok(None),
+        };
+        if self.pad_input != 0 || !w.dim(1)?.is_multiple_of(dtype.block_size()) {
+            return Ok(None);
+        }
+        let q = candle_core::quantized::QTensor::quantize(&w.to_dtype(DType::F32)?, dtype)?;
+        Ok(Some(Self::new(QMatMul::from_arc(std::sync::Arc::new(q))?, self.bias.clone())?))
+    }
+
+    /// Whether the matrix is dense (f32, f16 or bf16), not quantized.
+    pub fn is_dense(&self) -> bool {
+        matches!(self.weight, Some(QMatMul::Tensor(_) | QMatMul::TensorF16(_))) && self.repacked.is_none()
+    }
+
     /// The number of outputs (rows of the matrix).
     pub fn output_rows(&self) -> Result<usize> {
         match (&self.weight, &self.repacked) {

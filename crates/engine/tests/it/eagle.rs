@@ -360,4 +360,68 @@ mod decoding {
         let config = GenerationConfig { speculative: Some(spec), ..base };
         assert_eq!(g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap().0, reference);
     }
+
+    /// On the CPU a head's matrices whose input widths are whole 256-value blocks are
+    /// re-quantized to Q6_K (`EagleHead::load` does it where our kernels run, unless
+    /// `MDSD_EAGLE_DENSE=1`): all eight here (hidden and MLP width 256). The quantized head's
+    /// outputs stay within 5% of the dense head's largest (2.3% measured: 6-bit weights and the
+    /// kernels' 8-bit activations; they differ, so the matrices did change), and the
+    /// target's law holds with it: at temperature 0 its drafts give the plain output, some
+    /// accepted; at temperature 1 the first two tokens follow the target's (chi-square as
+    /// `first_two_tokens_follow_the_target_law`).
+    #[test]
+    fn a_quantized_head_is_close_and_keeps_the_target_law() {
+        use candle_core::quantized::GgmlDType;
+        let tiny = Tiny { vocab: 5, hidden: 256, intermediate: 256, layers: 1, scale: 1.0, ..Tiny::qwen2(83) };
+        let target = load_on_test_device(&tiny.write_hf(&temp_dir("eagle-q6k-target")));
+        let dir = TinyEagle { target: tiny, seed: 84, own_embedding: false, scale: 0.02 }
+            .write(&temp_dir("eagle-q6k-head"), false);
+        let dense = EagleHead::load_dense(&dir, &target).unwrap();
+        assert_eq!(dense.dense_matrices(), 8);
+        let mut head = EagleHead::load_dense(&dir, &target).unwrap();
+        let quantized = head.quantize_matrices(GgmlDType::Q6K).unwrap();
+        let on_cpu = target.device().is_cpu();
+        // Only dense matrices on the CPU are re-quantized (on a GPU the head keeps its dtype).
+        assert_eq!((quantized, head.dense_matrices()), if on_cpu { (8, 0) } else { (0, 8) });
+        let by_default = EagleHead::load(&dir, &target).unwrap().dense_matrices();
+        let ours = on_cpu
+            && engine::kernels::quant::avx2::cpu_supported()
+            && std::env::var("MDSD_EAGLE_DENSE").map_or(true, |v| v != "1");
+        assert_eq!(by_default, if ours { 0 } else { 8 });
+
+        // Every entry of a prompt's prefill (ids inside the vocabulary of 5).
+        let ids = [1u32, 4, 0, 2, 3, 3, 1, 0];
+        let n = ids.len();
+        let bias = |t| causal_bias(0, t, target.dtype(), target.device()).unwrap();
+        let pos: Vec<u32> = (0..n as u32).collect();
+        let f = target.forward(&ids, &pos, &bias(n), &mut target.new_cache(16).unwrap()).unwrap();
+        let outputs = |h: &EagleHead| {
+            let f = f.narrow(0, 0, n - 1).unwrap();
+            h.forward(&target, &f, &ids[1..], &pos[..n - 1], &bias(n - 1), &mut h.new_cache(16).unwrap()).unwrap()
+        };
+        let (a, b) = (outputs(&dense), outputs(&head));
+        let scale = a.abs().unwrap().max_all().unwrap().to_dtype(candle_core::DType::F32).unwrap();
+        let relative = max_diff(&a, &b) / scale.to_scalar::<f32>().unwrap();
+        eprintln!("Q6_K head against the dense head: largest difference {relative:.2e} of the largest output");
+        assert!(relative < 0.05, "{relative}");
+        assert!(!on_cpu || relative > 0.0, "the quantized head computes exactly the dense one's outputs");
+
+        let prompt = [1u32, 4, 0];
+        let mut g = Generator::with_eagle(&target, &head, 64).unwrap();
+        let base = common::greedy(20, 3);
+        let (reference, _) =
+            Generator::new(&target, None, 64).unwrap().generate(&prompt, &base, |_| false, |_| Ok(())).unwrap();
+        let mut accepted = 0;
+        for name in ["chain-3", "mc_sim_7b_63"] {
+            let spec =
+                common::spec(DraftTree::preset(name).unwrap(), DraftConstruction::Greedy, Verifier::Greedy, None, 0.0);
+            let config = GenerationConfig { speculative: Some(spec), ..base.clone() };
+            let (out, stats) = g.generate(&prompt, &config, |_| false, |_| Ok(())).unwrap();
+            assert_eq!(out, reference, "{name}");
+            accepted += (stats.tau > 1.0) as usize;
+        }
+        assert!(accepted > 0, "the quantized head's drafts were never accepted");
+        let pairs = [(DraftConstruction::WithReplacement, Verifier::Rrs)];
+        assert_two_tokens_follow(&mut g, &target, &prompt, Warp::temperature(1.0), &pairs, "Q6_K head ");
+    }
 }
