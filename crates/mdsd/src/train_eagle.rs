@@ -8,6 +8,8 @@
 //! 2. the target's features of every text (`OUT/features`, `OUT/eval_features`), f16;
 //! 3. training (`engine::train::Trainer`): `OUT/checkpoint`, `OUT/train_log.jsonl`.
 //!
+//! A run holds `OUT/.lock`: a second run on the same folder is refused.
+//!
 //! Part of the `mdsd` binary (`main.rs`); docs/eagle-training.md.
 
 use anyhow::{bail, Context};
@@ -118,6 +120,7 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     }
     let path = crate::models::target_path(args.target.as_deref(), &args.pair, args.models_dir.as_deref())?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let _lock = lock_out(&args.out)?;
     keep_freed_memory();
     eprintln!("mdsd: loading the target {}", path.display());
     let loaded = load(&path, &candle_core::Device::Cpu, &LoadOptions::default())?;
@@ -234,6 +237,28 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         head_dir.display()
     );
     Ok(())
+}
+
+/// Holds `out/.lock` for the run: two runs on one folder would append to the same answer and
+/// feature files and corrupt them. Released when the file is dropped, or when the process ends
+/// however it ends.
+fn lock_out(out: &Path) -> anyhow::Result<std::fs::File> {
+    let path = out.join(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "{}: another train-eagle run is using this folder (it holds {}); wait for it to end, or use another --out",
+            out.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
 }
 
 /// A training step allocates and frees tensors of tens of MB (a batch's logits); glibc gives

@@ -121,6 +121,15 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     assert_eq!(plain["text"], drafted["text"]);
     assert!(drafted["draft_forwards"].as_u64().unwrap() > 0, "{drafted}");
 
+    // A second run on a folder in use is refused (this process holds the run's lock), and
+    // runs once the lock is released.
+    let lock = std::fs::File::open(out.join(".lock")).unwrap();
+    lock.lock().unwrap();
+    let e = fails(&["train-eagle", "--target", s(&target), "--out", s(&out), "--data", s(&data)]);
+    assert!(e.contains("another train-eagle run") && e.contains(".lock"), "{e}");
+    drop(lock);
+    run("2");
+
     // Clear errors: a missing data folder, answers of other prompts.
     let e =
         fails(&["train-eagle", "--target", s(&target), "--out", s(&dir.join("other")), "--data", s(&dir.join("none"))]);
