@@ -141,25 +141,15 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], usize::MAX)?;
     prompts
         .extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));
-    let self_answers = answers(
-        target,
-        tok,
-        &prompts,
-        args.self_answer_tokens,
-        usize::from(args.answer_batch),
-        &args.out.join("self_answers.jsonl"),
-    )?;
+    let batch = usize::from(args.answer_batch);
+    let answers_to = |prompts: &[(String, String)], tokens: usize, file: &str| {
+        answers(target, tok, prompts, tokens, batch, &args.out.join(file))
+    };
+    let self_answers = answers_to(&prompts, args.self_answer_tokens, "self_answers.jsonl")?;
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], usize::MAX)?;
     let mt: Vec<(String, String)> =
         mt.into_iter().take(args.eval_answers).map(|(c, t)| (format!("mt_bench/{c}"), t)).collect();
-    let eval_answers = answers(
-        target,
-        tok,
-        &mt,
-        args.eval_answer_tokens,
-        usize::from(args.answer_batch),
-        &args.out.join("eval_answers.jsonl"),
-    )?;
+    let eval_answers = answers_to(&mt, args.eval_answer_tokens, "eval_answers.jsonl")?;
 
     // 2. Features.
     let limits = SourceLimits { alpaca: args.alpaca, cnndm: args.cnndm, wmt14: args.wmt14, ..Default::default() };
