@@ -2,7 +2,7 @@
 //! conversation through the chat template), each answered by one line of JSON on standard
 //! output, in order: on one generator that reuses the prefix the texts share, or with
 //! `--max-batch N` on N generators, each on a thread of its own taking the next line, their
-//! forwards batched (`engine::model::Batcher`). Part of the `mdsd` binary (`main.rs`).
+//! forwards batched (`crate::batched::in_order`). Part of the `mdsd` binary (`main.rs`).
 
 use crate::cli::GenerateArgs;
 use crate::generate::answer_json;
@@ -10,12 +10,8 @@ use crate::session::{Plan, Session};
 use anyhow::{anyhow, Context};
 use engine::decode::stop::TextStops;
 use engine::decode::Generator;
-use engine::model::Batcher;
 use serde_json::json;
-use std::collections::BTreeMap;
 use std::io::BufRead;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::time::Instant;
 
 /// Reads every line of standard input, then generates for each: `{"line": N, ...}` with what
@@ -50,53 +46,28 @@ pub fn generate_lines(args: &GenerateArgs, plan: Plan) -> anyhow::Result<()> {
         generator.set_prompt_logprobs(args.prompt_logprobs);
         generator.set_prefix_reuse(!args.prompt_logprobs);
     }
-    let batcher = Batcher::new();
-    let next = AtomicUsize::new(0);
-    let (tx, rx) = mpsc::channel::<(usize, Line)>();
     let mut totals = Totals::default();
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        for mut generator in generators {
-            let (tx, next, batcher, prompts, session) = (tx.clone(), &next, &batcher, &prompts, &session);
-            std::thread::Builder::new()
-                .name("mdsd-jsonl".into())
-                .spawn_scoped(scope, move || {
-                    // Alone, a generation runs its forwards itself; with others, batched.
-                    let _member = (workers > 1).then(|| batcher.join());
-                    loop {
-                        let i = next.fetch_add(1, Ordering::SeqCst);
-                        let Some((n, ids)) = prompts.get(i) else { break };
-                        let line = answer_line(session, args, &mut generator, *n, ids);
-                        if tx.send((i, line)).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .context("starting a generation thread")?;
-        }
-        drop(tx);
-        // Lines are printed in input order as soon as every earlier one is.
-        let mut ready: BTreeMap<usize, Line> = BTreeMap::new();
-        let mut printed = 0;
-        for (i, line) in rx {
-            ready.insert(i, line);
-            while let Some(line) = ready.remove(&printed) {
-                printed += 1;
-                totals.add(&line);
-                match &line.stats {
-                    Some((tokens, tau, rate)) => eprintln!(
-                        "mdsd: line {} ({printed} of {}): {tokens} tokens, tau {tau:.2}, {rate:.2} tokens/s",
-                        line.number,
-                        prompts.len()
-                    ),
-                    None => eprintln!("mdsd: line {}: {}", line.number, line.value["error"].as_str().unwrap_or("")),
-                }
-                println!("{}", line.value);
+    let batches = crate::batched::in_order(
+        generators,
+        &prompts,
+        |generator, (n, ids)| answer_line(&session, args, generator, *n, ids),
+        |i, line| {
+            // Lines are printed in input order as soon as every earlier one is.
+            totals.add(&line);
+            let printed = i + 1;
+            match &line.stats {
+                Some((tokens, tau, rate)) => eprintln!(
+                    "mdsd: line {} ({printed} of {}): {tokens} tokens, tau {tau:.2}, {rate:.2} tokens/s",
+                    line.number,
+                    prompts.len()
+                ),
+                None => eprintln!("mdsd: line {}: {}", line.number, line.value["error"].as_str().unwrap_or("")),
             }
-        }
-        Ok(())
-    })?;
+            println!("{}", line.value);
+            Ok(())
+        },
+    )?;
     let wall = started.elapsed().as_secs_f64();
-    let batches = batcher.stats();
     let batched = if workers > 1 {
         format!(", {workers} at once (widest forward {} sequences)", batches.widest)
     } else {

@@ -7,6 +7,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod batched;
 mod chat;
 mod cli;
 mod fetch;

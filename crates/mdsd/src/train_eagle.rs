@@ -16,16 +16,12 @@ use anyhow::{bail, Context};
 use clap::Args;
 use engine::decode::{GenerationConfig, Generator};
 use engine::load::{load, LoadOptions};
-use engine::model::Batcher;
 use engine::train::data::{self, Conversation, SourceLimits};
 use engine::train::features::FeatureStore;
 use engine::train::{HeadShape, TrainConfig, TrainEvent, TrainableHead, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 
 #[derive(Args, Debug)]
 pub struct TrainEagleArgs {
@@ -268,7 +264,7 @@ fn keep_freed_memory() {
 /// The target's greedy answers to `prompts` (`(source, text)`), kept in `file` (one
 /// [`Conversation`] per line, in the prompts' order); answers already there are not generated
 /// again. `batch` generations run at once, on threads of their own with their forwards batched
-/// ([`Batcher`]); a row's result does not depend on the rows beside it, so every answer is the
+/// ([`crate::batched::in_order`]); a row's result does not depend on the rows beside it, so every answer is the
 /// one it gets alone, whatever `batch` is.
 fn answers(
     target: &engine::model::DecoderModel,
@@ -322,58 +318,25 @@ fn answers(
     for _ in 0..workers {
         generators.push(Generator::new(target, None, capacity)?);
     }
-    let batcher = Batcher::new();
-    let next = AtomicUsize::new(0);
-    let (tx, rx) = mpsc::channel::<(usize, anyhow::Result<Result<String, usize>>)>();
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        for mut generator in generators {
-            let (tx, next, batcher, config) = (tx.clone(), &next, &batcher, &config);
-            std::thread::Builder::new()
-                .name("mdsd-answers".into())
-                .spawn_scoped(scope, move || {
-                    // Alone, a generation runs its forwards itself; with others, batched.
-                    let _member = (workers > 1).then(|| batcher.join());
-                    loop {
-                        let i = next.fetch_add(1, Ordering::SeqCst);
-                        let Some((_, prompt)) = todo.get(i) else { break };
-                        let answer = answer(&mut generator, tok, prompt, config, capacity);
-                        if tx.send((i, answer)).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .context("starting an answer thread")?;
-        }
-        drop(tx);
-        // Written in the prompts' order (a resumed run keeps the file's lines as a prefix).
-        let start = done.len();
-        let mut ready = BTreeMap::new();
-        for (i, answer) in rx {
-            ready.insert(i, answer);
-            while let Some(answer) = ready.remove(&(done.len() - start)) {
-                let answer = match answer {
-                    Ok(a) => a,
-                    Err(e) => {
-                        next.store(todo.len(), Ordering::SeqCst);
-                        return Err(e);
-                    }
-                };
-                let (source, prompt) = &todo[done.len() - start];
-                let answer = answer.unwrap_or_else(|prompt_tokens| {
-                    bar.println(format!(
-                        "skipped a prompt of {prompt_tokens} tokens (over {capacity} with its answer)"
-                    ));
-                    String::new()
-                });
-                let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer };
-                writeln!(out, "{}", serde_json::to_string(&c)?)?;
-                out.flush()?;
-                done.push(c);
-                bar.inc(1);
-            }
-        }
-        Ok(())
-    })?;
+    // Written in the prompts' order (a resumed run keeps the file's lines as a prefix).
+    crate::batched::in_order(
+        generators,
+        todo,
+        |generator, (_, prompt)| answer(generator, tok, prompt, &config, capacity),
+        |i, answer| {
+            let (source, prompt) = &todo[i];
+            let answer = answer?.unwrap_or_else(|prompt_tokens| {
+                bar.println(format!("skipped a prompt of {prompt_tokens} tokens (over {capacity} with its answer)"));
+                String::new()
+            });
+            let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer };
+            writeln!(out, "{}", serde_json::to_string(&c)?)?;
+            out.flush()?;
+            done.push(c);
+            bar.inc(1);
+            Ok(())
+        },
+    )?;
     bar.finish_and_clear();
     Ok(done)
 }

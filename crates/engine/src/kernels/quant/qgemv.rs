@@ -36,6 +36,7 @@ use half::f16;
 use super::avx2::columns as repacked;
 use super::avx2::q4k::{self as q4ki, BlockQ8KI, Q4KMatrix};
 use super::avx2::q6k::{self as q6ki, BlockQ8K6I, Q6KMatrix};
+use super::avx2::{cpu_supported, vnni_enabled};
 use super::avx512::q4k::{self as q4k_tiled, Q4KTiledMatrix};
 use super::avx512::q6k::Q6KTiledMatrix;
 pub use super::q8k::quantize_row_q8k;
@@ -52,7 +53,7 @@ pub fn supports(w: &QTensor) -> bool {
 
 /// [`supports`] for a CPU matrix of type `dtype` and shape `dims`.
 pub fn supports_on_cpu(dtype: GgmlDType, dims: &[usize]) -> bool {
-    crate::kernels::quant::avx2::cpu_supported()
+    cpu_supported()
         && matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
         && dims.len() == 2
         && dims[1].is_multiple_of(QK_K)
@@ -160,10 +161,8 @@ pub fn matmul_many(ws: &[RowsWeight], x: &[f32], m: usize, outs: &mut [&mut [f32
         let (n, kw) = w.dims()?;
         let ok = match w {
             RowsWeight::Ggml(w) => supports(w),
-            RowsWeight::Q4KInterleaved(_) | RowsWeight::Q6KInterleaved(_) => {
-                crate::kernels::quant::avx2::cpu_supported()
-            }
-            RowsWeight::Q4KTiled(_) | RowsWeight::Q6KTiled(_) => crate::kernels::quant::avx2::vnni_enabled(),
+            RowsWeight::Q4KInterleaved(_) | RowsWeight::Q6KInterleaved(_) => cpu_supported(),
+            RowsWeight::Q4KTiled(_) | RowsWeight::Q6KTiled(_) => vnni_enabled(),
         };
         if !ok || kw != k || out.len() != m * n {
             candle_core::bail!("quantized-rows-matmul: unsupported matrix [{n}, {kw}] with {m} rows of {k}");
@@ -520,7 +519,7 @@ mod tests {
     /// dequantized matrix in f32 and against candle's own quantized matmul (whose CPU kernels
     /// land about as far from the f32 product as ours, but not on the same side).
     fn check(dtype: GgmlDType) {
-        if !crate::kernels::quant::avx2::cpu_supported() {
+        if !cpu_supported() {
             eprintln!("no AVX2 on this CPU: the fast path is never taken, nothing to check");
             return;
         }
@@ -542,7 +541,7 @@ mod tests {
             let ours: Vec<f32> = ours.flatten_all().unwrap().to_vec1().unwrap();
             // Q4_K also in the repacked layout: the same integer sums, another f32 order.
             let repacked = Q4KMatrix::from_qtensor(&q).unwrap();
-            assert_eq!(repacked.is_some(), dtype == GgmlDType::Q4K && crate::kernels::quant::avx2::cpu_supported());
+            assert_eq!(repacked.is_some(), dtype == GgmlDType::Q4K && cpu_supported());
             let ours_repacked: Option<Vec<f32>> = repacked.map(|r| {
                 let y = xt.apply_op1_no_bwd(&QuantizedRowsMatmul(RowsWeight::Q4KInterleaved(&r))).unwrap();
                 assert_eq!(y.dims(), &[m, n]);
