@@ -67,7 +67,7 @@ if has tests; then
     TEST_PIDS+=($!)
   }
   # dtype:binary[:skipped,names] each.
-  TESTS=${TESTS:-"f32:fused_decode bf16:fused_decode:equals_fused_plain,decode_as_eager f32:model_forward f32:decode f32:chi_square:one_percent f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
+  TESTS=${TESTS:-"f32:fused_decode bf16:fused_decode:equals_fused_plain,decode_as_eager f32:model_forward f32:decode f32:chi_square:one_percent f32:eagle f32:positional f32:logprobs f32:penalties f32:prefix_reuse f32:ngram f32:logit_bias f32:train_eagle bf16:model_forward bf16:eagle:follow_the_target_law,follows_the_target_law bf16:decode:follow_the_target_law,follows_the_target_law,are_exact"}
   if [ -n "${TEST_SPLIT:-}" ]; then
     # One process per test, TEST_SPLIT at a time, the chi-square tests (`law`, `exact`) first:
     # a binary's slowest test then bounds the step, not the sum of its tests.

@@ -59,6 +59,10 @@ pub struct TrainEagleArgs {
     /// Target's own answers: this many of EAGLE's Alpaca prompts.
     #[arg(long, default_value_t = 60)]
     self_answers_alpaca: usize,
+    /// Target's own answers: this many of the Alpaca sample's instructions (the same items
+    /// whose fixed outputs --alpaca trains on), asked after the prompts above.
+    #[arg(long, default_value_t = 0)]
+    self_answers_alpaca_sample: usize,
     /// Longest self answer, in tokens.
     #[arg(long, default_value_t = 160)]
     self_answer_tokens: usize,
@@ -105,6 +109,10 @@ pub struct TrainEagleArgs {
     /// Stop this run after this many optimizer steps (with a checkpoint; a later run resumes).
     #[arg(long)]
     max_steps: Option<u64>,
+    /// Where the target runs and the head trains: `cpu`, or `cuda` / `cuda:N` in a build with
+    /// `--features cuda` (the run is deterministic for its seed on the CPU only).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// The stored head's weight type.
     #[arg(long, value_parser = ["f16", "bf16", "f32"], default_value = "f16")]
     dtype: String,
@@ -119,7 +127,8 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     let _lock = lock_out(&args.out)?;
     keep_freed_memory();
     eprintln!("mdsd: loading the target {}", path.display());
-    let loaded = load(&path, &candle_core::Device::Cpu, &LoadOptions::default())?;
+    let device = engine::load::parse_device(&args.device)?;
+    let loaded = load(&path, &device, &LoadOptions::default())?;
     let (target, tok) = (&loaded.model, &loaded.tokenizer);
     if !tok.has_chat_template() {
         bail!("{}: the target has no chat template; EAGLE training formats texts as chat turns", path.display());
@@ -137,6 +146,9 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], usize::MAX)?;
     prompts
         .extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));
+    // Appended after the others, so that a folder of answers to the prompts above is reused.
+    let sample = data::alpaca_items(&args.data, args.self_answers_alpaca_sample)?;
+    prompts.extend(sample.into_iter().map(|(p, _)| ("self/alpaca_sample".to_string(), p)));
     let batch = usize::from(args.answer_batch);
     let answers_to = |prompts: &[(String, String)], tokens: usize, file: &str| {
         answers(target, tok, prompts, tokens, batch, &args.out.join(file))
@@ -158,7 +170,7 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
 
     // 3. Training.
     let shape = HeadShape::for_target(target.config(), args.intermediate_size);
-    let head = TrainableHead::init(shape, args.seed, &candle_core::Device::Cpu)?;
+    let head = TrainableHead::init(shape, args.seed, &device)?;
     let config = TrainConfig {
         epochs: args.epochs,
         lr: args.lr,

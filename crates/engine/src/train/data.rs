@@ -5,7 +5,8 @@
 //!
 //! EAGLE-1 trains on fixed ShareGPT answers; here the fixed answers are Alpaca's outputs,
 //! CNN/DailyMail's highlights and WMT'14's English references, and the target's own answers
-//! ([`SelfAnswer`]) to Spec-Bench (without its MT-Bench questions) and EAGLE's Alpaca prompts.
+//! to Spec-Bench (without its MT-Bench questions), EAGLE's Alpaca prompts and the Alpaca
+//! sample's instructions ([`alpaca_items`]).
 //! MT-Bench is never trained on: it is the evaluation.
 
 use crate::tokenizer::TextTokenizer;
@@ -55,16 +56,10 @@ fn field<'a>(v: &'a serde_json::Value, name: &str, path: &Path, line: usize) -> 
 /// The fixed-answer conversations of the prompt sets in `dir` (`alpaca_sample.jsonl`,
 /// `cnndm_frank_test.jsonl`, `wmt14_deen_test.jsonl`), the first items of each as `limits` says.
 pub fn fixed_conversations(dir: &Path, limits: &SourceLimits) -> Result<Vec<Conversation>> {
-    let mut out = Vec::new();
-    let path = dir.join("alpaca_sample.jsonl");
-    for (i, v) in read_jsonl(&path)?.iter().take(limits.alpaca).enumerate() {
-        let (instruction, input) = (field(v, "instruction", &path, i)?, v.get("input").and_then(|x| x.as_str()));
-        let prompt = match input {
-            Some(inp) if !inp.trim().is_empty() => format!("{instruction}\n\n{inp}"),
-            _ => instruction.to_string(),
-        };
-        out.push(Conversation { source: "alpaca".into(), prompt, answer: field(v, "output", &path, i)?.to_string() });
-    }
+    let mut out: Vec<Conversation> = alpaca_items(dir, limits.alpaca)?
+        .into_iter()
+        .map(|(prompt, answer)| Conversation { source: "alpaca".into(), prompt, answer })
+        .collect();
     let path = dir.join("cnndm_frank_test.jsonl");
     for (i, v) in read_jsonl(&path)?.iter().take(limits.cnndm).enumerate() {
         let article = cut_at_word(field(v, "article", &path, i)?, limits.article_chars);
@@ -82,6 +77,22 @@ pub fn fixed_conversations(dir: &Path, limits: &SourceLimits) -> Result<Vec<Conv
             prompt: format!("Translate German to English: {}", field(v, "de", &path, i)?),
             answer: field(v, "en", &path, i)?.to_string(),
         });
+    }
+    Ok(out)
+}
+
+/// The first `n` items of `dir/alpaca_sample.jsonl` as `(prompt, output)`: the instruction,
+/// followed by its input after a blank line when it has one.
+pub fn alpaca_items(dir: &Path, n: usize) -> Result<Vec<(String, String)>> {
+    let path = dir.join("alpaca_sample.jsonl");
+    let mut out = Vec::new();
+    for (i, v) in read_jsonl(&path)?.iter().take(n).enumerate() {
+        let (instruction, input) = (field(v, "instruction", &path, i)?, v.get("input").and_then(|x| x.as_str()));
+        let prompt = match input {
+            Some(inp) if !inp.trim().is_empty() => format!("{instruction}\n\n{inp}"),
+            _ => instruction.to_string(),
+        };
+        out.push((prompt, field(v, "output", &path, i)?.to_string()));
     }
     Ok(out)
 }

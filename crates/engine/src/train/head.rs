@@ -163,6 +163,15 @@ impl TrainableHead {
         &self.shape
     }
 
+    /// The head with its weights on `device` (itself when they are there already).
+    pub fn to_device(self, device: &Device) -> Result<Self> {
+        if self.device.same_device(device) {
+            return Ok(self);
+        }
+        let tensors = self.tensors();
+        Self::from_tensors(self.shape, tensors, device)
+    }
+
     /// The trained variables, by name.
     pub fn vars(&self) -> &BTreeMap<String, Var> {
         &self.vars
@@ -308,10 +317,14 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> crate::Result<()> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Saves named tensors as safetensors at `path`, atomically ([`write_atomically`]).
+/// Saves named tensors (on any device) as safetensors at `path`, atomically ([`write_atomically`]).
 pub fn save_safetensors(path: &Path, tensors: Vec<(String, Tensor)>) -> crate::Result<()> {
     let tmp = path.with_extension(format!("partial-{}", std::process::id()));
-    candle_core::safetensors::save(&tensors.into_iter().collect::<std::collections::HashMap<_, _>>(), &tmp)
+    let on_host = tensors
+        .into_iter()
+        .map(|(k, t)| Ok((k, t.to_device(&Device::Cpu)?)))
+        .collect::<Result<std::collections::HashMap<_, _>>>()?;
+    candle_core::safetensors::save(&on_host, &tmp)
         .map_err(|e| crate::file_error(path, format!("cannot write: {e}")))?;
     let io = |e: std::io::Error| crate::file_error(path, format!("cannot write: {e}"));
     std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;

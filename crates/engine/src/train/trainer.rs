@@ -152,15 +152,17 @@ struct Item {
 
 impl<'a> Trainer<'a> {
     /// A run for `target` writing into `out`: resumes from `out/checkpoint` when one is there
-    /// (the head's shape must match), else starts from `head`.
+    /// (the head's shape must match), else starts from `head` (moved to the target's device,
+    /// where the run trains: the CPU, or a GPU for a target loaded on one).
     pub fn new(target: &'a DecoderModel, head: TrainableHead, config: TrainConfig, out: &Path) -> Result<Self> {
-        let device = Device::Cpu;
+        let device = target.device().clone();
         let vocab = match config.draft_vocab {
             0 => target.config().vocab_size,
             rows => rows.min(target.config().vocab_size),
         };
         let lm_cut = target.output_layer_rows(vocab)?;
-        let lm_dense = dense_rows(&lm_cut, target.config().hidden_size, vocab)?;
+        let lm_dense = dense_rows(&lm_cut, target.config().hidden_size, vocab, target.dtype(), &device)?;
+        let head = head.to_device(&device)?;
         let ckpt = out.join("checkpoint");
         let (head, optimizer, state) = if ckpt.join("state.json").is_file() {
             let state_path = ckpt.join("state.json");
@@ -253,7 +255,9 @@ impl<'a> Trainer<'a> {
         let vocab = self.lm_dense.dim(0)?;
         let logits = g.matmul(&self.lm_dense.t()?)?;
         let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let target_logits = crate::model::output_logits(&self.lm_cut, next)?.narrow(D::Minus1, 0, vocab)?;
+        // The target's layers take its activation dtype (bf16 for Hugging Face weights on CUDA).
+        let next_as_target = next.to_dtype(self.target.dtype())?;
+        let target_logits = crate::model::output_logits(&self.lm_cut, &next_as_target)?.narrow(D::Minus1, 0, vocab)?;
         let p = candle_nn::ops::softmax(&target_logits, D::Minus1)?.detach();
         let token = ((p * log_q)?.sum(D::Minus1)?.mean_all()? * -1.0)?;
         let loss = ((&regression * self.config.regression_weight)? + (&token * self.config.token_weight)?)?;
@@ -261,7 +265,7 @@ impl<'a> Trainer<'a> {
         let target_top = target_logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
         let agree = |t: &[u32]| head_top.iter().zip(t).filter(|(a, b)| a == b).count() as f64 / rows.max(1) as f64;
         let acc_full = if full {
-            let top = self.target.logits(next)?.argmax(D::Minus1)?.to_vec1::<u32>()?;
+            let top = self.target.logits(&next_as_target)?.argmax(D::Minus1)?.to_vec1::<u32>()?;
             Some(agree(&top))
         } else {
             None
@@ -437,9 +441,10 @@ fn group(store: &FeatureStore, order: &[usize], rows: usize) -> Vec<Vec<Item>> {
 /// The matrix of an output layer's first `rows` outputs as a dense `[rows, hidden]` f32
 /// tensor, read through the layer itself: its product with the identity is `W^T`, whatever
 /// layout (quantized, repacked) holds it. One-hot rows are exact in the kernels' 8-bit
-/// quantized activations, so this is the dequantized matrix.
-fn dense_rows(layer: &Linear, hidden: usize, rows: usize) -> Result<Tensor> {
-    let eye = Tensor::eye(hidden, DType::F32, &Device::Cpu)?;
+/// quantized activations, so this is the dequantized matrix (and exact in bf16 too). `dtype` and
+/// `device`: the layer's activations'.
+fn dense_rows(layer: &Linear, hidden: usize, rows: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+    let eye = Tensor::eye(hidden, dtype, device)?;
     let product = crate::model::output_logits(layer, &eye)?;
     Ok(product.narrow(1, 0, rows)?.t()?.contiguous()?)
 }

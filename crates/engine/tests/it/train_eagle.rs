@@ -1,7 +1,7 @@
 //! EAGLE head training (`engine::train`) on tiny random targets: the trained head, written in
 //! EAGLE's layout, loads through the real loader and computes what it trained; training lowers
-//! the loss; a run stopped and resumed ends where an uninterrupted one does; texts become chat
-//! turns with the answer marked.
+//! the loss; a run stopped and resumed ends where an uninterrupted one does; a run on a GPU
+//! follows the CPU's; texts become chat turns with the answer marked.
 
 use crate::common;
 
@@ -153,6 +153,56 @@ fn training_lowers_the_loss_and_resumes_exactly() {
     }
 }
 
+/// Training on the test device (`MDSD_TEST_DEVICE`, e.g. CUDA; the target at f32) follows the
+/// CPU's run: the features it stores are the CPU's (to f16's rounding), and from the same store,
+/// head and settings each of 8 steps' losses is within 0.1% of the CPU's and the weights then
+/// within 1e-3. Ignored unless built with CUDA: on the CPU it would compare the CPU with itself,
+/// so there it fails rather than pass.
+#[test]
+#[cfg_attr(not(feature = "cuda"), ignore = "needs a GPU: build with --features cuda, run with MDSD_TEST_DEVICE=cuda")]
+fn training_on_the_test_device_follows_the_cpu() {
+    let device = common::test_device();
+    assert!(!device.is_cpu(), "MDSD_TEST_DEVICE is the CPU: this test compares another device with the CPU");
+    let tiny = Tiny { scale: 0.8, ..Tiny::qwen2(95) };
+    let path = tiny.write_hf(&temp_dir("train-device-target"));
+    let opts = engine::load::LoadOptions { dtype: Some(DType::F32), ..Default::default() };
+    let cpu = engine::load::load(&path, &Device::Cpu, &opts).unwrap().model;
+    let dev = engine::load::load(&path, &device, &opts).unwrap().model;
+    assert!(dev.device().same_device(&device));
+    let mut store = store_of(&cpu, &temp_dir("train-device-store-cpu"), 12, 6);
+    let mut on_device = store_of(&dev, &temp_dir("train-device-store-dev"), 12, 6);
+    assert_eq!(store.sequences(), on_device.sequences());
+    let rows = store.sequences().iter().map(|s| s.tokens.len()).sum();
+    let h = cpu.config().hidden_size;
+    let (a, b) = (store.rows(0, rows).unwrap(), on_device.rows(0, rows).unwrap());
+    let (a, b) =
+        (Tensor::from_vec(a, (rows, h), &Device::Cpu).unwrap(), Tensor::from_vec(b, (rows, h), &Device::Cpu).unwrap());
+    let scale = a.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+    let d = max_diff(&a, &b);
+    assert!(d <= 2e-3 * scale, "stored features differ by {d} (largest {scale})");
+
+    let losses = |events: &[TrainEvent]| -> Vec<f64> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                TrainEvent::Step { scores, .. } => Some(scores.loss),
+                _ => None,
+            })
+            .collect()
+    };
+    let (out_cpu, out_dev) = (temp_dir("train-device-cpu"), temp_dir("train-device-dev"));
+    let on_cpu = losses(&run(&cpu, &mut store, &out_cpu, config(6, Some(8))));
+    let on_dev = losses(&run(&dev, &mut store, &out_dev, config(6, Some(8))));
+    assert_eq!((on_cpu.len(), on_dev.len()), (8, 8), "steps run");
+    for (i, (x, y)) in on_cpu.iter().zip(&on_dev).enumerate() {
+        assert!((x - y).abs() <= 1e-3 * x.abs(), "step {}: loss {x} on the CPU, {y} on {device:?}", i + 1);
+    }
+    for ((name, x), (_, y)) in head_tensors(&out_cpu).iter().zip(&head_tensors(&out_dev)) {
+        let d = max_diff(x, y);
+        assert!(d < 1e-3, "{name}: differs by {d} after 8 steps");
+    }
+}
+
 /// A conversation becomes the chat template's prompt, the answer and the end-of-turn token,
 /// with the answer's first index; a prompt that leaves no room for two answer tokens is
 /// dropped.
@@ -187,6 +237,8 @@ fn prompt_sets_are_read_and_mt_bench_left_out() {
     assert_eq!(all[0].prompt, "Add\n\n1+1");
     assert_eq!(all[1].prompt, "Hi");
     assert!(all[2].prompt.ends_with("\n\nA long") && all[2].answer == "It was long.", "{:?}", all[2]);
+    let items = data::alpaca_items(&dir, 1).unwrap();
+    assert_eq!(items, [("Add\n\n1+1".to_string(), "2".to_string())]);
     w("q.jsonl", "{\"category\":\"writing\",\"turns\":[\"w\"]}\n{\"category\":\"qa\",\"turns\":[\"q1\",\"x\"]}\n{\"category\":\"qa\",\"turns\":[\"q2\"]}\n");
     let turns = data::first_turns(&dir.join("q.jsonl"), &data::MT_BENCH_CATEGORIES, 1).unwrap();
     assert_eq!(turns, [("qa".to_string(), "q1".to_string())]);

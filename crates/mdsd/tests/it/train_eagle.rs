@@ -130,10 +130,41 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     drop(lock);
     run("2");
 
-    // Clear errors: a missing data folder, answers of other prompts.
+    // --self-answers-alpaca-sample asks the Alpaca sample's instructions after the other
+    // prompts: a folder holding the answers to those keeps them (here marked) and adds these.
+    let more = dir.join("more");
+    std::fs::create_dir_all(&more).unwrap();
+    let kept = std::fs::read_to_string(out.join("self_answers.jsonl")).unwrap();
+    let mut first: serde_json::Value = serde_json::from_str(kept.lines().next().unwrap()).unwrap();
+    first["answer"] = "KEPT".into();
+    let marked = format!("{first}\n{}\n", kept.lines().nth(1).unwrap());
+    std::fs::write(more.join("self_answers.jsonl"), &marked).unwrap();
+    run_in(&more, "1", &["--self-answers-alpaca-sample", "2", "--max-steps", "1"]);
+    let grown = std::fs::read_to_string(more.join("self_answers.jsonl")).unwrap();
+    let parse =
+        |text: &str| -> Vec<serde_json::Value> { text.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
+    let all = parse(&grown);
+    let (kept, added) = all.split_at(2);
+    assert_eq!(kept, parse(&marked).as_slice(), "{grown}");
+    assert_eq!(added.len(), 2, "{grown}");
+    for (line, prompt) in added.iter().zip(["ABC", "DEF"]) {
+        assert_eq!((line["source"].as_str(), line["prompt"].as_str()), (Some("self/alpaca_sample"), Some(prompt)));
+        let plain = generate_greedy_json(&target, prompt, "6", &["--no-spec", "--chat"]);
+        assert_eq!(plain["text"], line["answer"], "{prompt}");
+    }
+    let in_more = std::fs::read_to_string(more.join("features/sequences.jsonl")).unwrap().lines().count();
+    assert_eq!(in_more, train + 2, "two more texts");
+
+    // Clear errors: a missing data folder, answers of other prompts, a GPU in a CPU build.
     let e =
         fails(&["train-eagle", "--target", s(&target), "--out", s(&dir.join("other")), "--data", s(&dir.join("none"))]);
     assert!(e.contains("spec_bench_question.jsonl"), "{e}");
+    if !cfg!(feature = "cuda") {
+        let other = dir.join("other");
+        let e =
+            fails(&["train-eagle", "--target", s(&target), "--out", s(&other), "--data", s(&data), "--device", "cuda"]);
+        assert!(e.contains("no CUDA support"), "{e}");
+    }
     std::fs::write(data.join("spec_bench_question.jsonl"), "{\"category\":\"qa\",\"turns\":[\"DEF\"]}\n").unwrap();
     let e = fails(&[
         "train-eagle",
