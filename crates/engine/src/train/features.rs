@@ -29,6 +29,9 @@ pub struct FeatureStore {
     hidden: usize,
     sequences: Vec<StoredSequence>,
     map: Option<memmap2::Mmap>,
+    /// The tokens whose keys and values the cache given to the last [`Self::append`] holds
+    /// (the last stored sequence's), so that the next one reuses their shared prefix.
+    in_cache: Vec<u32>,
 }
 
 impl FeatureStore {
@@ -72,7 +75,7 @@ impl FeatureStore {
         let text: String =
             sequences.iter().map(|s| serde_json::to_string(s).expect("JSON of a value") + "\n").collect();
         super::head::write_atomically(&index, text.as_bytes())?;
-        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None })
+        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None, in_cache: Vec::new() })
     }
 
     pub fn sequences(&self) -> &[StoredSequence] {
@@ -80,19 +83,36 @@ impl FeatureStore {
     }
 
     /// Runs `target` over `seq` and appends its features (whole sequences only: see the module
-    /// docs). `cache` must hold `seq.tokens.len()` rows; it is emptied first.
+    /// docs); returns the number of tokens run. `cache` must hold `seq.tokens.len()` rows. When
+    /// it is the cache of the previous append (the chat template's system prompt and user header
+    /// start every text), the tokens `seq` shares with the last stored sequence are not run
+    /// again: their rows are copied and the rest runs after their cached keys and values. A
+    /// row's features do not depend on the rows run beside it (test
+    /// `features_of_a_shared_prefix_are_reused_and_equal`), so the store is the same either way.
     pub fn append(
         &mut self,
         target: &DecoderModel,
         seq: &TokenizedConversation,
         cache: &mut crate::model::kv_cache::KvCache,
-    ) -> Result<()> {
-        cache.truncate(0);
-        let hidden = target.forward_chain(&seq.tokens, cache)?;
-        if hidden.dims() != [seq.tokens.len(), self.hidden] {
-            return Err(file_error(&self.dir, format!("features {:?} for {} tokens", hidden.dims(), seq.tokens.len())));
+    ) -> Result<usize> {
+        let n = seq.tokens.len();
+        let shared = match self.sequences.last() {
+            Some(last) if cache.len() == self.in_cache.len() && last.tokens == self.in_cache => {
+                self.in_cache.iter().zip(&seq.tokens).take_while(|(a, b)| a == b).count().min(n.saturating_sub(1))
+            }
+            _ => 0,
+        };
+        let mut values = match (shared, self.sequences.last()) {
+            (0, _) | (_, None) => Vec::with_capacity(n * self.hidden),
+            (_, Some(last)) => self.rows(last.first_row, shared)?,
+        };
+        self.in_cache.clear();
+        cache.truncate(shared);
+        let hidden = target.forward_chain(&seq.tokens[shared..], cache)?;
+        if hidden.dims() != [n - shared, self.hidden] {
+            return Err(file_error(&self.dir, format!("features {:?} for {} tokens", hidden.dims(), n - shared)));
         }
-        let values = hidden.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        values.extend(hidden.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
         if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
             return Err(file_error(&self.dir, format!("the target's features hold {bad}")));
         }
@@ -109,7 +129,8 @@ impl FeatureStore {
         writeln!(f, "{}", serde_json::to_string(&stored).expect("JSON of a value")).map_err(|e| io(&index, e))?;
         self.sequences.push(stored);
         self.map = None;
-        Ok(())
+        self.in_cache = seq.tokens.clone();
+        Ok(n - shared)
     }
 
     /// The rows `first..first + count` of the store as f32 (`count * hidden` values).

@@ -153,6 +153,39 @@ fn training_lowers_the_loss_and_resumes_exactly() {
     }
 }
 
+/// Texts sharing a prefix (as chat turns share the template's) run the prefix once when one
+/// cache serves the appends, and the store is byte for byte the one a fresh cache per text
+/// gives: a Hugging Face f32 target and a Q4_K GGUF one (our repacked CPU kernels).
+#[test]
+fn features_of_a_shared_prefix_are_reused_and_equal() {
+    let wide = Tiny { hidden: 256, intermediate: 256, scale: 0.1, ..Tiny::qwen2(96) };
+    let gguf =
+        wide.write_gguf(&temp_dir("train-prefix-q4k").join("m.gguf"), candle_core::quantized::GgmlDType::Q4K, &[]);
+    for (kind, target) in [("hf", cpu_target(&Tiny::qwen2(96), "train-prefix-hf")), ("q4k", common::load_cpu(&gguf))] {
+        let prefix: Vec<u32> = (0..10).map(|i| 3 + 4 * i).collect();
+        let with = |tail: &[u32]| [prefix.as_slice(), tail].concat();
+        let b = with(&[9, 8, 7, 6, 5, 4, 3, 2, 1, 40, 41, 42, 43, 44, 45]);
+        let texts = [with(&[7; 10]), b.clone(), b, (1..13).collect()];
+        let (one, fresh) =
+            (temp_dir(&format!("train-prefix-one-{kind}")), temp_dir(&format!("train-prefix-fresh-{kind}")));
+        let (mut reused, mut alone) = (
+            FeatureStore::open(&one, target.config().hidden_size).unwrap(),
+            FeatureStore::open(&fresh, target.config().hidden_size).unwrap(),
+        );
+        let mut cache = target.new_cache(64).unwrap();
+        let mut run = Vec::new();
+        for tokens in &texts {
+            let t = TokenizedConversation { tokens: tokens.clone(), answer_start: 12 };
+            run.push(reused.append(&target, &t, &mut cache).unwrap());
+            assert_eq!(alone.append(&target, &t, &mut target.new_cache(64).unwrap()).unwrap(), tokens.len());
+        }
+        assert_eq!(run, [20, 15, 1, 12], "{kind}: tokens run");
+        assert_eq!(reused.sequences(), alone.sequences());
+        let bytes = |d: &std::path::Path| std::fs::read(d.join("hidden.f16")).unwrap();
+        assert!(bytes(&one) == bytes(&fresh), "{kind}: the stored features differ");
+    }
+}
+
 /// Training on the test device (`MDSD_TEST_DEVICE`, e.g. CUDA; the target at f32) follows the
 /// CPU's run: the features it stores are the CPU's (to f16's rounding), and from the same store,
 /// head and settings each of 8 steps' losses is within 0.1% of the CPU's and the weights then
