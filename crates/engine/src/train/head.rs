@@ -1,7 +1,9 @@
 //! [`TrainableHead`]: an EAGLE-1 head ([`crate::model::eagle`]) whose weights are candle
 //! [`Var`]s, with a differentiable forward over one whole sequence, written in EAGLE's own
 //! checkpoint layout (`config.json` + `model.safetensors`, the names `cnets.py` uses) so that
-//! `mdsd generate --eagle DIR` and EAGLE's reference code load it.
+//! `mdsd generate --eagle DIR` and EAGLE's current loader (`use_eagle3=False`, non-strict, the
+//! embedding taken from the base model) load it; no `embed_tokens.weight` is written, which
+//! EAGLE's first, strict releases want (docs/eagle-training.md).
 //!
 //! The forward is the inference head's, term for term (test
 //! `trained_head_loads_and_computes_what_it_trained`): entry `j` is `u_j = fc([embed(x_{j+1});
