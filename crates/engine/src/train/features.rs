@@ -29,9 +29,9 @@ pub struct FeatureStore {
     hidden: usize,
     sequences: Vec<StoredSequence>,
     map: Option<memmap2::Mmap>,
-    /// The tokens whose keys and values the cache given to the last [`Self::append`] holds
-    /// (the last stored sequence's), so that the next one reuses their shared prefix.
-    in_cache: Vec<u32>,
+    /// Whether the cache given to the last [`Self::append`] holds the keys and values of the
+    /// last stored sequence (it ran whole), so that the next append reuses their shared prefix.
+    cache_holds_last: bool,
 }
 
 impl FeatureStore {
@@ -75,7 +75,7 @@ impl FeatureStore {
         let text: String =
             sequences.iter().map(|s| serde_json::to_string(s).expect("JSON of a value") + "\n").collect();
         super::head::write_atomically(&index, text.as_bytes())?;
-        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None, in_cache: Vec::new() })
+        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None, cache_holds_last: false })
     }
 
     pub fn sequences(&self) -> &[StoredSequence] {
@@ -96,17 +96,15 @@ impl FeatureStore {
         cache: &mut crate::model::kv_cache::KvCache,
     ) -> Result<usize> {
         let n = seq.tokens.len();
-        let shared = match self.sequences.last() {
-            Some(last) if cache.len() == self.in_cache.len() && last.tokens == self.in_cache => {
-                self.in_cache.iter().zip(&seq.tokens).take_while(|(a, b)| a == b).count().min(n.saturating_sub(1))
+        let (shared, first_row) = match self.sequences.last() {
+            Some(last) if self.cache_holds_last && cache.len() == last.tokens.len() => {
+                let shared = last.tokens.iter().zip(&seq.tokens).take_while(|(a, b)| a == b).count();
+                (shared.min(n.saturating_sub(1)), last.first_row)
             }
-            _ => 0,
+            _ => (0, 0),
         };
-        let mut values = match (shared, self.sequences.last()) {
-            (0, _) | (_, None) => Vec::with_capacity(n * self.hidden),
-            (_, Some(last)) => self.rows(last.first_row, shared)?,
-        };
-        self.in_cache.clear();
+        let mut values = if shared == 0 { Vec::with_capacity(n * self.hidden) } else { self.rows(first_row, shared)? };
+        self.cache_holds_last = false;
         cache.truncate(shared);
         let hidden = target.forward_chain(&seq.tokens[shared..], cache)?;
         if hidden.dims() != [n - shared, self.hidden] {
@@ -129,7 +127,7 @@ impl FeatureStore {
         writeln!(f, "{}", serde_json::to_string(&stored).expect("JSON of a value")).map_err(|e| io(&index, e))?;
         self.sequences.push(stored);
         self.map = None;
-        self.in_cache = seq.tokens.clone();
+        self.cache_holds_last = true;
         Ok(n - shared)
     }
 
