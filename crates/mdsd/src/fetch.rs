@@ -15,26 +15,42 @@ struct RecipeArgs {
 }
 
 /// Trains pair `pair`'s EAGLE head for `target` by its recipe into the cache, unless it is
-/// there (an interrupted run resumes), saying first how long it takes.
+/// there (an interrupted run resumes), saying first how long it takes: `args`, then `then`'s
+/// stage when the recipe has one.
 fn train_head(pair: &str, recipe: &TrainRecipe, target: &Path) -> anyhow::Result<()> {
     let out = crate::models::trained_head_dir(pair);
-    if out.join("head/model.safetensors").is_file() {
+    if crate::models::recipe_head(pair, recipe).join("model.safetensors").is_file() {
         return Ok(());
     }
+    let stages = match &recipe.then {
+        Some(then) => format!("`mdsd train-eagle {}`, then `{}`", recipe.args.join(" "), then.join(" ")),
+        None => format!("`mdsd train-eagle {}`", recipe.args.join(" ")),
+    };
     eprintln!(
-        "mdsd: {pair}'s EAGLE head is trained here, not downloaded: `mdsd train-eagle {}` into {} \
+        "mdsd: {pair}'s EAGLE head is trained here, not downloaded: {stages} into {} \
          (about {:.1} hours on {}; stop it any time, `mdsd fetch {pair}` resumes)",
-        recipe.args.join(" "),
         out.display(),
         recipe.hours,
         recipe.measured_on
     );
-    let mut argv: Vec<String> = vec!["train-eagle".into(), "--target".into(), target.display().to_string()];
-    argv.extend(recipe.args.iter().cloned());
-    argv.extend(["--out".into(), out.display().to_string()]);
-    let parsed =
-        RecipeArgs::try_parse_from(&argv).with_context(|| format!("the recipe of {pair}: {}", argv.join(" ")))?;
-    crate::train_eagle::train_eagle(parsed.args)
+    let run = |args: &[String], extra: Vec<String>| -> anyhow::Result<()> {
+        let mut argv: Vec<String> = vec!["train-eagle".into(), "--target".into(), target.display().to_string()];
+        argv.extend(args.iter().cloned());
+        argv.extend(extra);
+        let parsed =
+            RecipeArgs::try_parse_from(&argv).with_context(|| format!("the recipe of {pair}: {}", argv.join(" ")))?;
+        crate::train_eagle::train_eagle(parsed.args)
+    };
+    let path = |p: &Path| p.display().to_string();
+    if !out.join("head/model.safetensors").is_file() {
+        run(&recipe.args, vec!["--out".into(), path(&out)])?;
+    }
+    if let Some(then) = &recipe.then {
+        let refined = out.join("refined");
+        let extra = ["--out", &path(&refined), "--reuse", &path(&out), "--init-head", &path(&out.join("head"))];
+        run(then, extra.iter().map(|s| s.to_string()).collect())?;
+    }
+    Ok(())
 }
 
 /// Fetches pair `pair`'s target and draft (manifests in `models_dir`) and prints their paths.

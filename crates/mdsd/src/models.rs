@@ -62,7 +62,7 @@ pub fn pair_manifest(pair: &str, models_dir: Option<&Path>) -> anyhow::Result<Pa
 /// head trained here ([`ModelSource::train_eagle`]) must have been trained by `mdsd fetch`.
 pub fn manifest_model(source: &ModelSource, role: &str, pair: &str) -> anyhow::Result<PathBuf> {
     if let Some(recipe) = &source.train_eagle {
-        let head = trained_head_dir(pair).join("head");
+        let head = recipe_head(pair, recipe);
         if head.join("config.json").is_file() && head.join("model.safetensors").is_file() {
             return Ok(head);
         }
@@ -79,6 +79,15 @@ pub fn manifest_model(source: &ModelSource, role: &str, pair: &str) -> anyhow::R
 /// Where `mdsd fetch` trains pair `pair`'s EAGLE head (`head/` inside it when done).
 pub fn trained_head_dir(pair: &str) -> PathBuf {
     engine::load::provision::cache_dir().join("trained").join(pair)
+}
+
+/// The head pair `pair`'s recipe ends with: `head/` of [`trained_head_dir`], or `refined/head`
+/// for a recipe with a second stage.
+pub fn recipe_head(pair: &str, recipe: &engine::load::provision::TrainRecipe) -> PathBuf {
+    match recipe.then {
+        Some(_) => trained_head_dir(pair).join("refined").join("head"),
+        None => trained_head_dir(pair).join("head"),
+    }
 }
 
 /// `./models` when it exists, else the repository's `models/` (for `cargo run`).

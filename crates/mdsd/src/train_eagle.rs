@@ -99,6 +99,24 @@ pub struct TrainEagleArgs {
     /// `generate --draft-vocab` drafts with them.
     #[arg(long, default_value_t = 32768)]
     draft_vocab: usize,
+    /// Steps the head drafts from each answer entry in training, fed its own outputs as at
+    /// inference (EAGLE-3's training-time test); 1 is EAGLE-1's objective. Evaluations score
+    /// at least 3 steps either way (top-1 per depth).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
+    unroll: u16,
+    /// Weight of each unrolled step's loss relative to the step before it.
+    #[arg(long, default_value_t = 0.8)]
+    unroll_decay: f64,
+    /// Start from this head (a folder `train-eagle` wrote, `config.json` + `model.safetensors`)
+    /// instead of random weights; its scores are measured before the first step. Its MLP width
+    /// is taken unless --intermediate-size says otherwise.
+    #[arg(long)]
+    init_head: Option<PathBuf>,
+    /// Read the target's answers and features from this folder (another run's `--out`, done
+    /// with the same data flags) instead of `--out`: nothing is generated or computed, and
+    /// none are added there. With --init-head, a head is trained further on its own data.
+    #[arg(long)]
+    reuse: Option<PathBuf>,
     /// Seed of the initial weights, the data order and the noise.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -119,12 +137,29 @@ pub struct TrainEagleArgs {
 }
 
 pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
-    if !(args.max_hours > 0.0 && args.lr > 0.0 && args.lr.is_finite()) || args.epochs == 0 || args.batch_rows == 0 {
-        bail!("--max-hours, --lr, --epochs and --batch-rows must be positive");
+    if !(args.max_hours > 0.0
+        && args.lr > 0.0
+        && args.lr.is_finite()
+        && args.unroll_decay > 0.0
+        && args.unroll_decay.is_finite())
+        || args.epochs == 0
+        || args.batch_rows == 0
+    {
+        bail!("--max-hours, --lr, --unroll-decay, --epochs and --batch-rows must be positive");
     }
     let path = crate::models::target_path(args.target.as_deref(), &args.pair, args.models_dir.as_deref())?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let _lock = lock_out(&args.out)?;
+    // The folder the answers and features are in; a run writing it would change them under us.
+    let (data_dir, _reuse_lock) = match &args.reuse {
+        Some(dir) if dir.canonicalize().ok() == args.out.canonicalize().ok() => {
+            bail!("--reuse {} is --out: give the folder of another run", dir.display())
+        }
+        Some(dir) if dir.is_dir() => (dir.clone(), Some(lock_out(dir)?)),
+        Some(dir) => bail!("{}: no such folder (--reuse: a finished train-eagle run's --out)", dir.display()),
+        None => (args.out.clone(), None),
+    };
+    let reuse = args.reuse.is_some();
     keep_freed_memory();
     eprintln!("mdsd: loading the target {}", path.display());
     let device = engine::load::parse_device(&args.device)?;
@@ -133,6 +168,23 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     if !tok.has_chat_template() {
         bail!("{}: the target has no chat template; EAGLE training formats texts as chat turns", path.display());
     }
+
+    // The head to train (read first: a wrong --init-head fails before hours of work).
+    let head = match &args.init_head {
+        Some(dir) => {
+            let config = dir.join("config.json");
+            let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config.display()))?;
+            let width = args.intermediate_size.or(json["intermediate_size"].as_u64().map(|w| w as usize));
+            let shape = HeadShape::for_target(target.config(), width);
+            TrainableHead::load(shape, &dir.join("model.safetensors"), &device)
+                .with_context(|| format!("{}: not a head of this target's sizes (--init-head)", dir.display()))?
+        }
+        None => {
+            TrainableHead::init(HeadShape::for_target(target.config(), args.intermediate_size), args.seed, &device)?
+        }
+    };
 
     // 1. The target's own answers.
     let mut prompts: Vec<(String, String)> = data::first_turns(
@@ -151,7 +203,7 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     prompts.extend(sample.into_iter().map(|(p, _)| ("self/alpaca_sample".to_string(), p)));
     let batch = usize::from(args.answer_batch);
     let answers_to = |prompts: &[(String, String)], tokens: usize, file: &str| {
-        answers(target, tok, prompts, tokens, batch, &args.out.join(file))
+        answers(target, tok, prompts, tokens, batch, &data_dir.join(file), reuse)
     };
     let self_answers = answers_to(&prompts, args.self_answer_tokens, "self_answers.jsonl")?;
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], usize::MAX)?;
@@ -163,14 +215,11 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     let limits = SourceLimits { alpaca: args.alpaca, cnndm: args.cnndm, wmt14: args.wmt14, ..Default::default() };
     let mut texts = data::fixed_conversations(&args.data, &limits)?;
     texts.extend(self_answers);
-    let hidden = target.config().hidden_size;
-    let mut store = features(target, tok, &texts, args.max_len, &args.out.join("features"), hidden, "features")?;
-    let mut eval =
-        features(target, tok, &eval_answers, args.max_len, &args.out.join("eval_features"), hidden, "eval features")?;
+    let (train_dir, eval_dir) = (data_dir.join("features"), data_dir.join("eval_features"));
+    let mut store = features(target, tok, &texts, args.max_len, &train_dir, "features", reuse)?;
+    let mut eval = features(target, tok, &eval_answers, args.max_len, &eval_dir, "eval features", reuse)?;
 
     // 3. Training.
-    let shape = HeadShape::for_target(target.config(), args.intermediate_size);
-    let head = TrainableHead::init(shape, args.seed, &device)?;
     let config = TrainConfig {
         epochs: args.epochs,
         lr: args.lr,
@@ -180,6 +229,9 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         draft_vocab: args.draft_vocab,
         max_steps: args.max_steps,
         token_weight: args.token_weight,
+        unroll: usize::from(args.unroll),
+        unroll_decay: args.unroll_decay,
+        eval_first: args.init_head.is_some(),
         ..Default::default()
     };
     let mut trainer = Trainer::new(target, head, config, &args.out)?;
@@ -208,12 +260,13 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
                 lr
             ));
         }
-        TrainEvent::Eval { epoch, split, scores, .. } => bar.println(format!(
-            "epoch {}: {split} loss {:.4} top-1 {:.4} (whole vocabulary {:.4}) over {} tokens",
-            epoch + 1,
+        TrainEvent::Eval { epoch, step, split, scores } => bar.println(format!(
+            "{}: {split} loss {:.4} top-1 {:.4} (whole vocabulary {:.4}; per depth {}) over {} tokens",
+            if *step == 0 { "before training".to_string() } else { format!("epoch {}", epoch + 1) },
             scores.loss,
             scores.acc,
             scores.acc_full.unwrap_or(f64::NAN),
+            scores.acc_steps.iter().map(|a| format!("{a:.3}")).collect::<Vec<_>>().join("/"),
             scores.rows
         )),
         TrainEvent::Stopped { reason, seconds, .. } => bar.println(format!("stopped after {seconds:.0} s: {reason}")),
@@ -285,6 +338,7 @@ fn answers(
     max_tokens: usize,
     batch: usize,
     file: &Path,
+    read_only: bool,
 ) -> anyhow::Result<Vec<Conversation>> {
     let mut done: Vec<Conversation> = match std::fs::read_to_string(file) {
         Ok(text) => text
@@ -306,6 +360,14 @@ fn answers(
     }
     if done.len() == prompts.len() {
         return Ok(done);
+    }
+    if read_only {
+        bail!(
+            "{}: holds {} of the {} answers these settings ask for (--reuse reads a finished run's folder)",
+            file.display(),
+            done.len(),
+            prompts.len()
+        );
     }
     let text: String = done.iter().map(|c| serde_json::to_string(c).expect("JSON of a value") + "\n").collect();
     std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))?;
@@ -378,14 +440,18 @@ fn features(
     texts: &[Conversation],
     max_len: usize,
     dir: &Path,
-    hidden: usize,
     what: &str,
+    read_only: bool,
 ) -> anyhow::Result<FeatureStore> {
+    let hidden = target.config().hidden_size;
     let mut tokenized = Vec::with_capacity(texts.len());
     for c in texts.iter().filter(|c| !c.answer.trim().is_empty()) {
         if let Some(t) = data::tokenize(tok, c, max_len)? {
             tokenized.push(t);
         }
+    }
+    if read_only && !dir.join("sequences.jsonl").is_file() {
+        bail!("{}: no feature store (--reuse reads a finished run's folder)", dir.display());
     }
     let mut store = FeatureStore::open(dir, hidden)?;
     let have = store.sequences().len();
@@ -397,6 +463,13 @@ fn features(
     }
     if have == tokenized.len() {
         return Ok(store);
+    }
+    if read_only {
+        bail!(
+            "{}: holds the features of {have} of the {} texts these settings give (--reuse reads a finished run's folder)",
+            dir.display(),
+            tokenized.len()
+        );
     }
     let total: usize = tokenized[have..].iter().map(|t| t.tokens.len()).sum();
     let bar = ProgressBar::new(total as u64).with_style(

@@ -228,44 +228,122 @@ impl TrainableHead {
     /// `x_1..x_n`) and `features` (`[n, hidden]`, the target's `f_0..f_{n-1}`), at positions
     /// `0..n`. Returns the outputs `g_j` of entries `from..n` (`[n - from, hidden]`).
     pub fn forward(&self, embeds: &Tensor, features: &Tensor, from: usize) -> Result<Tensor> {
+        let mut steps = self.forward_unrolled(embeds, features, from, 1)?;
+        Ok(steps.remove(0))
+    }
+
+    /// The head drafting `steps` tokens deep from every answer entry, as it drafts a chain at
+    /// inference ("training-time test", EAGLE-3 §3.2; HASS): step 1 is [`Self::forward`]. At
+    /// step `s > 1` the entry `j` takes the head's own step-`(s-1)` output at `j - 1` as its
+    /// feature, `u^s_j = fc([embed(x_{j+1}); g^{s-1}_{j-1}])` (the true token: a draft whose
+    /// token differs is rejected anyway), and attends to what the head's cache holds when that
+    /// draft runs: the step-1 (true-feature) entries `0..=j-s+1` and, for each `r` in `2..=s`,
+    /// the step-`r` entry `j - s + r` (the chain's own earlier drafts, and itself). Its target
+    /// is entry `j`'s at step 1 (`f_{j+1}`, `x_{j+2}`). Returns step `s`'s outputs for entries
+    /// `from + s - 1..n` (`[n - from - s + 1, hidden]`; steps with none left are omitted).
+    /// Gradients flow through the fed-back outputs.
+    pub fn forward_unrolled(
+        &self,
+        embeds: &Tensor,
+        features: &Tensor,
+        from: usize,
+        steps: usize,
+    ) -> Result<Vec<Tensor>> {
         let s = &self.shape;
         let (n, h) = embeds.dims2()?;
-        if features.dims() != [n, h] || h != s.hidden || from >= n {
+        if features.dims() != [n, h] || h != s.hidden || from >= n || steps == 0 {
             candle_core::bail!(
-                "EAGLE training: embeddings {:?}, features {:?}, outputs from {from} (hidden {})",
+                "EAGLE training: embeddings {:?}, features {:?}, outputs from {from} (hidden {}), {steps} steps",
                 embeds.dims(),
                 features.dims(),
                 s.hidden
             );
         }
-        let m = n - from;
-        let d = s.head_dim;
         let u = self.linear(&Tensor::cat(&[embeds, features], D::Minus1)?, "fc")?;
-        let heads = |x: Tensor, count: usize, rows: usize| x.reshape((rows, count, d))?.transpose(0, 1)?.contiguous();
-        let k = heads(self.linear(&u, "layers.0.self_attn.k_proj")?, s.kv_heads, n)?;
-        let v = heads(self.linear(&u, "layers.0.self_attn.v_proj")?, s.kv_heads, n)?;
-        let k = self.rotate(&k, 0)?;
-        let uq = u.narrow(0, from, m)?;
-        let q = self.rotate(&heads(self.linear(&uq, "layers.0.self_attn.q_proj")?, s.heads, m)?, from)?;
+        // Step 1's keys and values: every entry, the prompt's included.
+        let (k1, v1) = self.keys_values(&u, 0, n)?;
+        let mut outs: Vec<Tensor> = Vec::with_capacity(steps);
+        let mut own: Vec<(Tensor, Tensor)> = Vec::new();
+        let uq = u.narrow(0, from, n - from)?;
+        outs.push(self.attend(&uq, from, from, (&k1, &v1), &[])?);
+        for step in 2..=steps {
+            let m = n - from - (step - 1);
+            if m == 0 {
+                break;
+            }
+            let first = from + step - 1;
+            let fed = outs[step - 2].narrow(0, 0, m)?;
+            let u = self.linear(&Tensor::cat(&[&embeds.narrow(0, first, m)?, &fed], D::Minus1)?, "fc")?;
+            own.push(self.keys_values(&u, first, m)?);
+            let diagonal: Vec<(Tensor, Tensor)> =
+                own.iter().map(|(k, v)| Ok((k.narrow(1, 0, m)?, v.narrow(1, 0, m)?))).collect::<Result<_>>()?;
+            outs.push(self.attend(&u, first, from, (&k1, &v1), &diagonal)?);
+        }
+        Ok(outs)
+    }
+
+    /// Rotated keys and values of entries `first..first + rows` (inputs `u`), one per query
+    /// head (grouped-query heads repeated): `[heads, rows, head_dim]` each.
+    fn keys_values(&self, u: &Tensor, first: usize, rows: usize) -> Result<(Tensor, Tensor)> {
+        let s = &self.shape;
+        let d = s.head_dim;
+        let split = |x: Tensor| x.reshape((rows, s.kv_heads, d))?.transpose(0, 1)?.contiguous();
+        let k = self.rotate(&split(self.linear(u, "layers.0.self_attn.k_proj")?)?, first)?;
+        let v = split(self.linear(u, "layers.0.self_attn.v_proj")?)?;
         // Grouped-query attention: each KV head serves heads / kv_heads query heads.
         let group = s.heads / s.kv_heads;
         let expand = |x: Tensor| -> Result<Tensor> {
             if group == 1 {
                 return Ok(x);
             }
-            x.unsqueeze(1)?.broadcast_as((s.kv_heads, group, n, d))?.contiguous()?.reshape((s.heads, n, d))
+            x.unsqueeze(1)?.broadcast_as((s.kv_heads, group, rows, d))?.contiguous()?.reshape((s.heads, rows, d))
         };
-        let (k, v) = (expand(k)?, expand(v)?);
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
+        Ok((expand(k)?, expand(v)?))
+    }
+
+    /// The decoder layer for query entries `first..first + m` (inputs `uq`, `[m, hidden]`): the
+    /// `i`-th attends to the step-1 entries `0..=causal_from + i` (`step1`) and to the `i`-th
+    /// row of each of `diagonal` (keys and values `[heads, >= m, head_dim]`).
+    fn attend(
+        &self,
+        uq: &Tensor,
+        first: usize,
+        causal_from: usize,
+        step1: (&Tensor, &Tensor),
+        diagonal: &[(Tensor, Tensor)],
+    ) -> Result<Tensor> {
+        let s = &self.shape;
+        let (m, d) = (uq.dim(0)?, s.head_dim);
+        let (k1, v1) = step1;
+        let n = k1.dim(1)?;
+        let q =
+            self.linear(uq, "layers.0.self_attn.q_proj")?.reshape((m, s.heads, d))?.transpose(0, 1)?.contiguous()?;
+        let q = self.rotate(&q, first)?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (q.matmul(&k1.t()?)? * scale)?;
         let mut mask = vec![0f32; m * n];
         for i in 0..m {
-            for key in from + i + 1..n {
+            for key in causal_from + i + 1..n {
                 mask[i * n + key] = f32::NEG_INFINITY;
             }
         }
         let mask = Tensor::from_vec(mask, (1, m, n), &self.device)?;
-        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
-        let attended = probs.matmul(&v)?.transpose(0, 1)?.reshape((m, s.heads * d))?;
+        let scores = scores.broadcast_add(&mask)?;
+        let attended = if diagonal.is_empty() {
+            candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(v1)?
+        } else {
+            let mut all = vec![scores];
+            for (k, _) in diagonal {
+                all.push(((&q * k)?.sum_keepdim(D::Minus1)? * scale)?);
+            }
+            let probs = candle_nn::ops::softmax(&Tensor::cat(&all, D::Minus1)?, D::Minus1)?;
+            let mut out = probs.narrow(D::Minus1, 0, n)?.matmul(v1)?;
+            for (r, (_, v)) in diagonal.iter().enumerate() {
+                out = (out + probs.narrow(D::Minus1, n + r, 1)?.broadcast_mul(v)?)?;
+            }
+            out
+        };
+        let attended = attended.transpose(0, 1)?.reshape((m, s.heads * d))?;
         let hidden = (self.linear(&attended, "layers.0.self_attn.o_proj")? + uq)?;
         let normed = rms_norm(&hidden, self.w("layers.0.post_attention_layernorm.weight"), s.rms_norm_eps)?;
         let gate = self.linear(&normed, "layers.0.mlp.gate_proj")?.silu()?;

@@ -12,6 +12,14 @@
 //! `U(-0.1, 0.1)` at `a = 0.2`). Top-1 accuracy is the fraction of entries where the head's
 //! most probable token is the target's (`acc` over the cut; `acc_full` against the target's
 //! whole vocabulary, which the head can only match inside the cut).
+//!
+//! **Unrolled steps** (`unroll > 1`, EAGLE-3's training-time test, HASS): the head also drafts
+//! `unroll` tokens deep from each entry, fed its own outputs as at inference
+//! ([`TrainableHead::forward_unrolled`]); step `s` has the same targets as step 1 at its
+//! entries, and the loss is `sum_s d^(s-1) L_s / sum_s d^(s-1)` (`d`: `unroll_decay`).
+//! Evaluations score `max(unroll, 3)` steps: `acc_steps[s-1]` is step `s`'s top-1 accuracy, the
+//! chance that a chain's depth-`s` draft matches the target's greedy token given the drafts
+//! above it did.
 
 use super::features::FeatureStore;
 use super::head::{save_safetensors, write_atomically, TrainableHead};
@@ -48,6 +56,13 @@ pub struct TrainConfig {
     pub draft_vocab: usize,
     /// Every `val_every`-th stored sequence is held out as the validation split.
     pub val_every: usize,
+    /// Steps the head drafts from each entry in training (1: EAGLE-1's objective).
+    pub unroll: usize,
+    /// Weight ratio of step `s + 1`'s loss to step `s`'s.
+    pub unroll_decay: f64,
+    /// Score the validation split and the evaluation set before the first step (a head
+    /// trained further starts from a measured point).
+    pub eval_first: bool,
     pub adamw: AdamWConfig,
 }
 
@@ -67,6 +82,9 @@ impl Default for TrainConfig {
             checkpoint_every: 20,
             draft_vocab: 32768,
             val_every: 20,
+            unroll: 1,
+            unroll_decay: 0.8,
+            eval_first: false,
             adamw: AdamWConfig::default(),
         }
     }
@@ -94,6 +112,9 @@ pub struct Scores {
     /// evaluations).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acc_full: Option<f64>,
+    /// Top-1 accuracy of each unrolled step (step 1's is `acc`); empty for one step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acc_steps: Vec<f64>,
     pub rows: usize,
 }
 
@@ -141,6 +162,15 @@ pub struct Trainer<'a> {
     lm_dense: Tensor,
     out: PathBuf,
     device: Device,
+}
+
+/// A batch through the head: each step's outputs (`[rows_s, hidden]`), step 1's regression
+/// targets `f_{j+1}` and, for each later step, which of step 1's rows its rows are (their
+/// targets).
+struct Outputs {
+    g: Vec<Tensor>,
+    next: Tensor,
+    rows_of: Vec<Vec<u32>>,
 }
 
 /// A sequence's part of a batch: its index in the store and its answer entries `from..n`.
@@ -220,11 +250,20 @@ impl<'a> Trainer<'a> {
         peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos()))
     }
 
-    /// The head's outputs and the regression targets of a batch: `(g, f_next)`, `[rows, hidden]`.
-    fn outputs(&self, store: &mut FeatureStore, items: &[Item], noise_seed: Option<u64>) -> Result<(Tensor, Tensor)> {
+    /// A batch through the head, `steps` deep ([`Outputs`]).
+    fn outputs(
+        &self,
+        store: &mut FeatureStore,
+        items: &[Item],
+        noise_seed: Option<u64>,
+        steps: usize,
+    ) -> Result<Outputs> {
         let h = self.target.config().hidden_size;
         let mut rng = noise_seed.map(rand::rngs::StdRng::seed_from_u64);
-        let (mut gs, mut next) = (Vec::new(), Vec::new());
+        let mut gs: Vec<Vec<Tensor>> = vec![Vec::new(); steps];
+        let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); steps];
+        let mut next = Vec::new();
+        let mut first_row = 0u32;
         for item in items {
             let seq = store.sequences()[item.seq].clone();
             let rows = store.rows(seq.first_row, item.n + 1)?;
@@ -237,36 +276,81 @@ impl<'a> Trainer<'a> {
             }
             let features = Tensor::from_vec(input, (item.n, h), &self.device)?;
             let embeds = self.target.embedding().lookup(&seq.tokens[1..=item.n], &self.device)?.to_dtype(DType::F32)?;
-            gs.push(self.head.forward(&embeds, &features, item.from)?);
             let m = item.n - item.from;
+            for (s, g) in self.head.forward_unrolled(&embeds, &features, item.from, steps)?.into_iter().enumerate() {
+                // Step s + 1's rows are entries from + s..n: step 1's rows s..m of this item.
+                rows_of[s].extend(first_row + s as u32..first_row + m as u32);
+                gs[s].push(g);
+            }
             next.push(Tensor::from_vec(rows[(item.from + 1) * h..(item.n + 1) * h].to_vec(), (m, h), &self.device)?);
+            first_row += m as u32;
         }
-        Ok((Tensor::cat(&gs, 0)?, Tensor::cat(&next, 0)?))
+        let g = gs
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .map(|g| Tensor::cat(&g, 0))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        rows_of.truncate(g.len());
+        Ok(Outputs { g, next: Tensor::cat(&next, 0)?, rows_of })
     }
 
-    /// The objective on a batch's outputs (see the module docs): `(loss, scores)`.
-    fn objective(&self, g: &Tensor, next: &Tensor, full: bool) -> Result<(Tensor, Scores)> {
-        let rows = g.dim(0)?;
-        let diff = (g - next)?;
-        let a = diff.abs()?;
-        let small = a.minimum(1.0)?;
-        // SmoothL1 with beta 1: 0.5 d^2 below 1, |d| - 0.5 above; written as 0.5 m^2 + (|d| - m).
-        let regression = ((small.sqr()? * 0.5)? + (a - &small)?)?.mean_all()?;
+    /// The objective on a batch's outputs (see the module docs): `(loss, scores)`, the loss
+    /// over the first `unroll` steps, the scores' regression, token loss and accuracy step
+    /// 1's, `acc_steps` every step's when there are several.
+    fn objective(&self, out: &Outputs, full: bool) -> Result<(Tensor, Scores)> {
+        let next = &out.next;
+        let rows = next.dim(0)?;
         let vocab = self.lm_dense.dim(0)?;
-        let logits = g.matmul(&self.lm_dense.t()?)?;
-        let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         // The target's layers take its activation dtype (bf16 for Hugging Face weights on CUDA).
         let next_as_target = next.to_dtype(self.target.dtype())?;
         let target_logits = crate::model::output_logits(&self.lm_cut, &next_as_target)?.narrow(D::Minus1, 0, vocab)?;
         let p = candle_nn::ops::softmax(&target_logits, D::Minus1)?.detach();
-        let token = ((p * log_q)?.sum(D::Minus1)?.mean_all()? * -1.0)?;
-        let loss = ((&regression * self.config.regression_weight)? + (&token * self.config.token_weight)?)?;
-        let head_top = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
         let target_top = target_logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
-        let agree = |t: &[u32]| head_top.iter().zip(t).filter(|(a, b)| a == b).count() as f64 / rows.max(1) as f64;
+        let (mut loss, mut weights) = (None, 0.0);
+        let mut step1 = None;
+        let mut acc_steps = Vec::with_capacity(out.g.len());
+        for (s, g) in out.g.iter().enumerate() {
+            let picked = (s > 0).then(|| Tensor::from_slice(&out.rows_of[s], out.rows_of[s].len(), &self.device));
+            let picked = picked.transpose()?;
+            let pick = |t: &Tensor| match &picked {
+                Some(idx) => t.index_select(idx, 0),
+                None => Ok(t.clone()),
+            };
+            let (next, p) = (pick(next)?, pick(&p)?);
+            let diff = (g - next)?;
+            let a = diff.abs()?;
+            let small = a.minimum(1.0)?;
+            // SmoothL1 with beta 1: 0.5 d^2 below 1, |d| - 0.5 above; written as 0.5 m^2 + (|d| - m).
+            let regression = ((small.sqr()? * 0.5)? + (a - &small)?)?.mean_all()?;
+            let logits = g.matmul(&self.lm_dense.t()?)?;
+            let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            let token = ((p * log_q)?.sum(D::Minus1)?.mean_all()? * -1.0)?;
+            let step_loss = ((&regression * self.config.regression_weight)? + (&token * self.config.token_weight)?)?;
+            let head_top = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
+            let agree = if s == 0 {
+                head_top.iter().zip(&target_top).filter(|(a, b)| a == b).count()
+            } else {
+                head_top.iter().zip(&out.rows_of[s]).filter(|(a, &r)| **a == target_top[r as usize]).count()
+            };
+            acc_steps.push(agree as f64 / head_top.len().max(1) as f64);
+            if s < self.config.unroll.max(1) {
+                let w = self.config.unroll_decay.powi(s as i32);
+                weights += w;
+                let weighted = (step_loss * w)?;
+                loss = Some(match loss {
+                    None => weighted,
+                    Some(l) => (l + weighted)?,
+                });
+            }
+            if s == 0 {
+                step1 = Some((regression, token, head_top));
+            }
+        }
+        let (regression, token, head_top) = step1.ok_or_else(|| candle_core::Error::Msg("no outputs".into()))?;
+        let loss = (loss.expect("step 1 is always trained") / weights)?;
         let acc_full = if full {
             let top = self.target.logits(&next_as_target)?.argmax(D::Minus1)?.to_vec1::<u32>()?;
-            Some(agree(&top))
+            Some(head_top.iter().zip(&top).filter(|(a, b)| a == b).count() as f64 / rows.max(1) as f64)
         } else {
             None
         };
@@ -274,19 +358,29 @@ impl<'a> Trainer<'a> {
             loss: loss.to_scalar::<f32>()? as f64,
             regression: regression.to_scalar::<f32>()? as f64,
             token: token.to_scalar::<f32>()? as f64,
-            acc: agree(&target_top),
+            acc: acc_steps[0],
             acc_full,
+            acc_steps: if acc_steps.len() > 1 { acc_steps } else { Vec::new() },
             rows,
         };
         Ok((loss, scores))
     }
 
-    /// Scores the head (no noise, no update) on sequences `seqs` of `store`.
+    /// Scores the head (no noise, no update) on sequences `seqs` of `store`, `max(unroll, 3)`
+    /// steps deep.
     pub fn evaluate(&self, store: &mut FeatureStore, seqs: &[usize]) -> Result<Scores> {
         let mut total = Scores { acc_full: Some(0.0), ..Default::default() };
+        let steps = self.config.unroll.max(3);
+        let (mut step_hits, mut step_rows) = (vec![0.0; steps], vec![0usize; steps]);
         for items in group(store, seqs, self.config.batch_rows) {
-            let (g, next) = self.outputs(store, &items, None)?;
-            let (_, s) = self.objective(&g.detach(), &next, true)?;
+            let mut out = self.outputs(store, &items, None, steps)?;
+            out.g = out.g.iter().map(Tensor::detach).collect();
+            let (_, s) = self.objective(&out, true)?;
+            for (k, acc) in s.acc_steps.iter().enumerate() {
+                let rows = if k == 0 { s.rows } else { out.rows_of[k].len() };
+                step_hits[k] += acc * rows as f64;
+                step_rows[k] += rows;
+            }
             let w = s.rows as f64;
             total.loss += s.loss * w;
             total.regression += s.regression * w;
@@ -300,6 +394,8 @@ impl<'a> Trainer<'a> {
             *v /= n;
         }
         total.acc_full = total.acc_full.map(|a| a / n);
+        total.acc_steps =
+            step_hits.iter().zip(&step_rows).filter(|(_, &r)| r > 0).map(|(h, &r)| h / r as f64).collect();
         Ok(total)
     }
 
@@ -334,6 +430,11 @@ impl<'a> Trainer<'a> {
         let started = Instant::now();
         let seconds_before = self.state.seconds;
         let mut steps_this_run = 0u64;
+        if self.config.eval_first && self.state.step == 0 {
+            for e in self.evaluations(store, &val, eval.as_deref_mut(), 0)? {
+                emit(e, on_event)?;
+            }
+        }
         while self.state.epoch < self.config.epochs {
             let epoch = self.state.epoch;
             let batches = self.batches(store, &train, epoch);
@@ -353,8 +454,8 @@ impl<'a> Trainer<'a> {
                     return Ok(());
                 }
                 let noise_seed = self.config.seed ^ self.state.step.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xA5A5;
-                let (g, next) = self.outputs(store, items, Some(noise_seed))?;
-                let (loss, scores) = self.objective(&g, &next, false)?;
+                let out = self.outputs(store, items, Some(noise_seed), self.config.unroll.max(1))?;
+                let (loss, scores) = self.objective(&out, false)?;
                 let grads = loss.backward()?;
                 let lr = self.lr_at(self.state.step, total);
                 let grad_norm = self.optimizer.step(self.head.vars(), &grads, lr)?;
@@ -384,14 +485,8 @@ impl<'a> Trainer<'a> {
             }
             self.state.epoch += 1;
             self.state.batch_in_epoch = 0;
-            if !val.is_empty() {
-                let scores = self.evaluate(store, &val)?;
-                emit(TrainEvent::Eval { epoch, step: self.state.step, split: "validation".into(), scores }, on_event)?;
-            }
-            if let Some(eval) = eval.as_deref_mut().filter(|e| !e.sequences().is_empty()) {
-                let all: Vec<usize> = (0..eval.sequences().len()).collect();
-                let scores = self.evaluate(eval, &all)?;
-                emit(TrainEvent::Eval { epoch, step: self.state.step, split: "eval".into(), scores }, on_event)?;
+            for e in self.evaluations(store, &val, eval.as_deref_mut(), epoch)? {
+                emit(e, on_event)?;
             }
             let path = self.checkpoint()?;
             emit(TrainEvent::Checkpoint { step: self.state.step, path }, on_event)?;
@@ -399,6 +494,28 @@ impl<'a> Trainer<'a> {
         let seconds = self.state.seconds;
         emit(TrainEvent::Stopped { step: self.state.step, seconds, reason: "all epochs done".into() }, on_event)?;
         Ok(())
+    }
+
+    /// The validation split's and `eval`'s scores (events of `epoch` at the current step).
+    fn evaluations(
+        &self,
+        store: &mut FeatureStore,
+        val: &[usize],
+        eval: Option<&mut FeatureStore>,
+        epoch: usize,
+    ) -> Result<Vec<TrainEvent>> {
+        let step = self.state.step;
+        let mut events = Vec::new();
+        if !val.is_empty() {
+            let scores = self.evaluate(store, val)?;
+            events.push(TrainEvent::Eval { epoch, step, split: "validation".into(), scores });
+        }
+        if let Some(eval) = eval.filter(|e| !e.sequences().is_empty()) {
+            let all: Vec<usize> = (0..eval.sequences().len()).collect();
+            let scores = self.evaluate(eval, &all)?;
+            events.push(TrainEvent::Eval { epoch, step, split: "eval".into(), scores });
+        }
+        Ok(events)
     }
 
     /// Writes `out/checkpoint` (the head in f32, the optimizer, the state), atomically per file.

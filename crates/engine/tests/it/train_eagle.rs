@@ -59,6 +59,64 @@ fn trained_head_loads_and_computes_what_it_trained() {
     }
 }
 
+/// The unrolled forward is the inference head drafting a chain: step `s`'s output at entry `j`
+/// equals the loaded head's output after it ran the true entries `0..=j-s+1` and then fed its
+/// own outputs back for entries `j-s+2..=j` (the chain's tokens the true ones), with its KV
+/// cache holding every entry it ran. Both targets, outputs from entry 0 and from entry 2.
+#[test]
+fn unrolled_steps_are_the_inference_heads_chain_drafts() {
+    for (arch, tiny) in [("llama", Tiny::llama(93)), ("qwen2", Tiny::qwen2(93))] {
+        let target = cpu_target(&tiny, &format!("unroll-target-{arch}"));
+        let head = TrainableHead::init(HeadShape::for_target(target.config(), Some(40)), 11, &Device::Cpu).unwrap();
+        let dir = temp_dir(&format!("unroll-head-{arch}"));
+        head.save(&dir, DType::F32).unwrap();
+        let loaded = EagleHead::load(&dir, &target).unwrap();
+        let tokens: Vec<u32> = vec![8, 31, 4, 27, 19, 6, 44, 13, 35, 2];
+        let f = features(&target, &tokens);
+        let n = tokens.len() - 1;
+        let feats = f.narrow(0, 0, n).unwrap();
+        let embeds = target.embedding().lookup(&tokens[1..], &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
+        for from in [0, 2] {
+            let steps = head.forward_unrolled(&embeds, &feats, from, 3).unwrap();
+            assert_eq!(steps.len(), 3);
+            let mut compared = 0;
+            for (s, out) in steps.iter().enumerate().map(|(i, o)| (i + 1, o)) {
+                assert_eq!(out.dim(0).unwrap(), n - from - (s - 1), "{arch}: rows of step {s}");
+                for j in from + s - 1..n {
+                    let mut cache = loaded.new_cache(64).unwrap();
+                    let truth = j + 2 - s; // entries 0..truth hold true features
+                    let pos: Vec<u32> = (0..truth as u32).collect();
+                    let bias = causal_bias(0, truth, DType::F32, &Device::Cpu).unwrap();
+                    let g = loaded
+                        .forward(
+                            &target,
+                            &feats.narrow(0, 0, truth).unwrap(),
+                            &tokens[1..=truth],
+                            &pos,
+                            &bias,
+                            &mut cache,
+                        )
+                        .unwrap();
+                    let mut g = g.narrow(0, truth - 1, 1).unwrap();
+                    for e in truth..=j {
+                        let bias = causal_bias(e, 1, DType::F32, &Device::Cpu).unwrap();
+                        g = loaded.forward(&target, &g, &tokens[e + 1..e + 2], &[e as u32], &bias, &mut cache).unwrap();
+                    }
+                    let row = out.narrow(0, j - (from + s - 1), 1).unwrap();
+                    let d = max_diff(&row, &g);
+                    assert!(d < 1e-4, "{arch}: step {s}, entry {j}, from {from}: trained and inferred differ by {d}");
+                    compared += 1;
+                }
+            }
+            assert_eq!(compared, 3 * (n - from) - 3);
+        }
+        // Step 1 of the unrolled forward is the one-step forward, bit for bit.
+        let one = head.forward(&embeds, &feats, 1).unwrap();
+        let unrolled = head.forward_unrolled(&embeds, &feats, 1, 2).unwrap();
+        assert_eq!(max_diff(&one, &unrolled[0]), 0.0);
+    }
+}
+
 /// Sequences (prompt of 6, answer to the end) that repeat a random pattern of 3 to 5 tokens,
 /// so that the next feature is predictable; their features stored.
 fn store_of(target: &DecoderModel, dir: &std::path::Path, count: usize, seed: u64) -> FeatureStore {
@@ -151,6 +209,57 @@ fn training_lowers_the_loss_and_resumes_exactly() {
     for ((name, x), (_, y)) in a.iter().zip(&b) {
         assert_eq!(max_diff(x, y), 0.0, "{name} differs after a resumed run");
     }
+}
+
+/// Unrolled training: a step's step-1 scores are EAGLE-1's (same head, same noise), its loss
+/// is `(L1 + d L2) / (1 + d)` (checked by solving for `L2` at one decay and predicting the
+/// loss at another); a run 3 steps deep scored before its first step (`eval_first`) lowers
+/// the validation loss of all its steps and reports top-1 accuracy per depth.
+#[test]
+fn unrolled_training_weights_its_steps_and_learns() {
+    let tiny = Tiny { scale: 0.8, ..Tiny::qwen2(94) };
+    let target = cpu_target(&tiny, "unroll-train-target");
+    let mut store = store_of(&target, &temp_dir("unroll-train-store"), 30, 6);
+    let mut first_step = |unroll: usize, decay: f64, name: &str| {
+        let c = TrainConfig { unroll, unroll_decay: decay, ..config(1, Some(1)) };
+        let events = run(&target, &mut store, &temp_dir(name), c);
+        events
+            .into_iter()
+            .find_map(|e| match e {
+                TrainEvent::Step { scores, .. } => Some(scores),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let one = first_step(1, 0.8, "unroll-train-1");
+    let half = first_step(2, 0.5, "unroll-train-2a");
+    let double = first_step(2, 2.0, "unroll-train-2b");
+    assert!(one.acc_steps.is_empty());
+    assert_eq!(half.acc_steps.len(), 2);
+    assert_eq!(half.acc_steps[0], one.acc);
+    for s in [&half, &double] {
+        assert_eq!((s.regression, s.token, s.acc), (one.regression, one.token, one.acc));
+    }
+    assert!((one.loss - (one.regression + 0.1 * one.token)).abs() < 1e-6 * one.loss);
+    let l2 = (1.5 * half.loss - one.loss) / 0.5;
+    let predicted = (one.loss + 2.0 * l2) / 3.0;
+    assert!((double.loss - predicted).abs() < 1e-5 * predicted, "loss {} against {predicted}", double.loss);
+    assert!((l2 - one.loss).abs() > 1e-3, "step 2's loss {l2} is step 1's");
+
+    let c = TrainConfig { unroll: 3, eval_first: true, ..config(8, None) };
+    let events = run(&target, &mut store, &temp_dir("unroll-train-run"), c);
+    let evals: Vec<(u64, &engine::train::Scores)> = events
+        .iter()
+        .filter_map(|e| match e {
+            TrainEvent::Eval { step, scores, .. } => Some((*step, scores)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evals.len(), 9, "one score before training and one per epoch");
+    let ((step0, first), (_, last)) = (evals[0], evals[8]);
+    assert_eq!(step0, 0);
+    assert_eq!((first.acc_steps.len(), last.acc_steps.len()), (3, 3));
+    assert!(last.loss < 0.9 * first.loss, "validation loss {} -> {}", first.loss, last.loss);
 }
 
 /// Texts sharing a prefix (as chat turns share the template's) run the prefix once when one

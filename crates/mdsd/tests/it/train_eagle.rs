@@ -155,6 +155,72 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     let in_more = std::fs::read_to_string(more.join("features/sequences.jsonl")).unwrap().lines().count();
     assert_eq!(in_more, train + 2, "two more texts");
 
+    // --init-head continues from a head: before its first step it scores the evaluation set as
+    // the run that wrote the head (in f32) scored it last; --unroll 2 trains two steps deep and
+    // logs top-1 per depth (3 depths in evaluations).
+    let f32_run = dir.join("f32");
+    run_in(&f32_run, "1", &["--dtype", "f32"]);
+    let evals = |d: &std::path::Path| -> Vec<serde_json::Value> {
+        let log = std::fs::read_to_string(d.join("train_log.jsonl")).unwrap();
+        log.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|e| e["split"] == "eval")
+            .collect()
+    };
+    let written = evals(&f32_run).pop().unwrap();
+    let continued = dir.join("continued");
+    let init = f32_run.join("head");
+    run_in(&continued, "1", &["--init-head", s(&init), "--unroll", "2"]);
+    let first_eval = &evals(&continued)[0];
+    assert_eq!(first_eval["step"], 0, "{first_eval}");
+    for k in ["acc", "acc_full", "regression", "token", "acc_steps", "rows"] {
+        assert_eq!(first_eval["scores"][k], written["scores"][k], "{k}: {first_eval} against {written}");
+    }
+    assert_eq!(first_eval["scores"]["acc_steps"].as_array().unwrap().len(), 3);
+    let log = std::fs::read_to_string(continued.join("train_log.jsonl")).unwrap();
+    let step: serde_json::Value =
+        serde_json::from_str(log.lines().find(|l| l.contains("\"event\":\"step\"")).unwrap()).unwrap();
+    assert_eq!(step["scores"]["acc_steps"].as_array().unwrap().len(), 2, "{step}");
+    // A head of other sizes is refused, by name.
+    let other = dir.join("other-width");
+    let e = fails(&[
+        "train-eagle",
+        "--target",
+        s(&target),
+        "--out",
+        s(&other),
+        "--data",
+        s(&data),
+        "--self-answer-tokens",
+        "6",
+        "--eval-answer-tokens",
+        "6",
+        "--draft-vocab",
+        "0",
+        "--init-head",
+        s(&init),
+        "--intermediate-size",
+        "16",
+    ]);
+    assert!(e.contains("--init-head") && e.contains("f32/head"), "{e}");
+
+    // --reuse: its own --out, a folder without a run's data.
+    let e = fails(&["train-eagle", "--target", s(&target), "--out", s(&out), "--data", s(&data), "--reuse", s(&out)]);
+    assert!(e.contains("--reuse") && e.contains("is --out"), "{e}");
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = fails(&[
+        "train-eagle",
+        "--target",
+        s(&target),
+        "--out",
+        s(&dir.join("x")),
+        "--data",
+        s(&data),
+        "--reuse",
+        s(&empty),
+    ]);
+    assert!(e.contains("empty/self_answers.jsonl") && e.contains("holds 0 of the 2 answers"), "{e}");
     // Clear errors: a missing data folder, answers of other prompts, a GPU in a CPU build.
     let e =
         fails(&["train-eagle", "--target", s(&target), "--out", s(&dir.join("other")), "--data", s(&dir.join("none"))]);
@@ -178,4 +244,77 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
         "6",
     ]);
     assert!(e.contains("self_answers.jsonl") && e.contains("other prompts"), "{e}");
+}
+
+/// `mdsd fetch` of a pair whose head is trained here by a two-stage recipe (`then`): the first
+/// stage writes `head/`, the second trains it further into `refined/head` on the first's answers
+/// and features (`--reuse`: none computed again), the pair's draft is the refined head, and
+/// `generate --pair` drafts with it, its greedy text the plain one. A second fetch trains nothing.
+#[test]
+fn fetch_trains_a_two_stage_recipe() {
+    let dir = temp_dir("fetch-two-stage");
+    let (cache, models, data) = (dir.join("cache"), dir.join("models"), dir.join("data"));
+    for d in [&cache, &models, &data] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    write_data(&data);
+    let target = Tiny { scale: 0.8, ..Tiny::chat_llama(48) }.write_gguf(&cache.join("t.gguf"), GgmlDType::F32, &[]);
+    let flags = format!(
+        r#""--data", "{}", "--batch-rows", "16", "--self-answer-tokens", "6", "--eval-answer-tokens", "6", "--draft-vocab", "0""#,
+        data.display()
+    );
+    std::fs::write(
+        models.join("tiny-eagle.toml"),
+        format!(
+            "name = \"tiny-eagle\"\n[target]\nhub_repo = \"x/t\"\nfile = \"t.gguf\"\n[draft]\nkind = \"eagle-head\"\n\
+             train_eagle = {{ args = [{flags}, \"--intermediate-size\", \"24\", \"--epochs\", \"1\", \"--lr\", \"1e-3\"], \
+             then = [{flags}, \"--unroll\", \"2\", \"--epochs\", \"1\", \"--lr\", \"3e-4\"], hours = 0.01, measured_on = \"a test\" }}\n"
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mdsd"))
+            .args(args)
+            .args(["--models-dir", s(&models)])
+            .env("MDSD_OFFLINE", "1")
+            .env("MDSD_CACHE", &cache)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        (stdout.to_string(), stderr.to_string())
+    };
+    let (stdout, stderr) = run(&["fetch", "tiny-eagle"]);
+    let trained = cache.join("trained/tiny-eagle");
+    assert!(stderr.contains("then `--data"), "{stderr}");
+    assert!(stdout.contains(&format!("draft: {}", trained.join("refined/head").display())), "{stdout}");
+    assert!(trained.join("head/model.safetensors").is_file() && trained.join("features").is_dir());
+    let refined = trained.join("refined");
+    assert!(!refined.join("features").exists() && !refined.join("self_answers.jsonl").exists());
+    let log = std::fs::read_to_string(refined.join("train_log.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!((first["event"].as_str(), first["step"].as_u64()), (Some("eval"), Some(0)), "{first}");
+    assert!(log.contains("\"acc_steps\":["), "{log}");
+    let (_, again) = run(&["fetch", "tiny-eagle"]);
+    assert!(!again.contains("trained here"), "{again}");
+
+    let plain = generate_greedy_json(&target, "ABC", "10", &["--no-spec", "--ignore-eos"]);
+    let (stdout, _) = run(&[
+        "generate",
+        "--pair",
+        "tiny-eagle",
+        "--prompt",
+        "ABC",
+        "--max-new-tokens",
+        "10",
+        "--json",
+        "--temperature",
+        "0",
+        "--tree",
+        "chain-3",
+        "--ignore-eos",
+    ]);
+    let drafted: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(plain["text"], drafted["text"]);
+    assert!(drafted["draft_forwards"].as_u64().unwrap() > 0, "{drafted}");
 }
