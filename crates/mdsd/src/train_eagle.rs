@@ -260,16 +260,19 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
                 lr
             ));
         }
-        TrainEvent::Eval { epoch, step, split, scores } => bar.println(format!(
-            "{}: {split} loss {:.4} top-1 {:.4} (whole vocabulary {:.4}; per depth {}) over {} tokens",
-            if *step == 0 { "before training".to_string() } else { format!("epoch {}", epoch + 1) },
-            scores.loss,
-            scores.acc,
-            scores.acc_full.unwrap_or(f64::NAN),
-            scores.acc_steps.iter().map(|a| format!("{a:.3}")).collect::<Vec<_>>().join("/"),
-            scores.rows
-        )),
-        TrainEvent::Stopped { reason, seconds, .. } => bar.println(format!("stopped after {seconds:.0} s: {reason}")),
+        TrainEvent::Eval { epoch, step, split, scores } => say(
+            &bar,
+            format!(
+                "{}: {split} loss {:.4} top-1 {:.4} (whole vocabulary {:.4}; per depth {}) over {} tokens",
+                if *step == 0 { "before training".to_string() } else { format!("epoch {}", epoch + 1) },
+                scores.loss,
+                scores.acc,
+                scores.acc_full.unwrap_or(f64::NAN),
+                scores.acc_steps.iter().map(|a| format!("{a:.3}")).collect::<Vec<_>>().join("/"),
+                scores.rows
+            ),
+        ),
+        TrainEvent::Stopped { reason, seconds, .. } => say(&bar, format!("stopped after {seconds:.0} s: {reason}")),
         TrainEvent::Checkpoint { .. } => {}
     };
     trainer.train(&mut store, Some(&mut eval), &mut on_event)?;
@@ -288,6 +291,16 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         head_dir.display()
     );
     Ok(())
+}
+
+/// A line above the progress bar; on standard error when the bar is hidden (not a terminal:
+/// a run in the background, or `mdsd fetch`'s log), where `println` would drop it.
+fn say(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
 }
 
 /// Holds `out/.lock` for the run: two runs on one folder would append to the same answer and
@@ -400,7 +413,7 @@ fn answers(
         |i, answer| {
             let (source, prompt) = &todo[i];
             let answer = answer?.unwrap_or_else(|prompt_tokens| {
-                bar.println(format!("skipped a prompt of {prompt_tokens} tokens (over {capacity} with its answer)"));
+                say(&bar, format!("skipped a prompt of {prompt_tokens} tokens (over {capacity} with its answer)"));
                 String::new()
             });
             let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer };

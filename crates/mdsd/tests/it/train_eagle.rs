@@ -75,6 +75,8 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     let run = |epochs: &str| run_in(&out, epochs, &[]);
     let first = run("1");
     assert!(first.contains("wrote") && first.contains("head"), "{first}");
+    // The evaluations are printed with no terminal too (indicatif drops a hidden bar's lines).
+    assert!(first.contains("epoch 1: eval loss") && first.contains("stopped after"), "{first}");
     // MT-Bench's categories are never trained on: one Spec-Bench self answer (qa), one Alpaca.
     let answers = std::fs::read_to_string(out.join("self_answers.jsonl")).unwrap();
     assert_eq!(answers.lines().count(), 2, "{answers}");
@@ -170,7 +172,8 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     let written = evals(&f32_run).pop().unwrap();
     let continued = dir.join("continued");
     let init = f32_run.join("head");
-    run_in(&continued, "1", &["--init-head", s(&init), "--unroll", "2"]);
+    let said = run_in(&continued, "1", &["--init-head", s(&init), "--unroll", "2"]);
+    assert!(said.contains("before training: eval") && said.contains("per depth"), "{said}");
     let first_eval = &evals(&continued)[0];
     assert_eq!(first_eval["step"], 0, "{first_eval}");
     for k in ["acc", "acc_full", "regression", "token", "acc_steps", "rows"] {
