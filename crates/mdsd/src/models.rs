@@ -76,7 +76,8 @@ pub fn manifest_model(source: &ModelSource, role: &str, pair: &str) -> anyhow::R
     resolve(source, None, &FetchOptions::default()).with_context(|| format!("fetching the {role} of {pair}"))
 }
 
-/// Where `mdsd fetch` trains pair `pair`'s EAGLE head (`head/` inside it when done).
+/// Where `mdsd fetch` trains pair `pair`'s EAGLE head (`head/` inside it when done; a second
+/// stage's in `refined/head`: [`recipe_head`]).
 pub fn trained_head_dir(pair: &str) -> PathBuf {
     engine::load::provision::cache_dir().join("trained").join(pair)
 }

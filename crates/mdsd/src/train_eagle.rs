@@ -112,9 +112,10 @@ pub struct TrainEagleArgs {
     /// is taken unless --intermediate-size says otherwise.
     #[arg(long)]
     init_head: Option<PathBuf>,
-    /// Read the target's answers and features from this folder (another run's `--out`, done
-    /// with the same data flags) instead of `--out`: nothing is generated or computed, and
-    /// none are added there. With --init-head, a head is trained further on its own data.
+    /// Read the target's answers and features from this folder (a finished run's `--out`,
+    /// given the same data flags) instead of `--out`: nothing is generated or computed, none
+    /// are added there, and its lock is held while this run reads it. With --init-head, a head
+    /// is trained further on its own data.
     #[arg(long)]
     reuse: Option<PathBuf>,
     /// Seed of the initial weights, the data order and the noise.
@@ -234,6 +235,12 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         eval_first: args.init_head.is_some(),
         ..Default::default()
     };
+    if args.init_head.is_some() && args.out.join("checkpoint/state.json").is_file() {
+        eprintln!(
+            "mdsd: resuming the run in {} from its checkpoint (--init-head is read only when a run starts)",
+            args.out.display()
+        );
+    }
     let mut trainer = Trainer::new(target, head, config, &args.out)?;
     eprintln!(
         "mdsd: training a head of {} parameters on {} sequences ({} held out for validation), {} evaluation answers",
@@ -317,7 +324,7 @@ fn lock_out(out: &Path) -> anyhow::Result<std::fs::File> {
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => bail!(
-            "{}: another train-eagle run is using this folder (it holds {}); wait for it to end, or use another --out",
+            "{}: another train-eagle run is using this folder (it holds {}); wait for it to end, or use another folder",
             out.display(),
             path.display()
         ),
@@ -366,8 +373,13 @@ fn answers(
     for (c, (_, p)) in done.iter().zip(prompts) {
         if &c.prompt != p {
             bail!(
-                "{}: its answers are to other prompts than these settings give; remove it or use another --out",
-                file.display()
+                "{}: its answers are to other prompts than these settings give; {}",
+                file.display(),
+                if read_only {
+                    "give --reuse the data flags of the run that wrote it"
+                } else {
+                    "remove it or use another --out"
+                }
             );
         }
     }
@@ -470,8 +482,13 @@ fn features(
     let have = store.sequences().len();
     if have > tokenized.len() || store.sequences().iter().zip(&tokenized).any(|(s, t)| s.tokens != t.tokens) {
         bail!(
-            "{}: its features are of other texts than these settings give; remove it or use another --out",
-            dir.display()
+            "{}: its features are of other texts than these settings give; {}",
+            dir.display(),
+            if read_only {
+                "give --reuse the data flags of the run that wrote it"
+            } else {
+                "remove it or use another --out"
+            }
         );
     }
     if have == tokenized.len() {

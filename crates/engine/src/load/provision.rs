@@ -77,9 +77,9 @@ pub struct ModelSource {
 pub struct TrainRecipe {
     /// `mdsd train-eagle`'s flags (the target and `--out` are added).
     pub args: Vec<String>,
-    /// A second stage's flags, run after `args` into `refined/` of the same folder with
-    /// `--reuse` (the first stage's answers and features) and `--init-head` (its head) added;
-    /// the pair's head is then `refined/head`.
+    /// A second stage's flags (repeating `args`' data flags, which `--reuse` checks), run after
+    /// `args` into `refined/` of the same folder with `--reuse` (the first stage's answers and
+    /// features) and `--init-head` (its head) added; the pair's head is then `refined/head`.
     #[serde(default)]
     pub then: Option<Vec<String>>,
     /// Hours the recipe took on the machine named in `measured_on` (said before it starts).

@@ -17,9 +17,10 @@
 //! `unroll` tokens deep from each entry, fed its own outputs as at inference
 //! ([`TrainableHead::forward_unrolled`]); step `s` has the same targets as step 1 at its
 //! entries, and the loss is `sum_s d^(s-1) L_s / sum_s d^(s-1)` (`d`: `unroll_decay`).
-//! Evaluations score `max(unroll, 3)` steps: `acc_steps[s-1]` is step `s`'s top-1 accuracy, the
-//! chance that a chain's depth-`s` draft matches the target's greedy token given the drafts
-//! above it did.
+//! Evaluations score `max(unroll, 3)` steps: `acc_steps[s-1]` is step `s`'s top-1 accuracy over
+//! the entries that have a step `s`, the head fed the true tokens and its own features: a chain's
+//! depth-`s` acceptance given that its drafts above were accepted, except that it averages over
+//! all entries, not only those where the shallower drafts matched.
 
 use super::features::FeatureStore;
 use super::head::{save_safetensors, write_atomically, TrainableHead};
@@ -185,6 +186,12 @@ impl<'a> Trainer<'a> {
     /// (the head's shape must match), else starts from `head` (moved to the target's device,
     /// where the run trains: the CPU, or a GPU for a target loaded on one).
     pub fn new(target: &'a DecoderModel, head: TrainableHead, config: TrainConfig, out: &Path) -> Result<Self> {
+        if config.unroll == 0 || !(config.unroll_decay > 0.0 && config.unroll_decay.is_finite()) {
+            return Err(file_error(
+                out,
+                format!("unroll {} and unroll_decay {}: 1 or more, and positive", config.unroll, config.unroll_decay),
+            ));
+        }
         let device = target.device().clone();
         let vocab = match config.draft_vocab {
             0 => target.config().vocab_size,
@@ -376,10 +383,13 @@ impl<'a> Trainer<'a> {
             let mut out = self.outputs(store, &items, None, steps)?;
             out.g = out.g.iter().map(Tensor::detach).collect();
             let (_, s) = self.objective(&out, true)?;
-            for (k, acc) in s.acc_steps.iter().enumerate() {
-                let rows = if k == 0 { s.rows } else { out.rows_of[k].len() };
-                step_hits[k] += acc * rows as f64;
-                step_rows[k] += rows;
+            // Depth 1 from `acc` (a batch whose answers are one entry long has no deeper step,
+            // and then no `acc_steps`).
+            step_hits[0] += s.acc * s.rows as f64;
+            step_rows[0] += s.rows;
+            for (k, acc) in s.acc_steps.iter().enumerate().skip(1) {
+                step_hits[k] += acc * out.rows_of[k].len() as f64;
+                step_rows[k] += out.rows_of[k].len();
             }
             let w = s.rows as f64;
             total.loss += s.loss * w;

@@ -110,10 +110,16 @@ fn unrolled_steps_are_the_inference_heads_chain_drafts() {
             }
             assert_eq!(compared, 3 * (n - from) - 3);
         }
-        // Step 1 of the unrolled forward is the one-step forward, bit for bit.
-        let one = head.forward(&embeds, &feats, 1).unwrap();
-        let unrolled = head.forward_unrolled(&embeds, &feats, 1, 2).unwrap();
-        assert_eq!(max_diff(&one, &unrolled[0]), 0.0);
+        // Two answer entries, three steps: step 3 has none and is omitted; the others are the
+        // last rows of the run from entry 0.
+        let short = head.forward_unrolled(&embeds, &feats, n - 2, 3).unwrap();
+        let whole = head.forward_unrolled(&embeds, &feats, 0, 3).unwrap();
+        assert_eq!(short.iter().map(|t| t.dim(0).unwrap()).collect::<Vec<_>>(), [2, 1]);
+        for (k, out) in short.iter().enumerate() {
+            let rows = out.dim(0).unwrap();
+            let tail = whole[k].narrow(0, whole[k].dim(0).unwrap() - rows, rows).unwrap();
+            assert!(max_diff(out, &tail) < 1e-5, "{arch}: step {} of a short answer", k + 1);
+        }
     }
 }
 
@@ -213,8 +219,8 @@ fn training_lowers_the_loss_and_resumes_exactly() {
 
 /// Unrolled training: a step's step-1 scores are EAGLE-1's (same head, same noise), its loss
 /// is `(L1 + d L2) / (1 + d)` (checked by solving for `L2` at one decay and predicting the
-/// loss at another); a run 3 steps deep scored before its first step (`eval_first`) lowers
-/// the validation loss of all its steps and reports top-1 accuracy per depth.
+/// loss at another); a run 3 steps deep, scored before its first step (`eval_first`), lowers
+/// its validation loss (all steps weighted) and reports top-1 accuracy per depth.
 #[test]
 fn unrolled_training_weights_its_steps_and_learns() {
     let tiny = Tiny { scale: 0.8, ..Tiny::qwen2(94) };
@@ -260,6 +266,63 @@ fn unrolled_training_weights_its_steps_and_learns() {
     assert_eq!(step0, 0);
     assert_eq!((first.acc_steps.len(), last.acc_steps.len()), (3, 3));
     assert!(last.loss < 0.9 * first.loss, "validation loss {} -> {}", first.loss, last.loss);
+}
+
+/// An evaluation's top-1 per depth is, over a batch of sequences of several lengths (one
+/// whose answer has 2 entries, fewer than the 3 depths), the fraction of entries `j` where the
+/// head's step-`s` output at `j` and the target's feature `f_{j+1}` have the same most
+/// probable token, counted here from `forward_unrolled` and the target's output layer; the
+/// same whether the sequences share one batch or each has its own.
+#[test]
+fn evaluation_scores_each_depth_against_its_entries_targets() {
+    let tiny = Tiny { scale: 0.8, ..Tiny::qwen2(95) };
+    let target = cpu_target(&tiny, "depth-eval-target");
+    let mut store = store_of(&target, &temp_dir("depth-eval-store"), 5, 8);
+    let mut cache = target.new_cache(64).unwrap();
+    let short = TokenizedConversation { tokens: vec![3, 14, 15, 9, 26, 5, 35, 8], answer_start: 6 };
+    store.append(&target, &short, &mut cache).unwrap();
+    // A head trained a little (its checkpoint resumed), so that the counts are neither 0 nor all.
+    let out = temp_dir("depth-eval-run");
+    run(&target, &mut store, &out, config(3, None));
+    let head = TrainableHead::init(HeadShape::for_target(target.config(), None), 5, &Device::Cpu).unwrap();
+    let trainer = Trainer::new(&target, head, TrainConfig { batch_rows: 100_000, ..config(3, None) }, &out).unwrap();
+    let all: Vec<usize> = (0..store.sequences().len()).collect();
+    let together = trainer.evaluate(&mut store, &all).unwrap();
+    let h = target.config().hidden_size;
+    let top = |t: &Tensor| target.logits(t).unwrap().argmax(candle_core::D::Minus1).unwrap().to_vec1::<u32>().unwrap();
+    let (mut hits, mut rows) = ([0usize; 3], [0usize; 3]);
+    let mut apart = [0f64; 3];
+    for &i in &all {
+        let seq = store.sequences()[i].clone();
+        let n = seq.tokens.len() - 1;
+        let from = seq.answer_start - 1;
+        let f = Tensor::from_vec(store.rows(seq.first_row, n + 1).unwrap(), (n + 1, h), &Device::Cpu).unwrap();
+        let embeds = target.embedding().lookup(&seq.tokens[1..], &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
+        let steps = trainer.head().forward_unrolled(&embeds, &f.narrow(0, 0, n).unwrap(), from, 3).unwrap();
+        assert_eq!(steps.len(), if i == 5 { 2 } else { 3 });
+        for (k, g) in steps.iter().enumerate() {
+            let m = g.dim(0).unwrap();
+            let wanted = top(&f.narrow(0, from + k + 1, m).unwrap());
+            hits[k] += top(g).iter().zip(&wanted).filter(|(a, b)| a == b).count();
+            rows[k] += m;
+        }
+        let alone = trainer.evaluate(&mut store, &[i]).unwrap();
+        for (k, a) in alone.acc_steps.iter().enumerate() {
+            apart[k] += a * steps.get(k).map_or(0, |g| g.dim(0).unwrap()) as f64;
+        }
+    }
+    assert_eq!(together.acc_steps.len(), 3);
+    for k in 0..3 {
+        let counted = hits[k] as f64 / rows[k] as f64;
+        assert!(
+            (together.acc_steps[k] - counted).abs() < 1e-9,
+            "depth {}: {} against {counted}",
+            k + 1,
+            together.acc_steps[k]
+        );
+        assert!((apart[k] / rows[k] as f64 - counted).abs() < 1e-9, "depth {}: batches of one", k + 1);
+    }
+    assert!(hits.iter().all(|&x| x > 0) && hits != rows, "a test that cannot tell: {hits:?} of {rows:?}");
 }
 
 /// Texts sharing a prefix (as chat turns share the template's) run the prefix once when one
