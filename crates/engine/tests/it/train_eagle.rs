@@ -268,8 +268,8 @@ fn unrolled_training_weights_its_steps_and_learns() {
     assert!(last.loss < 0.9 * first.loss, "validation loss {} -> {}", first.loss, last.loss);
 }
 
-/// An evaluation's top-1 per depth is, over a batch of sequences of several lengths (one
-/// whose answer has 2 entries, fewer than the 3 depths), the fraction of entries `j` where the
+/// An evaluation's top-1 per depth is, over a batch of sequences of several lengths (answers
+/// of 2 entries and of 1, fewer than the 3 depths), the fraction of entries `j` where the
 /// head's step-`s` output at `j` and the target's feature `f_{j+1}` have the same most
 /// probable token, counted here from `forward_unrolled` and the target's output layer; the
 /// same whether the sequences share one batch or each has its own.
@@ -281,6 +281,9 @@ fn evaluation_scores_each_depth_against_its_entries_targets() {
     let mut cache = target.new_cache(64).unwrap();
     let short = TokenizedConversation { tokens: vec![3, 14, 15, 9, 26, 5, 35, 8], answer_start: 6 };
     store.append(&target, &short, &mut cache).unwrap();
+    // And one whose answer is a single entry: depth 1 only.
+    let single = TokenizedConversation { tokens: vec![3, 14, 15, 9, 26, 5, 35], answer_start: 6 };
+    store.append(&target, &single, &mut cache).unwrap();
     // A head trained a little (its checkpoint resumed), so that the counts are neither 0 nor all.
     let out = temp_dir("depth-eval-run");
     run(&target, &mut store, &out, config(3, None));
@@ -299,7 +302,7 @@ fn evaluation_scores_each_depth_against_its_entries_targets() {
         let f = Tensor::from_vec(store.rows(seq.first_row, n + 1).unwrap(), (n + 1, h), &Device::Cpu).unwrap();
         let embeds = target.embedding().lookup(&seq.tokens[1..], &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
         let steps = trainer.head().forward_unrolled(&embeds, &f.narrow(0, 0, n).unwrap(), from, 3).unwrap();
-        assert_eq!(steps.len(), if i == 5 { 2 } else { 3 });
+        assert_eq!(steps.len(), [3, 3, 3, 3, 3, 2, 1][i]);
         for (k, g) in steps.iter().enumerate() {
             let m = g.dim(0).unwrap();
             let wanted = top(&f.narrow(0, from + k + 1, m).unwrap());
@@ -323,6 +326,8 @@ fn evaluation_scores_each_depth_against_its_entries_targets() {
         assert!((apart[k] / rows[k] as f64 - counted).abs() < 1e-9, "depth {}: batches of one", k + 1);
     }
     assert!(hits.iter().all(|&x| x > 0) && hits != rows, "a test that cannot tell: {hits:?} of {rows:?}");
+    let alone = trainer.evaluate(&mut store, &[6]).unwrap();
+    assert_eq!((alone.rows, alone.acc_steps.as_slice()), (1, [alone.acc].as_slice()), "a one-entry answer");
 }
 
 /// Texts sharing a prefix (as chat turns share the template's) run the prefix once when one
