@@ -300,6 +300,16 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What to do about answers or features of other texts than the settings give: in the run's
+/// own folder they may go; in a `--reuse` folder they are another run's.
+fn other_data_advice(read_only: bool) -> &'static str {
+    if read_only {
+        "give --reuse the data flags of the run that wrote it"
+    } else {
+        "remove it or use another --out"
+    }
+}
+
 /// A line above the progress bar; on standard error when the bar is hidden (not a terminal:
 /// a run in the background, or `mdsd fetch`'s log), where `println` would drop it.
 fn say(bar: &ProgressBar, line: String) {
@@ -375,11 +385,7 @@ fn answers(
             bail!(
                 "{}: its answers are to other prompts than these settings give; {}",
                 file.display(),
-                if read_only {
-                    "give --reuse the data flags of the run that wrote it"
-                } else {
-                    "remove it or use another --out"
-                }
+                other_data_advice(read_only)
             );
         }
     }
@@ -484,11 +490,7 @@ fn features(
         bail!(
             "{}: its features are of other texts than these settings give; {}",
             dir.display(),
-            if read_only {
-                "give --reuse the data flags of the run that wrote it"
-            } else {
-                "remove it or use another --out"
-            }
+            other_data_advice(read_only)
         );
     }
     if have == tokenized.len() {

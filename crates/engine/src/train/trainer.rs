@@ -301,10 +301,11 @@ impl<'a> Trainer<'a> {
         Ok(Outputs { g, next: Tensor::cat(&next, 0)?, rows_of })
     }
 
-    /// The objective on a batch's outputs (see the module docs): `(loss, scores)`, the loss
-    /// over the first `unroll` steps, the scores' regression, token loss and accuracy step
-    /// 1's, `acc_steps` every step's when there are several.
-    fn objective(&self, out: &Outputs, full: bool) -> Result<(Tensor, Scores)> {
+    /// The objective on a batch's outputs (see the module docs): `(loss, scores, hits)`, the
+    /// loss over the first `unroll` steps, the scores' regression, token loss and accuracy step
+    /// 1's, `acc_steps` every step's when there are several; `hits[s]`: step `s + 1`'s rows
+    /// whose top token is the target's.
+    fn objective(&self, out: &Outputs, full: bool) -> Result<(Tensor, Scores, Vec<usize>)> {
         let next = &out.next;
         let rows = next.dim(0)?;
         let vocab = self.lm_dense.dim(0)?;
@@ -315,7 +316,7 @@ impl<'a> Trainer<'a> {
         let target_top = target_logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
         let (mut loss, mut weights) = (None, 0.0);
         let mut step1 = None;
-        let mut acc_steps = Vec::with_capacity(out.g.len());
+        let mut hits = Vec::with_capacity(out.g.len());
         for (s, g) in out.g.iter().enumerate() {
             let picked = (s > 0).then(|| Tensor::from_slice(&out.rows_of[s], out.rows_of[s].len(), &self.device));
             let picked = picked.transpose()?;
@@ -334,12 +335,7 @@ impl<'a> Trainer<'a> {
             let token = ((p * log_q)?.sum(D::Minus1)?.mean_all()? * -1.0)?;
             let step_loss = ((&regression * self.config.regression_weight)? + (&token * self.config.token_weight)?)?;
             let head_top = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
-            let agree = if s == 0 {
-                head_top.iter().zip(&target_top).filter(|(a, b)| a == b).count()
-            } else {
-                head_top.iter().zip(&out.rows_of[s]).filter(|(a, &r)| **a == target_top[r as usize]).count()
-            };
-            acc_steps.push(agree as f64 / head_top.len().max(1) as f64);
+            hits.push(head_top.iter().zip(&out.rows_of[s]).filter(|(a, &r)| **a == target_top[r as usize]).count());
             if s < self.config.unroll.max(1) {
                 let w = self.config.unroll_decay.powi(s as i32);
                 weights += w;
@@ -361,6 +357,8 @@ impl<'a> Trainer<'a> {
         } else {
             None
         };
+        let acc_steps: Vec<f64> =
+            hits.iter().zip(&out.rows_of).map(|(&h, rows)| h as f64 / rows.len().max(1) as f64).collect();
         let scores = Scores {
             loss: loss.to_scalar::<f32>()? as f64,
             regression: regression.to_scalar::<f32>()? as f64,
@@ -370,7 +368,7 @@ impl<'a> Trainer<'a> {
             acc_steps: if acc_steps.len() > 1 { acc_steps } else { Vec::new() },
             rows,
         };
-        Ok((loss, scores))
+        Ok((loss, scores, hits))
     }
 
     /// Scores the head (no noise, no update) on sequences `seqs` of `store`, `max(unroll, 3)`
@@ -378,17 +376,13 @@ impl<'a> Trainer<'a> {
     pub fn evaluate(&self, store: &mut FeatureStore, seqs: &[usize]) -> Result<Scores> {
         let mut total = Scores { acc_full: Some(0.0), ..Default::default() };
         let steps = self.config.unroll.max(3);
-        let (mut step_hits, mut step_rows) = (vec![0.0; steps], vec![0usize; steps]);
+        let (mut step_hits, mut step_rows) = (vec![0usize; steps], vec![0usize; steps]);
         for items in group(store, seqs, self.config.batch_rows) {
             let mut out = self.outputs(store, &items, None, steps)?;
             out.g = out.g.iter().map(Tensor::detach).collect();
-            let (_, s) = self.objective(&out, true)?;
-            // Depth 1 from `acc` (a batch whose answers are one entry long has no deeper step,
-            // and then no `acc_steps`).
-            step_hits[0] += s.acc * s.rows as f64;
-            step_rows[0] += s.rows;
-            for (k, acc) in s.acc_steps.iter().enumerate().skip(1) {
-                step_hits[k] += acc * out.rows_of[k].len() as f64;
+            let (_, s, hits) = self.objective(&out, true)?;
+            for (k, h) in hits.into_iter().enumerate() {
+                step_hits[k] += h;
                 step_rows[k] += out.rows_of[k].len();
             }
             let w = s.rows as f64;
@@ -405,7 +399,7 @@ impl<'a> Trainer<'a> {
         }
         total.acc_full = total.acc_full.map(|a| a / n);
         total.acc_steps =
-            step_hits.iter().zip(&step_rows).filter(|(_, &r)| r > 0).map(|(h, &r)| h / r as f64).collect();
+            step_hits.iter().zip(&step_rows).filter(|(_, &r)| r > 0).map(|(&h, &r)| h as f64 / r as f64).collect();
         Ok(total)
     }
 
@@ -465,7 +459,7 @@ impl<'a> Trainer<'a> {
                 }
                 let noise_seed = self.config.seed ^ self.state.step.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xA5A5;
                 let out = self.outputs(store, items, Some(noise_seed), self.config.unroll.max(1))?;
-                let (loss, scores) = self.objective(&out, false)?;
+                let (loss, scores, _) = self.objective(&out, false)?;
                 let grads = loss.backward()?;
                 let lr = self.lr_at(self.state.step, total);
                 let grad_norm = self.optimizer.step(self.head.vars(), &grads, lr)?;
