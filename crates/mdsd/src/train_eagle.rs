@@ -56,6 +56,11 @@ pub struct TrainEagleArgs {
     /// left out).
     #[arg(long, default_value_t = 25)]
     self_answers_per_category: usize,
+    /// Target's own answers: this many more Spec-Bench prompts per category, the ones after
+    /// the first --self-answers-per-category, asked after all the other prompts (so a run's
+    /// folder grows: its answers and features are kept, these added).
+    #[arg(long, default_value_t = 0)]
+    self_answers_more_per_category: usize,
     /// Target's own answers: this many of EAGLE's Alpaca prompts.
     #[arg(long, default_value_t = 60)]
     self_answers_alpaca: usize,
@@ -188,26 +193,26 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     };
 
     // 1. The target's own answers.
-    let mut prompts: Vec<(String, String)> = data::first_turns(
-        &args.data.join("spec_bench_question.jsonl"),
-        &data::MT_BENCH_CATEGORIES,
-        args.self_answers_per_category,
-    )?
-    .into_iter()
-    .map(|(c, t)| (format!("self/spec_bench/{c}"), t))
-    .collect();
-    let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], usize::MAX)?;
+    let spec_bench = |per_category: std::ops::Range<usize>| -> anyhow::Result<Vec<(String, String)>> {
+        let turns =
+            data::first_turns(&args.data.join("spec_bench_question.jsonl"), &data::MT_BENCH_CATEGORIES, per_category)?;
+        Ok(turns.into_iter().map(|(c, t)| (format!("self/spec_bench/{c}"), t)).collect())
+    };
+    let first = args.self_answers_per_category;
+    let mut prompts = spec_bench(0..first)?;
+    let alpaca = data::first_turns(&args.data.join("eagle_alpaca_question.jsonl"), &[], 0..usize::MAX)?;
     prompts
         .extend(alpaca.into_iter().take(args.self_answers_alpaca).map(|(_, t)| ("self/eagle_alpaca".to_string(), t)));
     // Appended after the others, so that a folder of answers to the prompts above is reused.
     let sample = data::alpaca_items(&args.data, args.self_answers_alpaca_sample)?;
     prompts.extend(sample.into_iter().map(|(p, _)| ("self/alpaca_sample".to_string(), p)));
+    prompts.extend(spec_bench(first..first.saturating_add(args.self_answers_more_per_category))?);
     let batch = usize::from(args.answer_batch);
     let answers_to = |prompts: &[(String, String)], tokens: usize, file: &str| {
         answers(target, tok, prompts, tokens, batch, &data_dir.join(file), reuse)
     };
     let self_answers = answers_to(&prompts, args.self_answer_tokens, "self_answers.jsonl")?;
-    let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], usize::MAX)?;
+    let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], 0..usize::MAX)?;
     let mt: Vec<(String, String)> =
         mt.into_iter().take(args.eval_answers).map(|(c, t)| (format!("mt_bench/{c}"), t)).collect();
     let eval_answers = answers_to(&mt, args.eval_answer_tokens, "eval_answers.jsonl")?;

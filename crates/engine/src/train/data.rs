@@ -11,6 +11,7 @@
 
 use crate::tokenizer::TextTokenizer;
 use crate::{file_error, Result};
+use std::ops::Range;
 use std::path::Path;
 
 /// One training text: a user prompt and the answer the head learns to draft.
@@ -98,9 +99,10 @@ pub fn alpaca_items(dir: &Path, n: usize) -> Result<Vec<(String, String)>> {
 }
 
 /// The first user turns of a question file (`turns` lists, as Spec-Bench and MT-Bench have
-/// them), with their `category`, optionally leaving out some categories and keeping at most
-/// `per_category` of each.
-pub fn first_turns(path: &Path, skip: &[&str], per_category: usize) -> Result<Vec<(String, String)>> {
+/// them), with their `category`, optionally leaving out some categories, and keeping of each
+/// category the questions whose place among that category's questions (from 0, in file order)
+/// lies in `per_category`: `0..n` keeps the first `n`, `n..n + m` the `m` after them.
+pub fn first_turns(path: &Path, skip: &[&str], per_category: Range<usize>) -> Result<Vec<(String, String)>> {
     let mut counts = std::collections::HashMap::<String, usize>::new();
     let mut out = Vec::new();
     for (i, v) in read_jsonl(path)?.iter().enumerate() {
@@ -114,10 +116,10 @@ pub fn first_turns(path: &Path, skip: &[&str], per_category: usize) -> Result<Ve
             .and_then(|t| t.as_str())
             .ok_or_else(|| file_error(path, format!("line {}: no `turns` list of texts", i + 1)))?;
         let n = counts.entry(category.clone()).or_default();
-        if *n < per_category {
-            *n += 1;
+        if per_category.contains(n) {
             out.push((category, turn.to_string()));
         }
+        *n += 1;
     }
     Ok(out)
 }

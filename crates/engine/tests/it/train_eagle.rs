@@ -450,9 +450,16 @@ fn prompt_sets_are_read_and_mt_bench_left_out() {
     let items = data::alpaca_items(&dir, 1).unwrap();
     assert_eq!(items, [("Add\n\n1+1".to_string(), "2".to_string())]);
     w("q.jsonl", "{\"category\":\"writing\",\"turns\":[\"w\"]}\n{\"category\":\"qa\",\"turns\":[\"q1\",\"x\"]}\n{\"category\":\"qa\",\"turns\":[\"q2\"]}\n");
-    let turns = data::first_turns(&dir.join("q.jsonl"), &data::MT_BENCH_CATEGORIES, 1).unwrap();
+    let q = dir.join("q.jsonl");
+    let turns = data::first_turns(&q, &data::MT_BENCH_CATEGORIES, 0..1).unwrap();
     assert_eq!(turns, [("qa".to_string(), "q1".to_string())]);
+    // The questions after the first of each category; none after the last.
+    let next = data::first_turns(&q, &data::MT_BENCH_CATEGORIES, 1..2).unwrap();
+    assert_eq!(next, [("qa".to_string(), "q2".to_string())]);
+    assert!(data::first_turns(&q, &[], 2..9).unwrap().is_empty());
+    let all = data::first_turns(&q, &[], 0..usize::MAX).unwrap();
+    assert_eq!(all.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>(), ["w", "q1", "q2"]);
     w("bad.jsonl", "{\"category\":\"qa\"}\n");
-    let e = data::first_turns(&dir.join("bad.jsonl"), &[], 1).unwrap_err().to_string();
+    let e = data::first_turns(&dir.join("bad.jsonl"), &[], 0..1).unwrap_err().to_string();
     assert!(e.contains("bad.jsonl") && e.contains("turns"), "{e}");
 }

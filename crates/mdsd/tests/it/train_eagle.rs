@@ -25,7 +25,9 @@ fn write_data(dir: &std::path::Path) {
     w("wmt14_deen_test.jsonl", "{\"de\":\"ABC\",\"en\":\"DEF\"}\n".into());
     w(
         "spec_bench_question.jsonl",
-        "{\"category\":\"qa\",\"turns\":[\"GHI\"]}\n{\"category\":\"writing\",\"turns\":[\"JKL\"]}\n".into(),
+        "{\"category\":\"qa\",\"turns\":[\"GHI\"]}\n{\"category\":\"writing\",\"turns\":[\"JKL\"]}\n\
+         {\"category\":\"qa\",\"turns\":[\"DEF GHI\"]}\n"
+            .into(),
     );
     w("eagle_alpaca_question.jsonl", "{\"category\":\"alpaca\",\"turns\":[\"MNO\"]}\n".into());
     w(
@@ -65,6 +67,8 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
             "24",
             "--draft-vocab",
             "0",
+            "--self-answers-per-category",
+            "1",
         ];
         args.extend_from_slice(extra);
         let o = mdsd(&args);
@@ -133,7 +137,9 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     run("2");
 
     // --self-answers-alpaca-sample asks the Alpaca sample's instructions after the other
-    // prompts: a folder holding the answers to those keeps them (here marked) and adds these.
+    // prompts, and --self-answers-more-per-category the next Spec-Bench prompts of each category
+    // after those: a folder holding the answers to the others keeps them (here marked) and adds
+    // these.
     let more = dir.join("more");
     std::fs::create_dir_all(&more).unwrap();
     let kept = std::fs::read_to_string(out.join("self_answers.jsonl")).unwrap();
@@ -141,21 +147,26 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     first["answer"] = "KEPT".into();
     let marked = format!("{first}\n{}\n", kept.lines().nth(1).unwrap());
     std::fs::write(more.join("self_answers.jsonl"), &marked).unwrap();
-    run_in(&more, "1", &["--self-answers-alpaca-sample", "2", "--max-steps", "1"]);
+    run_in(
+        &more,
+        "1",
+        &["--self-answers-alpaca-sample", "2", "--self-answers-more-per-category", "1", "--max-steps", "1"],
+    );
     let grown = std::fs::read_to_string(more.join("self_answers.jsonl")).unwrap();
     let parse =
         |text: &str| -> Vec<serde_json::Value> { text.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
     let all = parse(&grown);
     let (kept, added) = all.split_at(2);
     assert_eq!(kept, parse(&marked).as_slice(), "{grown}");
-    assert_eq!(added.len(), 2, "{grown}");
-    for (line, prompt) in added.iter().zip(["ABC", "DEF"]) {
-        assert_eq!((line["source"].as_str(), line["prompt"].as_str()), (Some("self/alpaca_sample"), Some(prompt)));
+    assert_eq!(added.len(), 3, "{grown}");
+    let sources = ["self/alpaca_sample", "self/alpaca_sample", "self/spec_bench/qa"];
+    for ((line, prompt), source) in added.iter().zip(["ABC", "DEF", "DEF GHI"]).zip(sources) {
+        assert_eq!((line["source"].as_str(), line["prompt"].as_str()), (Some(source), Some(prompt)));
         let plain = generate_greedy_json(&target, prompt, "6", &["--no-spec", "--chat"]);
         assert_eq!(plain["text"], line["answer"], "{prompt}");
     }
     let in_more = std::fs::read_to_string(more.join("features/sequences.jsonl")).unwrap().lines().count();
-    assert_eq!(in_more, train + 2, "two more texts");
+    assert_eq!(in_more, train + 3, "three more texts");
 
     // --init-head continues from a head: before its first step it scores the evaluation set as
     // the run that wrote the head (in f32) scored it last; --unroll 2 trains two steps deep and
@@ -223,7 +234,7 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
         "--reuse",
         s(&empty),
     ]);
-    assert!(e.contains("empty/self_answers.jsonl") && e.contains("holds 0 of the 2 answers"), "{e}");
+    assert!(e.contains("empty/self_answers.jsonl") && e.contains("holds 0 of the 3 answers"), "{e}");
     // Clear errors: a missing data folder, answers of other prompts, a GPU in a CPU build.
     let e =
         fails(&["train-eagle", "--target", s(&target), "--out", s(&dir.join("other")), "--data", s(&dir.join("none"))]);
