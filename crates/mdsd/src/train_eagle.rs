@@ -155,13 +155,13 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     }
     let path = crate::models::target_path(args.target.as_deref(), &args.pair, args.models_dir.as_deref())?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let _lock = lock_out(&args.out)?;
+    let _lock = lock_out(&args.out, Lock::Exclusive)?;
     // The folder the answers and features are in; a run writing it would change them under us.
     let (data_dir, _reuse_lock) = match &args.reuse {
         Some(dir) if dir.canonicalize().ok() == args.out.canonicalize().ok() => {
             bail!("--reuse {} is --out: give the folder of another run", dir.display())
         }
-        Some(dir) if dir.is_dir() => (dir.clone(), Some(lock_out(dir)?)),
+        Some(dir) if dir.is_dir() => (dir.clone(), Some(lock_out(dir, Lock::Shared)?)),
         Some(dir) => bail!("{}: no such folder (--reuse: a finished train-eagle run's --out)", dir.display()),
         None => (args.out.clone(), None),
     };
@@ -325,22 +325,38 @@ fn say(bar: &ProgressBar, line: String) {
     }
 }
 
-/// Holds `out/.lock` for the run: two runs on one folder would append to the same answer and
-/// feature files and corrupt them. Released when the file is dropped, or when the process ends
-/// however it ends.
-fn lock_out(out: &Path) -> anyhow::Result<std::fs::File> {
+/// How a run holds a folder's lock.
+#[derive(Clone, Copy, PartialEq)]
+enum Lock {
+    /// Its `--out`: the run writes answers, features and checkpoints there.
+    Exclusive,
+    /// A `--reuse` folder: the run only reads it, beside other runs reading it too.
+    Shared,
+}
+
+/// Holds `out/.lock` for the run: two runs writing one folder would append to the same answer
+/// and feature files and corrupt them, and a run reading a folder (`--reuse`) must not see it
+/// written. Released when the file is dropped, or when the process ends however it ends.
+fn lock_out(out: &Path, how: Lock) -> anyhow::Result<std::fs::File> {
     let path = out.join(".lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
+        // A folder this user may only read can still be read (flock takes any descriptor).
+        .or_else(|e| if how == Lock::Shared && path.is_file() { std::fs::File::open(&path) } else { Err(e) })
         .with_context(|| format!("opening {}", path.display()))?;
-    match file.try_lock() {
+    let locked = match how {
+        Lock::Exclusive => file.try_lock(),
+        Lock::Shared => file.try_lock_shared(),
+    };
+    match locked {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => bail!(
-            "{}: another train-eagle run is using this folder (it holds {}); wait for it to end, or use another folder",
+            "{}: another train-eagle run is {} this folder (it holds {}); wait for it to end, or use another folder",
             out.display(),
+            if how == Lock::Shared { "writing" } else { "using" },
             path.display()
         ),
         Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
@@ -486,10 +502,11 @@ fn features(
             tokenized.push(t);
         }
     }
-    if read_only && !dir.join("sequences.jsonl").is_file() {
-        bail!("{}: no feature store (--reuse reads a finished run's folder)", dir.display());
-    }
-    let mut store = FeatureStore::open(dir, hidden)?;
+    let mut store = if read_only {
+        FeatureStore::open_read_only(dir, hidden).context("--reuse reads a finished run's folder")?
+    } else {
+        FeatureStore::open(dir, hidden)?
+    };
     let have = store.sequences().len();
     if have > tokenized.len() || store.sequences().iter().zip(&tokenized).any(|(s, t)| s.tokens != t.tokens) {
         bail!(

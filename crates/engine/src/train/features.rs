@@ -6,7 +6,8 @@
 //! `hidden` f16 values per row, little-endian) and `sequences.jsonl` (one line per sequence:
 //! its tokens, the answer's first index and its first row). A sequence's line is written after
 //! its rows are synced, so an interrupted run resumes after the last whole sequence
-//! ([`FeatureStore::open`] cuts `hidden.f16` back to it). Reading maps `hidden.f16` in memory.
+//! ([`FeatureStore::open`] cuts `hidden.f16` back to it). Reading maps `hidden.f16` in memory;
+//! [`FeatureStore::open_read_only`] reads a finished store and writes nothing.
 
 use super::data::TokenizedConversation;
 use crate::model::DecoderModel;
@@ -32,6 +33,28 @@ pub struct FeatureStore {
     /// Whether the cache given to the last [`Self::append`] holds the keys and values of the
     /// last stored sequence (it ran whole), so that the next append reuses their shared prefix.
     cache_holds_last: bool,
+    /// Opened with [`Self::open_read_only`]: appends are refused.
+    read_only: bool,
+}
+
+/// The whole sequences of a store's index, in order, and whether a torn last line (a crash
+/// while it was written) ended it. A line out of order is an error naming the file.
+fn read_index(index: &Path) -> Result<(Vec<StoredSequence>, bool)> {
+    let mut sequences: Vec<StoredSequence> = Vec::new();
+    if !index.is_file() {
+        return Ok((sequences, false));
+    }
+    let f = std::fs::File::open(index).map_err(|e| file_error(index, format!("cannot read: {e}")))?;
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(|e| file_error(index, format!("cannot read: {e}")))?;
+        match serde_json::from_str::<StoredSequence>(&line) {
+            Ok(s) if s.first_row == sequences.last().map_or(0, |l| l.first_row + l.tokens.len()) => sequences.push(s),
+            // A line cut by a crash ends the store (the rows after it are redone).
+            _ if line.trim().is_empty() || !line.ends_with('}') => return Ok((sequences, true)),
+            _ => return Err(file_error(index, format!("line {}: not a stored sequence in order", i + 1))),
+        }
+    }
+    Ok((sequences, false))
 }
 
 impl FeatureStore {
@@ -40,21 +63,7 @@ impl FeatureStore {
     pub fn open(dir: &Path, hidden: usize) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| file_error(dir, format!("cannot create: {e}")))?;
         let index = dir.join("sequences.jsonl");
-        let mut sequences: Vec<StoredSequence> = Vec::new();
-        if index.is_file() {
-            let f = std::fs::File::open(&index).map_err(|e| file_error(&index, format!("cannot read: {e}")))?;
-            for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-                let line = line.map_err(|e| file_error(&index, format!("cannot read: {e}")))?;
-                match serde_json::from_str::<StoredSequence>(&line) {
-                    Ok(s) if s.first_row == sequences.last().map_or(0, |l| l.first_row + l.tokens.len()) => {
-                        sequences.push(s)
-                    }
-                    // A line cut by a crash ends the store (the rows after it are redone).
-                    _ if line.trim().is_empty() || !line.ends_with('}') => break,
-                    _ => return Err(file_error(&index, format!("line {}: not a stored sequence in order", i + 1))),
-                }
-            }
-        }
+        let (sequences, _) = read_index(&index)?;
         let rows = sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
         let data = dir.join("hidden.f16");
         let bytes = (rows * hidden * 2) as u64;
@@ -75,7 +84,35 @@ impl FeatureStore {
         let text: String =
             sequences.iter().map(|s| serde_json::to_string(s).expect("JSON of a value") + "\n").collect();
         super::head::write_atomically(&index, text.as_bytes())?;
-        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None, cache_holds_last: false })
+        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None, cache_holds_last: false, read_only: false })
+    }
+
+    /// Opens a finished store in `dir` for reading only: nothing in the folder is created,
+    /// cut or rewritten (several runs may read it at once), and [`Self::append`] is refused. A
+    /// torn index line or fewer rows than the index lists is an error naming the file: another
+    /// run is writing the store, or one was cut off (open it with [`Self::open`] to resume).
+    pub fn open_read_only(dir: &Path, hidden: usize) -> Result<Self> {
+        let index = dir.join("sequences.jsonl");
+        if !index.is_file() {
+            return Err(file_error(&index, "no feature store here"));
+        }
+        let (sequences, torn) = read_index(&index)?;
+        if torn {
+            return Err(file_error(
+                &index,
+                "its last line is cut: the store is being written, or its run was cut off",
+            ));
+        }
+        let rows = sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
+        let data = dir.join("hidden.f16");
+        let len = std::fs::metadata(&data).map_err(|e| file_error(&data, format!("cannot read: {e}")))?.len();
+        if len != (rows * hidden * 2) as u64 {
+            return Err(file_error(
+                &data,
+                format!("{len} bytes, but its index lists {rows} rows of {hidden}: the store is being written, or its run was cut off"),
+            ));
+        }
+        Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None, cache_holds_last: false, read_only: true })
     }
 
     pub fn sequences(&self) -> &[StoredSequence] {
@@ -95,6 +132,9 @@ impl FeatureStore {
         seq: &TokenizedConversation,
         cache: &mut crate::model::kv_cache::KvCache,
     ) -> Result<usize> {
+        if self.read_only {
+            return Err(file_error(&self.dir, "opened for reading only: no features are added to it"));
+        }
         let n = seq.tokens.len();
         let (shared, first_row) = match self.sequences.last() {
             Some(last) if self.cache_holds_last && cache.len() == last.tokens.len() => {
@@ -136,7 +176,8 @@ impl FeatureStore {
         if self.map.is_none() {
             let data = self.dir.join("hidden.f16");
             let f = std::fs::File::open(&data).map_err(|e| file_error(&data, format!("cannot read: {e}")))?;
-            // SAFETY: the file is only appended to by this store, which drops the map first.
+            // SAFETY: the file is only appended to by a store opened for writing, which drops the
+            // map first; `mdsd train-eagle` locks a folder so that no writer runs beside readers.
             self.map =
                 Some(unsafe { memmap2::Mmap::map(&f) }.map_err(|e| file_error(&data, format!("cannot map: {e}")))?);
         }

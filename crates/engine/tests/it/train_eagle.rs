@@ -363,6 +363,47 @@ fn features_of_a_shared_prefix_are_reused_and_equal() {
     }
 }
 
+/// A finished store opened for reading only (`train-eagle --reuse`) reads what was written
+/// and changes nothing in its folder: no index rewritten, no rows cut, appends refused. A store
+/// being written (a torn index line, rows past its index) is refused by name.
+#[test]
+fn a_finished_store_opens_read_only_and_stays_as_it_is() {
+    use std::io::Write as _;
+    let target = cpu_target(&Tiny::qwen2(97), "read-only-store-target");
+    let dir = temp_dir("read-only-store");
+    let h = target.config().hidden_size;
+    let mut written = store_of(&target, &dir, 3, 9);
+    let rows = written.sequences().iter().map(|s| s.tokens.len()).sum::<usize>();
+    let expected = written.rows(0, rows).unwrap();
+    let (index, data) = (dir.join("sequences.jsonl"), dir.join("hidden.f16"));
+    let stamp = |p: &std::path::Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.modified().unwrap(), m.len())
+    };
+    let before = (stamp(&index), stamp(&data));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut read = FeatureStore::open_read_only(&dir, h).unwrap();
+    assert_eq!(read.sequences(), written.sequences());
+    assert_eq!(read.rows(0, rows).unwrap(), expected);
+    let t = TokenizedConversation { tokens: vec![1, 2, 3, 4], answer_start: 2 };
+    let e = read.append(&target, &t, &mut target.new_cache(8).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("read-only-store") && e.contains("reading only"), "{e}");
+    assert_eq!((stamp(&index), stamp(&data)), before, "the folder was written");
+    // Rows past the index (a sequence being appended) and a torn last line are refused.
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::OpenOptions::new().append(true).open(&data).unwrap().write_all(&[0; 4]).unwrap();
+    let e = FeatureStore::open_read_only(&dir, h).err().unwrap().to_string();
+    assert!(e.contains("hidden.f16") && e.contains("being written"), "{e}");
+    std::fs::write(&index, format!("{text}{{\"tokens\":[1,")).unwrap();
+    let e = FeatureStore::open_read_only(&dir, h).err().unwrap().to_string();
+    assert!(e.contains("sequences.jsonl") && e.contains("cut"), "{e}");
+    // Opened for writing, the same folder is mended (and then reads read-only again).
+    drop(FeatureStore::open(&dir, h).unwrap());
+    assert_eq!(FeatureStore::open_read_only(&dir, h).unwrap().sequences(), written.sequences());
+    let e = FeatureStore::open_read_only(&temp_dir("read-only-none"), h).err().unwrap().to_string();
+    assert!(e.contains("sequences.jsonl") && e.contains("no feature store"), "{e}");
+}
+
 /// Training on the test device (`MDSD_TEST_DEVICE`, e.g. CUDA; the target at f32) follows the
 /// CPU's run: the features it stores are the CPU's (to f16's rounding), and from the same store,
 /// head and settings each of 8 steps' losses is within 0.1% of the CPU's and the weights then

@@ -218,6 +218,38 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     ]);
     assert!(e.contains("--init-head") && e.contains("f32/head"), "{e}");
 
+    // --reuse reads a finished folder beside other readers (a shared lock, here held by this
+    // process) and writes nothing there; a run writing that folder is refused meanwhile.
+    let reader = std::fs::File::open(out.join(".lock")).unwrap();
+    reader.lock_shared().unwrap();
+    let stamp = |p: std::path::PathBuf| std::fs::metadata(p).unwrap().modified().unwrap();
+    let before = [stamp(out.join("features/sequences.jsonl")), stamp(out.join("self_answers.jsonl"))];
+    let reused = dir.join("reused");
+    let said = run_in(&reused, "1", &["--reuse", s(&out), "--init-head", s(&out.join("head")), "--max-steps", "1"]);
+    assert!(said.contains("wrote"), "{said}");
+    assert!(!reused.join("features").exists() && !reused.join("self_answers.jsonl").exists());
+    let after = [stamp(out.join("features/sequences.jsonl")), stamp(out.join("self_answers.jsonl"))];
+    assert_eq!(after, before, "--reuse wrote in the folder it reads");
+    let e = fails(&["train-eagle", "--target", s(&target), "--out", s(&out), "--data", s(&data)]);
+    assert!(e.contains("another train-eagle run is using"), "{e}");
+    drop(reader);
+    // And a run writing the folder keeps --reuse out.
+    let writer = std::fs::File::open(out.join(".lock")).unwrap();
+    writer.lock().unwrap();
+    let e = fails(&[
+        "train-eagle",
+        "--target",
+        s(&target),
+        "--out",
+        s(&dir.join("y")),
+        "--data",
+        s(&data),
+        "--reuse",
+        s(&out),
+    ]);
+    assert!(e.contains("another train-eagle run is writing"), "{e}");
+    drop(writer);
+
     // --reuse: its own --out, a folder without a run's data.
     let e = fails(&["train-eagle", "--target", s(&target), "--out", s(&out), "--data", s(&data), "--reuse", s(&out)]);
     assert!(e.contains("--reuse") && e.contains("is --out"), "{e}");
