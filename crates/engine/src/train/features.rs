@@ -98,10 +98,7 @@ impl FeatureStore {
         }
         let (sequences, torn) = read_index(&index)?;
         if torn {
-            return Err(file_error(
-                &index,
-                "its last line is cut: the store is being written, or its run was cut off",
-            ));
+            return Err(file_error(&index, "its last line is cut: the store is being written, or its run was cut off"));
         }
         let rows = sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
         let data = dir.join("hidden.f16");

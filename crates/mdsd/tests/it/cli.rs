@@ -325,6 +325,32 @@ fn generate_with_an_eagle_head() {
     .write(&dir.join("wrong"), false);
     let e = fails(&["generate", "--target", s(&target), "--prompt", "AB", "--eagle", s(&wrong)]);
     assert!(e.contains("hidden size 16") && e.contains("config.json"), "{e}");
+    // At temperature 0 the head's q is one-hot: a branching tree runs as a chain, and the user
+    // is told so; with a draft temperature its top tokens fill the branches (more rows a
+    // step), the text unchanged; a chain, or a draft temperature, gets no warning.
+    let with_stderr = |extra: &[&str]| {
+        let mut args = vec!["generate", "--target", s(&target), "--prompt", "ABCDEF", "--max-new-tokens", "16"];
+        args.extend_from_slice(&["--json", "--temperature", "0", "--eagle", s(&head)]);
+        args.extend_from_slice(extra);
+        let out = mdsd(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let rows_per_step =
+        |v: &serde_json::Value| v["target_rows"].as_f64().unwrap() / v["target_forwards"].as_f64().unwrap().max(1.0);
+    let (collapsed, said) = with_stderr(&["--tree", "drafts-2-depth-2", "--draft-sampling", "topk"]);
+    assert!(
+        said.contains("warning") && said.contains("drafts-2-depth-2") && said.contains("--draft-temperature 1"),
+        "{said}"
+    );
+    let (wide, said) =
+        with_stderr(&["--tree", "drafts-2-depth-2", "--draft-sampling", "topk", "--draft-temperature", "1"]);
+    assert!(!said.contains("warning"), "{said}");
+    assert_eq!((&wide["text"], &collapsed["text"]), (&plain["text"], &plain["text"]));
+    assert!(rows_per_step(&wide) > rows_per_step(&collapsed) + 1.0, "{wide} against {collapsed}");
+    let (_, said) = with_stderr(&["--tree", "chain-3"]);
+    assert!(!said.contains("warning"), "{said}");
     // `--tree auto` with the head: the same text, and the choice is reported.
     let auto = run(&["--eagle", s(&head), "--tree", "auto", "--draft-sampling", "wor"]);
     assert_eq!(auto["text"], plain["text"], "{auto}");
