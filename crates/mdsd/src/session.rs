@@ -7,7 +7,7 @@ use crate::models::{model_paths, DraftFiles};
 use anyhow::{bail, Context};
 use engine::decode::draft::window::DraftWindow;
 use engine::decode::stop::StopStrings;
-use engine::decode::{check_ngram, DraftSource, GenerationConfig, Generator, SpecConfig, TreeChoice};
+use engine::decode::{check_ngram, GenerationConfig, Generator, SpecConfig, TreeChoice};
 use engine::load::{load, parse_device, LoadOptions, LoadedModel};
 use engine::model::eagle::EagleHead;
 use engine::tokenizer::check_vocabularies;
@@ -62,8 +62,12 @@ impl Plan {
         let warp = Warp { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p };
         warp.check()?;
         args.penalties()?;
-        if let Some(warning) = spec.as_ref().and_then(|s| collapsed_tree(s, warp, &tree_name)) {
-            eprintln!("mdsd: warning: {warning}");
+        if spec.as_ref().is_some_and(|s| s.runs_as_chain(warp)) {
+            eprintln!(
+                "mdsd: warning: --tree {tree_name} branches, but at temperature 0 the draft's q is one-hot: each node \
+                 drafts one token and the tree runs as a chain; --draft-temperature 1 (with --draft-sampling greedy or \
+                 topk) drafts the draft's top tokens"
+            );
         }
         Ok(Self { spec, warp, verifier, tree_name })
     }
@@ -242,22 +246,6 @@ impl Session {
         }
         Ok(())
     }
-}
-
-/// What to tell a user whose fixed tree branches while the draft's q is one-hot (temperature 0
-/// and no `--draft-temperature`): every node then drafts one distinct token, so the tree runs
-/// as its deepest chain and its other branches are never drafted. `None` when the tree is a
-/// chain, `auto` (which knows), n-gram only (no q), or the draft keeps a temperature.
-pub(crate) fn collapsed_tree(spec: &SpecConfig, warp: Warp, tree_name: &str) -> Option<String> {
-    let TreeChoice::Fixed(tree) = &spec.tree else { return None };
-    let branches = (0..tree.len()).any(|i| tree.children(i).len() > 1);
-    if !branches || spec.draft_samples(warp) || matches!(spec.source, DraftSource::Ngram(_)) {
-        return None;
-    }
-    Some(format!(
-        "--tree {tree_name} branches, but at temperature 0 the draft's q is one-hot: each node drafts one token and \
-         the tree runs as a chain; --draft-temperature 1 (with --draft-sampling greedy or topk) drafts the draft's top tokens"
-    ))
 }
 
 /// `--tree`, `--draft-sampling`, `--verifier` and the draft flags as one configuration.

@@ -399,6 +399,48 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
     if cells.is_empty() {
         bail!("no method can run on the trees given");
     }
+    let spec_of = |cell: &Cell| -> Option<SpecConfig> {
+        cell.tree.as_ref().map(|(name, tree)| match cell.method {
+            Method::Speculative { construction, verifier } | Method::NgramFirst { construction, verifier } => {
+                SpecConfig {
+                    tree: tree.clone(),
+                    construction,
+                    verifier,
+                    draft_warp: args.draft_temperature.map(warp),
+                    confidence_cutoff: parse_tree_spec(name).map_or(0.0, |t| t.cutoff),
+                    source: match cell.method {
+                        Method::NgramFirst { .. } => {
+                            engine::decode::DraftSource::NgramFirst { ngram, tree: ngram_tree.clone() }
+                        }
+                        _ => engine::decode::DraftSource::Model,
+                    },
+                }
+            }
+            Method::Ngram => SpecConfig {
+                tree: tree.clone(),
+                construction: samplers::DraftConstruction::TopK,
+                verifier: samplers::Verifier::TopK,
+                draft_warp: None,
+                confidence_cutoff: 0.0,
+                source: engine::decode::DraftSource::Ngram(ngram),
+            },
+            Method::Baseline => unreachable!("the baseline has no tree"),
+        })
+    };
+    // A branching tree at temperature 0 with a one-hot q drafts one token per node: say so, or
+    // its figures read as the tree's when they are its deepest chain's.
+    let mut chains: Vec<&str> = Vec::new();
+    for cell in &cells {
+        if let (Some(spec), Some((name, _))) = (spec_of(cell), &cell.tree) {
+            if spec.runs_as_chain(warp(cell.temperature)) && !chains.contains(&name.as_str()) {
+                chains.push(name);
+                eprintln!(
+                    "bench: note: {name} at T = {} runs as a chain (the draft's q is one-hot: one token per node); --draft-temperature 1 drafts the top tokens",
+                    cell.temperature
+                );
+            }
+        }
+    }
     let device: Device = parse_device(&args.device)?;
     let draft_opts = LoadOptions {
         weights: args.draft_weights,
@@ -445,32 +487,7 @@ pub fn run(args: &MtBenchArgs) -> anyhow::Result<()> {
         let mut question_records = Vec::new();
         for k in 0..cells.len() {
             let cell = &cells[(qi + k) % cells.len()];
-            let speculative = cell.tree.as_ref().map(|(name, tree)| match cell.method {
-                Method::Speculative { construction, verifier } | Method::NgramFirst { construction, verifier } => {
-                    SpecConfig {
-                        tree: tree.clone(),
-                        construction,
-                        verifier,
-                        draft_warp: args.draft_temperature.map(warp),
-                        confidence_cutoff: parse_tree_spec(name).map_or(0.0, |t| t.cutoff),
-                        source: match cell.method {
-                            Method::NgramFirst { .. } => {
-                                engine::decode::DraftSource::NgramFirst { ngram, tree: ngram_tree.clone() }
-                            }
-                            _ => engine::decode::DraftSource::Model,
-                        },
-                    }
-                }
-                Method::Ngram => SpecConfig {
-                    tree: tree.clone(),
-                    construction: samplers::DraftConstruction::TopK,
-                    verifier: samplers::Verifier::TopK,
-                    draft_warp: None,
-                    confidence_cutoff: 0.0,
-                    source: engine::decode::DraftSource::Ngram(ngram),
-                },
-                Method::Baseline => unreachable!("the baseline has no tree"),
-            });
+            let speculative = spec_of(cell);
             let window = cell.tree.as_ref().and_then(|(name, _)| parse_tree_spec(name).ok()?.window);
             let lookup_first = matches!(cell.method, Method::NgramFirst { .. });
             let window = window.or(args.draft_window).unwrap_or(DraftWindow::default_recent(lookup_first));

@@ -550,6 +550,25 @@ fn mt_bench_drafts_with_an_eagle_head() {
     args.extend_from_slice(&["--temperatures", "0", "--draft-temperature", "1", "--draft-vocab", "40"]);
     let o = bench(&args);
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("runs as a chain"), "{}", stderr(&o));
+    // Without the draft temperature the branching tree runs as a chain at T = 0, and the run
+    // says so (the chain is not named).
+    let mut one_hot = vec!["mt-bench", "--target", s(&target), "--eagle", s(&head), "--questions", s(&questions)];
+    one_hot.extend_from_slice(&[
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--out-dir",
+        s(&out_dir),
+        "--name",
+        "one-hot",
+    ]);
+    one_hot.extend_from_slice(&["--methods", "greedy", "--trees", "chain-2,drafts-2-depth-2", "--temperatures", "0"]);
+    let o = bench(&one_hot);
+    let said = stderr(&o);
+    assert!(o.status.success() && said.contains("drafts-2-depth-2 at T = 0 runs as a chain"), "{said}");
+    assert!(!said.contains("chain-2 at"), "{said}");
     let doc = read_json(&out_dir.join("eagle.json"));
     assert!(doc["config"]["draft"].as_str().unwrap().ends_with("model.safetensors"), "{}", doc["config"]);
     let records = doc["records"].as_array().unwrap();

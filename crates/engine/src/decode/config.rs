@@ -78,6 +78,16 @@ impl SpecConfig {
         self.draft_warp.unwrap_or(warp).temperature > 0.0
     }
 
+    /// Whether a fixed tree that branches runs as its deepest chain: the draft's q is one-hot
+    /// (temperature 0 and no draft temperature), so each node drafts one distinct token and
+    /// the other branches are never drafted. `false` for chains, `auto` (which knows), and
+    /// n-gram only (no q).
+    pub fn runs_as_chain(&self, warp: Warp) -> bool {
+        let TreeChoice::Fixed(tree) = &self.tree else { return false };
+        let branches = (0..tree.len()).any(|i| tree.children(i).len() > 1);
+        branches && !self.draft_samples(warp) && !matches!(self.source, DraftSource::Ngram(_))
+    }
+
     /// The most nodes a step's tree can have.
     pub fn max_tree_len(&self, warp: Warp) -> usize {
         let model = match &self.tree {
