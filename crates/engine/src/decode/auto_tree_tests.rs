@@ -347,7 +347,7 @@ fn second_drafts_follow_their_own_acceptance() {
             a.draft.record(r, 0.005 + 0.0005 * (r - 1) as f64);
         }
     };
-    let second_drafts = |a: &AutoTree, i: usize| (0..a.trees[i].1.len()).any(|v| a.trees[i].1.children(v).len() > 1);
+    let second_drafts = |a: &AutoTree, i: usize| a.trees[i].1.branches();
     let mut never = AutoTree::new(true);
     costs(&mut never);
     for i in 0..200 {

@@ -84,8 +84,7 @@ impl SpecConfig {
     /// n-gram only (no q).
     pub fn runs_as_chain(&self, warp: Warp) -> bool {
         let TreeChoice::Fixed(tree) = &self.tree else { return false };
-        let branches = (0..tree.len()).any(|i| tree.children(i).len() > 1);
-        branches && !self.draft_samples(warp) && !matches!(self.source, DraftSource::Ngram(_))
+        tree.branches() && !self.draft_samples(warp) && !matches!(self.source, DraftSource::Ngram(_))
     }
 
     /// The most nodes a step's tree can have.

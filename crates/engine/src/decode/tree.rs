@@ -278,6 +278,11 @@ impl DraftTree {
         &self.children[i]
     }
 
+    /// Whether some node has more than one child (else the tree is a chain).
+    pub fn branches(&self) -> bool {
+        self.children.iter().any(|c| c.len() > 1)
+    }
+
     /// Node indices of each depth (level 0 is the root alone).
     pub fn levels(&self) -> &[Range<usize>] {
         &self.levels

@@ -37,6 +37,11 @@ pub struct FeatureStore {
     read_only: bool,
 }
 
+/// The rows of `hidden.f16` that an index's sequences hold (the next sequence's first row).
+fn listed_rows(sequences: &[StoredSequence]) -> usize {
+    sequences.last().map_or(0, |l| l.first_row + l.tokens.len())
+}
+
 /// The whole sequences of a store's index, in order, and whether a torn last line (a crash
 /// while it was written) ended it. A line out of order is an error naming the file.
 fn read_index(index: &Path) -> Result<(Vec<StoredSequence>, bool)> {
@@ -48,7 +53,7 @@ fn read_index(index: &Path) -> Result<(Vec<StoredSequence>, bool)> {
     for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
         let line = line.map_err(|e| file_error(index, format!("cannot read: {e}")))?;
         match serde_json::from_str::<StoredSequence>(&line) {
-            Ok(s) if s.first_row == sequences.last().map_or(0, |l| l.first_row + l.tokens.len()) => sequences.push(s),
+            Ok(s) if s.first_row == listed_rows(&sequences) => sequences.push(s),
             // A line cut by a crash ends the store (the rows after it are redone).
             _ if line.trim().is_empty() || !line.ends_with('}') => return Ok((sequences, true)),
             _ => return Err(file_error(index, format!("line {}: not a stored sequence in order", i + 1))),
@@ -64,7 +69,7 @@ impl FeatureStore {
         std::fs::create_dir_all(dir).map_err(|e| file_error(dir, format!("cannot create: {e}")))?;
         let index = dir.join("sequences.jsonl");
         let (sequences, _) = read_index(&index)?;
-        let rows = sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
+        let rows = listed_rows(&sequences);
         let data = dir.join("hidden.f16");
         let bytes = (rows * hidden * 2) as u64;
         let f = std::fs::OpenOptions::new()
@@ -100,7 +105,7 @@ impl FeatureStore {
         if torn {
             return Err(file_error(&index, "its last line is cut: the store is being written, or its run was cut off"));
         }
-        let rows = sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
+        let rows = listed_rows(&sequences);
         let data = dir.join("hidden.f16");
         let len = std::fs::metadata(&data).map_err(|e| file_error(&data, format!("cannot read: {e}")))?.len();
         if len != (rows * hidden * 2) as u64 {
@@ -157,7 +162,7 @@ impl FeatureStore {
         let mut f = std::fs::OpenOptions::new().append(true).open(&data).map_err(|e| io(&data, e))?;
         f.write_all(&bytes).map_err(|e| io(&data, e))?;
         f.sync_data().map_err(|e| io(&data, e))?;
-        let first_row = self.sequences.last().map_or(0, |l| l.first_row + l.tokens.len());
+        let first_row = listed_rows(&self.sequences);
         let stored = StoredSequence { tokens: seq.tokens.clone(), answer_start: seq.answer_start, first_row };
         let index = self.dir.join("sequences.jsonl");
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&index).map_err(|e| io(&index, e))?;
