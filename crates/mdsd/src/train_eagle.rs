@@ -112,6 +112,13 @@ pub struct TrainEagleArgs {
     /// Weight of each unrolled step's loss relative to the step before it.
     #[arg(long, default_value_t = 0.8)]
     unroll_decay: f64,
+    /// Train on the prompts' tokens too, not only the answers': every token after the chat
+    /// template's system turn that all texts share. The labels are the target's own
+    /// distributions there and the features are stored already, so this adds data at no cost
+    /// in the target's time (training time grows with it). --batch-rows then counts them too;
+    /// the scores on validation and MT-Bench stay answers only.
+    #[arg(long)]
+    prompt_entries: bool,
     /// Start from this head (a folder `train-eagle` wrote, `config.json` + `model.safetensors`)
     /// instead of random weights; its scores are measured before the first step. Its MLP width
     /// is taken unless --intermediate-size says otherwise.
@@ -238,6 +245,7 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         unroll: usize::from(args.unroll),
         unroll_decay: args.unroll_decay,
         eval_first: args.init_head.is_some(),
+        prompt_entries: args.prompt_entries,
         ..Default::default()
     };
     if args.init_head.is_some() && args.out.join("checkpoint/state.json").is_file() {

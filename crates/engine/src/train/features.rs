@@ -117,6 +117,15 @@ impl FeatureStore {
         Ok(Self { dir: dir.to_path_buf(), hidden, sequences, map: None, cache_holds_last: false, read_only: true })
     }
 
+    /// The length of the longest token prefix that every stored sequence shares (0 when none
+    /// is stored; a single sequence's whole length).
+    pub fn shared_prefix(&self) -> usize {
+        let Some((first, rest)) = self.sequences.split_first() else { return 0 };
+        rest.iter().fold(first.tokens.len(), |n, s| {
+            first.tokens[..n].iter().zip(&s.tokens).take_while(|(a, b)| a == b).count()
+        })
+    }
+
     pub fn sequences(&self) -> &[StoredSequence] {
         &self.sequences
     }

@@ -3,7 +3,8 @@
 //! decay, a validation split and a held-out evaluation set scored every epoch, checkpoints that
 //! resume where a run stopped, a JSON-lines log and a time budget.
 //!
-//! **Objective** (EAGLE-1, `main.py`): for the entries whose next token is in the answer,
+//! **Objective** (EAGLE-1, `main.py`): for the entries whose next token is in the answer (with
+//! `prompt_entries`, also those of the prompt after the prefix all texts share),
 //! `L = w_v · SmoothL1(g_j, f_{j+1}) + w_p · CE(p_{j+1}, q_j)`, the regression averaged over the
 //! hidden size and the entries, `p_{j+1} = softmax(lm_head(f_{j+1}))` the target's distribution
 //! of `x_{j+2}` (soft labels), `q_j = softmax(lm_head(g_j))` the head's, both through the
@@ -22,7 +23,7 @@
 //! depth-`s` acceptance given that its drafts above were accepted, except that it averages over
 //! all entries, not only those where the shallower drafts matched.
 
-use super::features::FeatureStore;
+use super::features::{FeatureStore, StoredSequence};
 use super::head::{save_safetensors, write_atomically, TrainableHead};
 use super::optim::{AdamW, AdamWConfig};
 use crate::model::{DecoderModel, Linear};
@@ -39,7 +40,7 @@ pub struct TrainConfig {
     /// Peak learning rate (after warm-up).
     pub lr: f64,
     pub warmup_steps: usize,
-    /// A batch takes sequences until it holds at least this many answer entries.
+    /// A batch takes sequences until it holds at least this many trained entries.
     pub batch_rows: usize,
     /// Width `a` of the uniform noise on input features.
     pub noise: f32,
@@ -64,6 +65,11 @@ pub struct TrainConfig {
     /// Score the validation split and the evaluation set before the first step (a head
     /// trained further starts from a measured point).
     pub eval_first: bool,
+    /// Train on the prompts' entries too, not only the answers': every entry after the prefix
+    /// that all stored texts share (the chat template's system turn). Their labels are the
+    /// target's distributions there, as good as an answer's, and their features are already
+    /// stored. Evaluations score answer entries either way.
+    pub prompt_entries: bool,
     pub adamw: AdamWConfig,
 }
 
@@ -86,6 +92,7 @@ impl Default for TrainConfig {
             unroll: 1,
             unroll_decay: 0.8,
             eval_first: false,
+            prompt_entries: false,
             adamw: AdamWConfig::default(),
         }
     }
@@ -174,7 +181,7 @@ struct Outputs {
     rows_of: Vec<Vec<u32>>,
 }
 
-/// A sequence's part of a batch: its index in the store and its answer entries `from..n`.
+/// A sequence's part of a batch: its index in the store and its entries `from..n`.
 struct Item {
     seq: usize,
     from: usize,
@@ -236,7 +243,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// The batches of one epoch: the training sequences shuffled (seeded by the seed and the
-    /// epoch), taken in order until a batch holds `batch_rows` answer entries.
+    /// epoch), taken in order until a batch holds `batch_rows` trained entries (the answers',
+    /// or with `prompt_entries` the prompts' too).
     fn batches(&self, store: &FeatureStore, train: &[usize], epoch: usize) -> Vec<Vec<Item>> {
         let mut order = train.to_vec();
         let mut rng =
@@ -244,7 +252,8 @@ impl<'a> Trainer<'a> {
         for i in (1..order.len()).rev() {
             order.swap(i, rng.random_range(0..=i));
         }
-        group(store, &order, self.config.batch_rows)
+        let shared = self.config.prompt_entries.then(|| store.shared_prefix());
+        group(store, &order, self.config.batch_rows, shared)
     }
 
     fn lr_at(&self, step: u64, total: u64) -> f64 {
@@ -377,7 +386,7 @@ impl<'a> Trainer<'a> {
         let mut total = Scores { acc_full: Some(0.0), ..Default::default() };
         let steps = self.config.unroll.max(3);
         let (mut step_hits, mut step_rows) = (vec![0usize; steps], vec![0usize; steps]);
-        for items in group(store, seqs, self.config.batch_rows) {
+        for items in group(store, seqs, self.config.batch_rows, None) {
             let mut out = self.outputs(store, &items, None, steps)?;
             out.g = out.g.iter().map(Tensor::detach).collect();
             let (_, s, hits) = self.objective(&out, true)?;
@@ -534,15 +543,22 @@ impl<'a> Trainer<'a> {
     }
 }
 
-/// Sequences `order` of `store` in batches of at least `rows` answer entries each (the last
-/// may hold fewer).
-fn group(store: &FeatureStore, order: &[usize], rows: usize) -> Vec<Vec<Item>> {
+/// The first entry of `s` that a batch holds: its answer's first (`answer_start - 1`: the
+/// entry that predicts the answer's second token's feature), or, given the prefix `shared` that
+/// all stored texts share, the first entry after it, the prompt's included.
+pub fn first_entry(s: &StoredSequence, shared: Option<usize>) -> usize {
+    shared.map_or(s.answer_start, |p| p.min(s.answer_start)).saturating_sub(1)
+}
+
+/// Sequences `order` of `store` in batches of at least `rows` entries each (the last may hold
+/// fewer), each sequence's from [`first_entry`] on.
+fn group(store: &FeatureStore, order: &[usize], rows: usize, shared: Option<usize>) -> Vec<Vec<Item>> {
     let mut out = Vec::new();
     let (mut batch, mut held) = (Vec::new(), 0);
     for &seq in order {
         let s = &store.sequences()[seq];
         let n = s.tokens.len() - 1;
-        let from = s.answer_start.saturating_sub(1).min(n.saturating_sub(1));
+        let from = first_entry(s, shared).min(n.saturating_sub(1));
         if n == 0 {
             continue;
         }

@@ -330,6 +330,79 @@ fn evaluation_scores_each_depth_against_its_entries_targets() {
     assert_eq!((alone.rows, alone.acc_steps.as_slice()), (1, [alone.acc].as_slice()), "a one-entry answer");
 }
 
+/// `prompt_entries`: a training batch holds every entry after the prefix all stored texts
+/// share (here 4 tokens, as a chat template's system turn), the prompts' included, where it
+/// held the answers' only; the validation scores (answer entries) are the same either way,
+/// and a run on the prompts' entries learns.
+#[test]
+fn prompt_entries_train_after_the_shared_prefix() {
+    let tiny = Tiny { scale: 0.8, ..Tiny::qwen2(98) };
+    let target = cpu_target(&tiny, "prompt-entries-target");
+    let mut store = FeatureStore::open(&temp_dir("prompt-entries-store"), target.config().hidden_size).unwrap();
+    assert_eq!(store.shared_prefix(), 0, "an empty store");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let mut cache = target.new_cache(64).unwrap();
+    let vocab = target.config().vocab_size as u32;
+    for i in 0..12 {
+        // A shared prefix of 4 tokens, a prompt of 2 to 9 more, an answer repeating a pattern.
+        let mut tokens = vec![5, 6, 7, 8];
+        tokens.extend((0..2 + i % 8).map(|_| rng.random_range(9..vocab)));
+        let answer_start = tokens.len();
+        let pattern: Vec<u32> = (0..3).map(|_| rng.random_range(0..vocab)).collect();
+        tokens.extend((0..10 + i).map(|k| pattern[k % 3]));
+        store.append(&target, &TokenizedConversation { tokens, answer_start }, &mut cache).unwrap();
+    }
+    if store.sequences().iter().all(|s| s.tokens[4] == store.sequences()[0].tokens[4]) {
+        panic!("the random prompts share their first token: pick another seed");
+    }
+    assert_eq!(store.shared_prefix(), 4);
+    let trainer = {
+        let head = TrainableHead::init(HeadShape::for_target(target.config(), None), 3, &Device::Cpu).unwrap();
+        Trainer::new(&target, head, config(1, None), &temp_dir("prompt-entries-split")).unwrap()
+    };
+    let (train, _) = trainer.split(&store);
+    let entries = |from: &dyn Fn(&engine::train::features::StoredSequence) -> usize| -> usize {
+        train.iter().map(|&i| &store.sequences()[i]).map(|s| s.tokens.len() - 1 - from(s)).sum()
+    };
+    let (answers, all) = (entries(&|s| s.answer_start - 1), entries(&|_| 3));
+    let mut first_step = |prompt_entries: bool, name: &str| {
+        let c = TrainConfig { batch_rows: 100_000, eval_first: true, prompt_entries, ..config(1, Some(1)) };
+        let events = run(&target, &mut store, &temp_dir(name), c);
+        let step = events.iter().find_map(|e| match e {
+            TrainEvent::Step { scores, .. } => Some(scores.clone()),
+            _ => None,
+        });
+        let eval = events.iter().find_map(|e| match e {
+            TrainEvent::Eval { step: 0, scores, .. } => Some(scores.clone()),
+            _ => None,
+        });
+        (step.unwrap(), eval.unwrap())
+    };
+    let (answer_step, answer_eval) = first_step(false, "prompt-entries-off");
+    let (prompt_step, prompt_eval) = first_step(true, "prompt-entries-on");
+    assert_eq!(answer_step.rows, answers);
+    assert_eq!(prompt_step.rows, all);
+    assert!(all > answers + 30, "{all} entries against {answers}");
+    assert_eq!(answer_eval, prompt_eval, "validation scores answer entries either way");
+
+    let c = TrainConfig { prompt_entries: true, eval_first: true, ..config(12, None) };
+    let events = run(&target, &mut store, &temp_dir("prompt-entries-run"), c);
+    let (mut evals, mut losses) = (Vec::new(), Vec::new());
+    for e in &events {
+        match e {
+            TrainEvent::Eval { scores, .. } => evals.push(scores.loss),
+            TrainEvent::Step { scores, .. } => losses.push(scores.loss),
+            _ => {}
+        }
+    }
+    let per_epoch = losses.len() / 12;
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    let (start, end) = (mean(&losses[..per_epoch]), mean(&losses[losses.len() - per_epoch..]));
+    assert!(end < 0.7 * start, "training loss {start} -> {end}");
+    let (first, last) = (evals[0], evals[evals.len() - 1]);
+    assert!(last < 0.95 * first, "validation loss {first} -> {last}");
+}
+
 /// Texts sharing a prefix (as chat turns share the template's) run the prefix once when one
 /// cache serves the appends, and the store is byte for byte the one a fresh cache per text
 /// gives: a Hugging Face f32 target and a Q4_K GGUF one (our repacked CPU kernels).
