@@ -256,10 +256,12 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     }
     let mut trainer = Trainer::new(target, head, config, &args.out)?;
     eprintln!(
-        "mdsd: training a head of {} parameters on {} sequences ({} held out for validation), {} evaluation answers",
+        "mdsd: training a head of {} parameters on {} sequences ({} held out for validation; {} entries an epoch, {}), {} evaluation answers",
         trainer.head().parameter_count(),
         store.sequences().len(),
         trainer.split(&store).1.len(),
+        trainer.entries_per_epoch(&store),
+        if args.prompt_entries { "the prompts' included" } else { "the answers'" },
         eval.sequences().len()
     );
     let bar = ProgressBar::new(0).with_style(

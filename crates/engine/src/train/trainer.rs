@@ -242,6 +242,14 @@ impl<'a> Trainer<'a> {
         (0..n).partition(|i| i % every != every - 1)
     }
 
+    /// The entries an epoch trains on: those of the training split from [`first_entry`] on
+    /// (the answers', or with `prompt_entries` the prompts' too).
+    pub fn entries_per_epoch(&self, store: &FeatureStore) -> usize {
+        let shared = self.config.prompt_entries.then(|| store.shared_prefix());
+        let (train, _) = self.split(store);
+        group(store, &train, usize::MAX, shared).iter().flatten().map(|item| item.n - item.from).sum()
+    }
+
     /// The batches of one epoch: the training sequences shuffled (seeded by the seed and the
     /// epoch), taken in order until a batch holds `batch_rows` trained entries (the answers',
     /// or with `prompt_entries` the prompts' too).

@@ -382,6 +382,12 @@ fn prompt_entries_train_after_the_shared_prefix() {
     let (prompt_step, prompt_eval) = first_step(true, "prompt-entries-on");
     assert_eq!(answer_step.rows, answers);
     assert_eq!(prompt_step.rows, all);
+    let on = |prompt_entries| {
+        let head = TrainableHead::init(HeadShape::for_target(target.config(), None), 3, &Device::Cpu).unwrap();
+        let c = TrainConfig { prompt_entries, ..config(1, None) };
+        Trainer::new(&target, head, c, &temp_dir("prompt-entries-count")).unwrap().entries_per_epoch(&store)
+    };
+    assert_eq!((on(false), on(true)), (answers, all));
     assert!(all > answers + 30, "{all} entries against {answers}");
     assert_eq!(answer_eval, prompt_eval, "validation scores answer entries either way");
 

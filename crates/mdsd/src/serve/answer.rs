@@ -4,7 +4,7 @@
 //! server-sent events. A client gone away (or the server shutting down past its grace period)
 //! ends the generation at its next token.
 
-use super::reply::{EventSink, Reply};
+use super::reply::{json_response, EventSink, Last, Reply};
 use super::request::{Checked, Kind, Prompt};
 use super::{logprobs, App};
 use crate::report::message;
@@ -46,7 +46,9 @@ enum Streamed {
 }
 
 impl Answering<'_> {
-    /// Generates the request's choices and answers, streamed or in one object.
+    /// Generates the request's choices and answers, streamed or in one object; returns the
+    /// answer's end ([`Last`]) for the caller to send once the generator is back in the pool
+    /// (errors and cancelled answers are sent, or dropped, here).
     pub(super) fn generate(
         &mut self,
         reply: Reply,
@@ -55,7 +57,7 @@ impl Answering<'_> {
         prompts: &[Prompt],
         config: &GenerationConfig,
         path: &str,
-    ) {
+    ) -> Option<Last> {
         let id = format!("{}-{}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, self.number);
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         self.generator.set_logprobs(req.logprobs);
@@ -87,11 +89,14 @@ impl Answering<'_> {
                         self.app.load.add_choice(&stats);
                         done.push((stats, config.seed));
                     }
-                    Err(msg) => return reply.error(500, &msg),
+                    Err(msg) => {
+                        reply.error(500, &msg);
+                        return None;
+                    }
                 }
                 if self.cancel.is_set() {
                     // Nobody is left to answer.
-                    return;
+                    return None;
                 }
             }
             let body = json!({
@@ -103,16 +108,20 @@ impl Answering<'_> {
                 "usage": usage(prompt_tokens, &done),
                 "mdsd": mdsd_stats(&done, self.app.show_reused_tokens),
             });
-            return reply.json(200, &body);
+            return Some(Last::Whole(reply, json_response(200, &body)));
         }
         let writer = reply.stream();
         let model = self.app.model.clone();
         let mut events = Events { kind, index: 0, id: &id, created, model: &model, writer };
         // A write that fails (the client gone or not reading) ends the answer: nothing more is sent.
-        let _ = self.stream_choices(&asks, req, &mut events, &mut prompt_records, &mut done, prompt_tokens);
+        match self.stream_choices(&asks, req, &mut events, &mut prompt_records, &mut done, prompt_tokens) {
+            Ok(true) => Some(Last::Stream(events.writer)),
+            _ => None,
+        }
     }
 
-    /// The streamed choices, one after the other, and the end of the stream.
+    /// The streamed choices, one after the other; whether the stream is to end with `[DONE]`
+    /// (not when the client went away).
     fn stream_choices(
         &mut self,
         asks: &[(Ask, GenerationConfig)],
@@ -121,7 +130,7 @@ impl Answering<'_> {
         prompt_records: &mut Option<Vec<TokenLogprobs>>,
         done: &mut Vec<(Stats, u64)>,
         prompt_tokens: usize,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<bool> {
         for (index, (ask, config)) in asks.iter().enumerate() {
             events.index = index;
             if index % req.n == 0 {
@@ -140,11 +149,11 @@ impl Answering<'_> {
                     }
                     events.raw(&last.to_string())?;
                 }
-                Streamed::Gone => return Ok(()),
+                Streamed::Gone => return Ok(false),
                 Streamed::Failed => break,
             }
         }
-        events.finish()
+        Ok(true)
     }
 
     /// Sets whether this choice scores the echoed prompt, and returns its stop matcher.
@@ -370,10 +379,6 @@ impl Events<'_> {
         self.writer.write_all(format!("data: {data}\n\n").as_bytes())
     }
 
-    /// `data: [DONE]`: the stream's end.
-    fn finish(&mut self) -> std::io::Result<()> {
-        self.raw("[DONE]")
-    }
 }
 
 fn finish_reason(stats: &Stats) -> &'static str {

@@ -324,7 +324,13 @@ async fn completion(
         let _member = answering.batcher.join();
         let cancel = Cancel { own, server: Arc::clone(&answering.cancel_all) };
         let mut a = Answering { app: &answering, generator: lease.generator(), number, cancel: &cancel };
-        a.generate(reply, kind, &req, &prompts, &config, path);
+        let last = a.generate(reply, kind, &req, &prompts, &config, path);
+        // The slot goes back before the client can see its answer end: a next turn sent at
+        // once finds free the slot that holds its text (its prefix reused).
+        drop(lease);
+        if let Some(last) = last {
+            last.send();
+        }
     });
     match pending.head.await {
         Ok(Head::Whole(r)) => {

@@ -49,10 +49,6 @@ impl Reply {
         let _ = self.head.send(Head::Whole(response));
     }
 
-    pub(super) fn json(self, status: u16, body: &Value) {
-        self.whole(json_response(status, body))
-    }
-
     pub(super) fn error(self, status: u16, msg: &str) {
         self.whole(error_response(status, msg))
     }
@@ -61,6 +57,27 @@ impl Reply {
     pub(super) fn stream(self) -> EventSink {
         let _ = self.head.send(Head::Stream);
         EventSink { tx: self.body }
+    }
+}
+
+/// The end of an answer, sent once its generator is back in the pool: a client that sends its
+/// next turn as soon as it has this finds free the slot that holds its text.
+pub(super) enum Last {
+    /// A whole response, through its reply.
+    Whole(Reply, Response),
+    /// A stream's `data: [DONE]`, then its end.
+    Stream(EventSink),
+}
+
+impl Last {
+    pub(super) fn send(self) {
+        match self {
+            Last::Whole(reply, response) => reply.whole(response),
+            // A client gone meanwhile has nothing left to miss.
+            Last::Stream(mut sink) => {
+                let _ = sink.write_all(b"data: [DONE]\n\n");
+            }
+        }
     }
 }
 
