@@ -327,6 +327,9 @@ async fn completion(
         let last = a.generate(reply, kind, &req, &prompts, &config, path);
         // The slot goes back before the client can see its answer end: a next turn sent at
         // once finds free the slot that holds its text (its prefix reused).
+        if let Some(pause) = slot_return_pause() {
+            std::thread::sleep(pause);
+        }
         drop(lease);
         if let Some(last) = last {
             last.send();
@@ -344,6 +347,16 @@ async fn completion(
         }
         Err(_) => error_response(500, "the answer's thread ended without an answer; see the server's log"),
     }
+}
+
+/// `MDSD_TEST_SLOT_RETURN_PAUSE_MS`: a pause before an answer's slot goes back to the pool, so
+/// that a test can check that the answer's end never leaves before it (a next turn sent at once
+/// would otherwise miss its cached text). Unset outside tests.
+fn slot_return_pause() -> Option<Duration> {
+    static PAUSE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *PAUSE.get_or_init(|| {
+        std::env::var("MDSD_TEST_SLOT_RETURN_PAUSE_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis)
+    })
 }
 
 /// `/tokenize` and `/detokenize`: on a blocking thread, at most a few at once.
