@@ -242,12 +242,21 @@ impl<'a> Trainer<'a> {
         (0..n).partition(|i| i % every != every - 1)
     }
 
-    /// The entries an epoch trains on: those of the training split from [`first_entry`] on
+    /// The prefix that training skips in every sequence with `prompt_entries` (see
+    /// `first_entry`); `None`: training starts at the answers.
+    fn trained_after(&self, store: &FeatureStore) -> Option<usize> {
+        self.config.prompt_entries.then(|| store.shared_prefix())
+    }
+
+    /// The entries an epoch trains on: those of the training split from `first_entry` on
     /// (the answers', or with `prompt_entries` the prompts' too).
     pub fn entries_per_epoch(&self, store: &FeatureStore) -> usize {
-        let shared = self.config.prompt_entries.then(|| store.shared_prefix());
         let (train, _) = self.split(store);
-        group(store, &train, usize::MAX, shared).iter().flatten().map(|item| item.n - item.from).sum()
+        group(store, &train, usize::MAX, self.trained_after(store))
+            .iter()
+            .flatten()
+            .map(|item| item.n - item.from)
+            .sum()
     }
 
     /// The batches of one epoch: the training sequences shuffled (seeded by the seed and the
@@ -260,8 +269,7 @@ impl<'a> Trainer<'a> {
         for i in (1..order.len()).rev() {
             order.swap(i, rng.random_range(0..=i));
         }
-        let shared = self.config.prompt_entries.then(|| store.shared_prefix());
-        group(store, &order, self.config.batch_rows, shared)
+        group(store, &order, self.config.batch_rows, self.trained_after(store))
     }
 
     fn lr_at(&self, step: u64, total: u64) -> f64 {
@@ -554,12 +562,12 @@ impl<'a> Trainer<'a> {
 /// The first entry of `s` that a batch holds: its answer's first (`answer_start - 1`: the
 /// entry that predicts the answer's second token's feature), or, given the prefix `shared` that
 /// all stored texts share, the first entry after it, the prompt's included.
-pub fn first_entry(s: &StoredSequence, shared: Option<usize>) -> usize {
+fn first_entry(s: &StoredSequence, shared: Option<usize>) -> usize {
     shared.map_or(s.answer_start, |p| p.min(s.answer_start)).saturating_sub(1)
 }
 
 /// Sequences `order` of `store` in batches of at least `rows` entries each (the last may hold
-/// fewer), each sequence's from [`first_entry`] on.
+/// fewer), each sequence's from `first_entry` on.
 fn group(store: &FeatureStore, order: &[usize], rows: usize, shared: Option<usize>) -> Vec<Vec<Item>> {
     let mut out = Vec::new();
     let (mut batch, mut held) = (Vec::new(), 0);

@@ -378,7 +378,6 @@ impl Events<'_> {
     fn raw(&mut self, data: &str) -> std::io::Result<()> {
         self.writer.write_all(format!("data: {data}\n\n").as_bytes())
     }
-
 }
 
 fn finish_reason(stats: &Stats) -> &'static str {

@@ -6,8 +6,8 @@
 
 mod batching;
 mod load;
-mod slots;
 mod logprobs;
+mod slots;
 mod tokenize;
 
 use crate::common;
@@ -235,7 +235,7 @@ fn serve_answers_as_generate_does() {
     assert_eq!(v["object"], "chat.completion");
     let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     assert_eq!(answer, chat);
-    let mut body = turn(first.clone());
+    let mut body = turn(first);
     body["stream"] = true.into();
     let evs = events(port, "/v1/chat/completions", &body);
     assert_eq!(evs[0]["choices"][0]["delta"]["role"], "assistant");
@@ -247,7 +247,7 @@ fn serve_answers_as_generate_does() {
         {"role": "assistant", "content": answer},
         {"role": "user", "content": "DEF"},
     ]);
-    let (status, v) = post(port, "/v1/chat/completions", &turn(second.clone()));
+    let (status, v) = post(port, "/v1/chat/completions", &turn(second));
     assert_eq!(status, 200, "{v}");
     // ">ABC;<" and the 8-token answer are cached (all but the answer's last token at least).
     assert!(v["mdsd"]["reused_tokens"].as_u64().unwrap() >= 6 + 8 - 1, "{v}");
