@@ -242,15 +242,7 @@ fn serve_answers_as_generate_does() {
     let text: String = evs.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(text, chat, "streamed chat");
 
-    let second = json!([
-        {"role": "user", "content": "ABC"},
-        {"role": "assistant", "content": answer},
-        {"role": "user", "content": "DEF"},
-    ]);
-    let (status, v) = post(port, "/v1/chat/completions", &turn(second));
-    assert_eq!(status, 200, "{v}");
-    // ">ABC;<" and the 8-token answer are cached (all but the answer's last token at least).
-    assert!(v["mdsd"]["reused_tokens"].as_u64().unwrap() >= 6 + 8 - 1, "{v}");
+    slots::next_turn_reuses(port, &answer, "the second turn");
 
     // A streaming client that hangs up after the first event: the server keeps serving, and
     // its caches keep the text (the next request with that prompt reuses all of it but the last).

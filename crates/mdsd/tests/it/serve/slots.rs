@@ -31,13 +31,20 @@ fn a_next_turn_sent_at_once_finds_its_slot() {
             assert_eq!(status, 200, "{v}");
             v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
         };
-        let second = json!([
-            {"role": "user", "content": "ABC"},
-            {"role": "assistant", "content": answer},
-            {"role": "user", "content": "DEF"},
-        ]);
-        let (status, v) = post(port, "/v1/chat/completions", &turn(second));
-        assert_eq!(status, 200, "{v}");
-        assert!(v["mdsd"]["reused_tokens"].as_u64().unwrap() >= 6 + 8 - 1, "stream {stream}: {v}");
+        next_turn_reuses(port, &answer, &format!("stream {stream}"));
     }
+}
+
+/// Sends the turn after `answer` (the 8-token answer to "ABC") and checks that ">ABC;<" and the
+/// answer came from the cache (all but the answer's last token at least); `what` names the case.
+pub(super) fn next_turn_reuses(port: u16, answer: &str, what: &str) {
+    let second = json!([
+        {"role": "user", "content": "ABC"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "DEF"},
+    ]);
+    let (status, v) =
+        post(port, "/v1/chat/completions", &json!({"messages": second, "max_tokens": 8, "ignore_eos": true}));
+    assert_eq!(status, 200, "{v}");
+    assert!(v["mdsd"]["reused_tokens"].as_u64().unwrap() >= 6 + 8 - 1, "{what}: {v}");
 }
