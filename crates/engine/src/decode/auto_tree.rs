@@ -346,11 +346,16 @@ impl AutoTree {
     /// in a forward of their own, rather than leave the text to plain steps, in a batch whose
     /// other members ask `others` (alone: [`SharedLoad::NONE`]). True when, caught up (its first
     /// draft forward of one row), a drafting tree beats plain steps by the choice's own rule (the
-    /// batch's tokens per second, [`Self::choose_in_batch`]) and that tree's seconds per token of
-    /// this text, over the `remaining` tokens, save more than the catch-up costs (the draft's
-    /// curve at `owed` rows). True when a cost is unknown (the draft then catches up, as its
-    /// prompt's prefill used to). The acceptance is this text's, or before it has tried drafts
-    /// the last text's that did (the prior's 0.6 on the first).
+    /// batch's tokens per second `R`, [`Self::choose_in_batch`]) and the tokens that gains the
+    /// batch while this text drafts its `remaining` tokens exceed what the catch-up's forward
+    /// (`K`, the draft's curve at `owed` rows) costs it:
+    /// `remaining · C_d / E_d · (R_d - R_p) > K · R_p`, with `C_d` and `E_d` the drafting tree's
+    /// step seconds (the batch's) and expected tokens, `R_p` the rate of plain steps. Every member
+    /// waits for the catch-up, so in a batch its price is the whole batch's rate for `K`
+    /// seconds; alone (`E_others = 0`) the rule is `remaining · (C_p - C_d / E_d) > K`, the
+    /// seconds saved over the text against the catch-up's. True when a cost is unknown (the
+    /// draft then catches up, as its prompt's prefill used to). The acceptance is this text's, or
+    /// before it has tried drafts the last text's that did (the prior's 0.6 on the first).
     ///
     /// This is what lets a draft put off its prompt's prefill (`Generator`'s deferred draft
     /// prefill): alone, the catch-up pays for a long answer and the draft drafts as before,
@@ -363,7 +368,7 @@ impl AutoTree {
             self.step_cost_with_lag(t, others, 1).map(|c| ((e + others.tokens) / c.max(1e-9), c / e.max(1e-9)))
         };
         let plain = self.trees.iter().find(|(_, t)| t.children(0).is_empty()).map(|(_, t)| rates(t));
-        let (Some(Some(plain)), Some(catch_up)) = (plain, self.draft.at(owed.max(1))) else { return true };
+        let (Some(Some((plain_rate, _))), Some(catch_up)) = (plain, self.draft.at(owed.max(1))) else { return true };
         let mut best: Option<(f64, f64)> = None;
         for (_, t) in self.trees.iter().filter(|(_, t)| !t.children(0).is_empty()) {
             match rates(t) {
@@ -372,7 +377,11 @@ impl AutoTree {
                 None => return true,
             }
         }
-        best.is_some_and(|(rate, secs)| rate > plain.0 && remaining as f64 * (plain.1 - secs) > catch_up)
+        // The batch's tokens gained while this text drafts the rest, against those it would
+        // have made in the catch-up's seconds.
+        best.is_some_and(|(rate, secs)| {
+            rate > plain_rate && remaining as f64 * secs * (rate - plain_rate) > catch_up * plain_rate
+        })
     }
 
     /// The tokens a lookup step is expected to emit, from the `tokens` the text's `steps`

@@ -303,6 +303,49 @@ fn a_catch_up_runs_when_drafting_the_rest_pays() {
     assert_eq!(a.uses[0], uses + 1);
 }
 
+/// In a batch every member waits for a catch-up's forward, so it is weighed with the batch's
+/// rate: the tokens the batch gains while the text drafts the rest against the tokens it would
+/// have made in the catch-up's seconds. Beside one member taking plain steps, drafting still
+/// beats plain steps per step, but the catch-up needs more tokens left to pay than alone; the
+/// text's own seconds per token (the rule before) would have caught up from the alone
+/// break-even on, stalling the other stream for less than this text gains.
+#[test]
+fn a_catch_up_in_a_batch_pays_for_every_member_s_wait() {
+    let mut a = AutoTree::new(false);
+    compute_bound_costs(&mut a);
+    for _ in 0..70 {
+        a.record_node(1, Some(0));
+    }
+    for _ in 0..30 {
+        a.record_node(1, None);
+    }
+    let alphas = a.alphas();
+    let beside = SharedLoad::PLAIN;
+    // (batch rate, step seconds over this text's expected tokens) of each tree beside `o`.
+    let rates = |t: &DraftTree, o: &SharedLoad| {
+        let (e, c) = (AutoTree::expected_tokens(t, &alphas), a.step_cost_with_lag(t, o, 1).unwrap());
+        ((e + o.tokens) / c, c / e)
+    };
+    let best =
+        |o: &SharedLoad| a.trees[1..].iter().map(|(_, t)| rates(t, o)).max_by(|x, y| x.0.total_cmp(&y.0)).unwrap();
+    let catch_up = a.draft.at(60).unwrap();
+    let (plain, drafting) = (rates(&a.trees[0].1, &beside), best(&beside));
+    assert!(drafting.0 > plain.0, "drafting beats plain steps beside one member");
+    let even = catch_up * plain.0 / (drafting.1 * (drafting.0 - plain.0));
+    assert!(!a.catch_up_pays(60, even.floor() as usize, &beside));
+    assert!(a.catch_up_pays(60, even.floor() as usize + 1, &beside));
+    // The text's own saving per token (plain seconds per token less the drafting tree's)
+    // reaches the catch-up's seconds well before: that rule would have caught up already.
+    let own = catch_up / (plain.1 - drafting.1);
+    assert!(own < even / 2.0, "alone-style break-even {own} against the batch's {even}");
+    assert!(!a.catch_up_pays(60, own.ceil() as usize + 1, &beside));
+    // Alone, the rule is the text's own seconds saved.
+    let (plain, drafting) = (rates(&a.trees[0].1, &SharedLoad::NONE), best(&SharedLoad::NONE));
+    let alone = catch_up / (plain.1 - drafting.1);
+    assert!(!a.catch_up_pays(60, alone.floor() as usize, &SharedLoad::NONE));
+    assert!(a.catch_up_pays(60, alone.floor() as usize + 1, &SharedLoad::NONE));
+}
+
 /// Before a text has tried drafts, a catch-up is weighed with the acceptance of the last text
 /// that tried some (drafts all rejected there: no catch-up however long the answer; accepted:
 /// catch up), and the text's own once it has tried drafts. A generation alone explores with a
