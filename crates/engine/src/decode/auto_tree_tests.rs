@@ -227,6 +227,16 @@ fn compute_bound_costs(a: &mut AutoTree) {
     }
 }
 
+/// Records `accepted` chain drafts accepted and `rejected` rejected.
+fn record_chain_drafts(a: &mut AutoTree, accepted: usize, rejected: usize) {
+    for _ in 0..accepted {
+        a.record_node(1, Some(0));
+    }
+    for _ in 0..rejected {
+        a.record_node(1, None);
+    }
+}
+
 /// In a batch the trees shrink as the cost curve says: with forwards that cost little more
 /// for a few rows and then grow with every row (a CPU's), drafts accepted at 0.7 make a
 /// deep chain alone, a shorter one beside three members, and none beside fifteen whose
@@ -235,12 +245,7 @@ fn compute_bound_costs(a: &mut AutoTree) {
 fn trees_shrink_as_the_batch_fills() {
     let mut a = AutoTree::new(false);
     compute_bound_costs(&mut a);
-    for _ in 0..60 {
-        a.record_node(1, Some(0));
-    }
-    for _ in 0..26 {
-        a.record_node(1, None);
-    }
+    record_chain_drafts(&mut a, 60, 26);
     let depth = |a: &AutoTree, i: usize| a.trees[i].1.max_depth();
     let alone = a.choose_in_batch(&SharedLoad::NONE);
     assert_eq!(alone, a.clone().choose(), "alone, the batch rule is the solo rule");
@@ -276,12 +281,7 @@ fn a_catch_up_runs_when_drafting_the_rest_pays() {
     let mut a = AutoTree::new(false);
     assert!(a.catch_up_pays(60, 128, &SharedLoad::NONE), "no costs known: catch up");
     compute_bound_costs(&mut a);
-    for _ in 0..70 {
-        a.record_node(1, Some(0));
-    }
-    for _ in 0..30 {
-        a.record_node(1, None);
-    }
+    record_chain_drafts(&mut a, 70, 30);
     assert!(a.catch_up_pays(60, 128, &SharedLoad::NONE));
     assert!(!a.catch_up_pays(60, 1, &SharedLoad::NONE), "one token left");
     // The break-even: seconds saved per token times the tokens left against the catch-up
@@ -307,18 +307,13 @@ fn a_catch_up_runs_when_drafting_the_rest_pays() {
 /// rate: the tokens the batch gains while the text drafts the rest against the tokens it would
 /// have made in the catch-up's seconds. Beside one member taking plain steps, drafting still
 /// beats plain steps per step, but the catch-up needs more tokens left to pay than alone; the
-/// text's own seconds per token (the rule before) would have caught up from the alone
-/// break-even on, stalling the other stream for less than this text gains.
+/// text's own seconds saved (the rule before) would have caught up from well below the batch's
+/// break-even, where the other stream loses more tokens waiting than this text gains.
 #[test]
 fn a_catch_up_in_a_batch_pays_for_every_member_s_wait() {
     let mut a = AutoTree::new(false);
     compute_bound_costs(&mut a);
-    for _ in 0..70 {
-        a.record_node(1, Some(0));
-    }
-    for _ in 0..30 {
-        a.record_node(1, None);
-    }
+    record_chain_drafts(&mut a, 70, 30);
     let alphas = a.alphas();
     let beside = SharedLoad::PLAIN;
     // (batch rate, step seconds over this text's expected tokens) of each tree beside `o`.
