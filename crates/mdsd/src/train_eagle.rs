@@ -4,7 +4,8 @@
 //! it stopped when started again with the same `--out`):
 //! 1. the target's own answers (greedy) to Spec-Bench's prompts without MT-Bench's and to
 //!    EAGLE's Alpaca prompts (`OUT/self_answers.jsonl`), and to MT-Bench's first turns, the
-//!    held-out evaluation (`OUT/eval_answers.jsonl`);
+//!    held-out evaluation (`OUT/eval_answers.jsonl`); optionally more answers to the same
+//!    prompts sampled at a temperature (`OUT/sampled_answers_t{T}.jsonl`);
 //! 2. the target's features of every text (`OUT/features`, `OUT/eval_features`), f16;
 //! 3. training (`engine::train::Trainer`): `OUT/checkpoint`, `OUT/train_log.jsonl`.
 //!
@@ -71,6 +72,17 @@ pub struct TrainEagleArgs {
     /// Longest self answer, in tokens.
     #[arg(long, default_value_t = 160)]
     self_answer_tokens: usize,
+    /// Target's own answers, sampled: this many more answers to every self-answer prompt above,
+    /// each drawn from the target at --self-answer-temperature with a seed of its own (sample
+    /// `s` of prompt `i`: `(s + 1) * 2^32 + i`), kept in `sampled_answers_t{T}.jsonl` and
+    /// trained on after all other texts (so a folder without them keeps its features). More
+    /// of the target's own text at no cost in prompts; the labels are still the target's
+    /// distributions.
+    #[arg(long, default_value_t = 0)]
+    self_answer_samples: usize,
+    /// Temperature of the sampled answers (--self-answer-samples).
+    #[arg(long, default_value_t = 0.7)]
+    self_answer_temperature: f64,
     /// MT-Bench first turns answered by the target for the evaluation (never trained on).
     #[arg(long, default_value_t = 80)]
     eval_answers: usize,
@@ -160,6 +172,9 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     {
         bail!("--max-hours, --lr, --unroll-decay, --epochs and --batch-rows must be positive");
     }
+    if !(args.self_answer_temperature > 0.0 && args.self_answer_temperature.is_finite()) {
+        bail!("--self-answer-temperature must be positive (the greedy answers are the self answers)");
+    }
     let path = crate::models::target_path(args.target.as_deref(), &args.pair, args.models_dir.as_deref())?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let _lock = lock_out(&args.out, Lock::Exclusive)?;
@@ -215,19 +230,39 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     prompts.extend(sample.into_iter().map(|(p, _)| ("self/alpaca_sample".to_string(), p)));
     prompts.extend(spec_bench(first..first.saturating_add(args.self_answers_more_per_category))?);
     let batch = usize::from(args.answer_batch);
-    let answers_to = |prompts: &[(String, String)], tokens: usize, file: &str| {
-        answers(target, tok, prompts, tokens, batch, &data_dir.join(file), reuse)
+    let answers_to = |asks: &[Ask], tokens: usize, temperature: f64, file: &str| {
+        let how = AnswerSettings { max_tokens: tokens, temperature, batch };
+        answers(target, tok, asks, how, &data_dir.join(file), reuse)
     };
-    let self_answers = answers_to(&prompts, args.self_answer_tokens, "self_answers.jsonl")?;
+    let greedy = |prompts: Vec<(String, String)>| -> Vec<Ask> {
+        prompts.into_iter().map(|(source, prompt)| Ask { source, prompt, seed: 0 }).collect()
+    };
+    let sampled: Vec<Ask> = (0..args.self_answer_samples)
+        .flat_map(|s| {
+            prompts.iter().enumerate().map(move |(i, (source, prompt))| Ask {
+                source: format!("sampled/{source}"),
+                prompt: prompt.clone(),
+                seed: ((s as u64 + 1) << 32) | i as u64,
+            })
+        })
+        .collect();
+    let self_answers = answers_to(&greedy(prompts), args.self_answer_tokens, 0.0, "self_answers.jsonl")?;
+    let sampled_answers = if sampled.is_empty() {
+        Vec::new()
+    } else {
+        let t = args.self_answer_temperature;
+        answers_to(&sampled, args.self_answer_tokens, t, &format!("sampled_answers_t{t}.jsonl"))?
+    };
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], 0..usize::MAX)?;
     let mt: Vec<(String, String)> =
         mt.into_iter().take(args.eval_answers).map(|(c, t)| (format!("mt_bench/{c}"), t)).collect();
-    let eval_answers = answers_to(&mt, args.eval_answer_tokens, "eval_answers.jsonl")?;
+    let eval_answers = answers_to(&greedy(mt), args.eval_answer_tokens, 0.0, "eval_answers.jsonl")?;
 
     // 2. Features.
     let limits = SourceLimits { alpaca: args.alpaca, cnndm: args.cnndm, wmt14: args.wmt14, ..Default::default() };
     let mut texts = data::fixed_conversations(&args.data, &limits)?;
     texts.extend(self_answers);
+    texts.extend(sampled_answers);
     let (train_dir, eval_dir) = (data_dir.join("features"), data_dir.join("eval_features"));
     let mut store = features(target, tok, &texts, args.max_len, &train_dir, "features", reuse)?;
     let mut eval = features(target, tok, &eval_answers, args.max_len, &eval_dir, "eval features", reuse)?;
@@ -387,17 +422,35 @@ fn keep_freed_memory() {
     }
 }
 
-/// The target's greedy answers to `prompts` (`(source, text)`), kept in `file` (one
-/// [`Conversation`] per line, in the prompts' order); answers already there are not generated
-/// again. `batch` generations run at once, on threads of their own with their forwards batched
-/// ([`crate::batched::in_order`]); a row's result does not depend on the rows beside it, so every answer is the
-/// one it gets alone, whatever `batch` is.
+/// One prompt the target answers: where it comes from, its text, and the seed of its answer
+/// (drawn at [`AnswerSettings::temperature`]; unused when greedy).
+struct Ask {
+    source: String,
+    prompt: String,
+    seed: u64,
+}
+
+/// How the target answers a list of [`Ask`]s.
+#[derive(Clone, Copy)]
+struct AnswerSettings {
+    max_tokens: usize,
+    /// 0: greedy.
+    temperature: f64,
+    /// Generations at once.
+    batch: usize,
+}
+
+/// The target's answers to `asks`, greedy or sampled (`how`), kept in `file` (one
+/// [`Conversation`] per line, in the asks' order); answers already there are not generated
+/// again. `how.batch` generations run at once, on threads of their own with their forwards
+/// batched ([`crate::batched::in_order`]); a row's result does not depend on the rows beside it
+/// and each answer draws from a generator seeded by its own ask, so every answer is the one it
+/// gets alone, whatever the batch is.
 fn answers(
     target: &engine::model::DecoderModel,
     tok: &engine::tokenizer::TextTokenizer,
-    prompts: &[(String, String)],
-    max_tokens: usize,
-    batch: usize,
+    asks: &[Ask],
+    how: AnswerSettings,
     file: &Path,
     read_only: bool,
 ) -> anyhow::Result<Vec<Conversation>> {
@@ -410,9 +463,9 @@ fn answers(
             .with_context(|| format!("{}: not a file of answers", file.display()))?,
         Err(_) => Vec::new(),
     };
-    done.truncate(prompts.len());
-    for (c, (_, p)) in done.iter().zip(prompts) {
-        if &c.prompt != p {
+    done.truncate(asks.len());
+    for (c, ask) in done.iter().zip(asks) {
+        if c.prompt != ask.prompt {
             bail!(
                 "{}: its answers are to other prompts than these settings give; {}",
                 file.display(),
@@ -420,7 +473,7 @@ fn answers(
             );
         }
     }
-    if done.len() == prompts.len() {
+    if done.len() == asks.len() {
         return Ok(done);
     }
     if read_only {
@@ -428,13 +481,13 @@ fn answers(
             "{}: holds {} of the {} answers these settings ask for (--reuse reads a finished run's folder)",
             file.display(),
             done.len(),
-            prompts.len()
+            asks.len()
         );
     }
     let text: String = done.iter().map(|c| serde_json::to_string(c).expect("JSON of a value") + "\n").collect();
     std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))?;
     let mut out = std::fs::OpenOptions::new().append(true).open(file)?;
-    let bar = ProgressBar::new(prompts.len() as u64).with_style(
+    let bar = ProgressBar::new(asks.len() as u64).with_style(
         ProgressStyle::with_template("{spinner} target answers -> {msg} [{bar:30}] {pos}/{len}, {eta} left")
             .expect("a valid template"),
     );
@@ -442,30 +495,32 @@ fn answers(
     bar.set_position(done.len() as u64);
     let capacity = target.config().context_length.min(4096);
     let config = GenerationConfig {
-        max_new_tokens: max_tokens,
-        warp: samplers::dist::Warp::temperature(0.0),
+        max_new_tokens: how.max_tokens,
+        warp: samplers::dist::Warp::temperature(how.temperature),
         seed: 0,
         randomness: Default::default(),
         speculative: None,
     };
-    let todo = &prompts[done.len()..];
-    let workers = batch.clamp(1, todo.len());
+    let todo = &asks[done.len()..];
+    let workers = how.batch.clamp(1, todo.len());
     let mut generators = Vec::with_capacity(workers);
     for _ in 0..workers {
         generators.push(Generator::new(target, None, capacity)?);
     }
-    // Written in the prompts' order (a resumed run keeps the file's lines as a prefix).
+    // Written in the asks' order (a resumed run keeps the file's lines as a prefix).
     crate::batched::in_order(
         generators,
         todo,
-        |generator, (_, prompt)| answer(generator, tok, prompt, &config, capacity),
+        |generator, ask| {
+            answer(generator, tok, &ask.prompt, &GenerationConfig { seed: ask.seed, ..config.clone() }, capacity)
+        },
         |i, answer| {
-            let (source, prompt) = &todo[i];
+            let ask = &todo[i];
             let answer = answer?.unwrap_or_else(|prompt_tokens| {
                 say(&bar, format!("skipped a prompt of {prompt_tokens} tokens (over {capacity} with its answer)"));
                 String::new()
             });
-            let c = Conversation { source: source.clone(), prompt: prompt.clone(), answer };
+            let c = Conversation { source: ask.source.clone(), prompt: ask.prompt.clone(), answer };
             writeln!(out, "{}", serde_json::to_string(&c)?)?;
             out.flush()?;
             done.push(c);
@@ -477,7 +532,7 @@ fn answers(
     Ok(done)
 }
 
-/// The greedy answer to one prompt through the chat template, or `Err(prompt tokens)` when
+/// The answer to one prompt through the chat template, or `Err(prompt tokens)` when
 /// the prompt and its longest answer do not fit in `capacity`.
 fn answer(
     generator: &mut Generator,

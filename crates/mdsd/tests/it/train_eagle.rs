@@ -364,3 +364,73 @@ fn fetch_trains_a_two_stage_recipe() {
     assert_eq!(plain["text"], drafted["text"]);
     assert!(drafted["draft_forwards"].as_u64().unwrap() > 0, "{drafted}");
 }
+
+/// `--self-answer-samples 2`: two more answers to every self-answer prompt, sampled at the
+/// given temperature, kept in their own file after the greedy ones: generated together they
+/// equal those generated one at a time (each answer's seed is its own), each is `generate
+/// --no-spec`'s sample with that seed, they are not the greedy answers, and all are trained on.
+#[test]
+fn train_eagle_samples_more_answers_each_with_its_own_seed() {
+    let dir = temp_dir("cli-train-eagle-sampled");
+    let target = Tiny { scale: 0.8, ..Tiny::chat_llama(49) }.write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    write_data(&data);
+    let run_in = |out: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["train-eagle", "--target", s(&target), "--out", s(out), "--data", s(&data)];
+        args.extend_from_slice(&["--epochs", "1", "--max-steps", "1", "--batch-rows", "16", "--draft-vocab", "0"]);
+        args.extend_from_slice(&[
+            "--self-answer-tokens",
+            "6",
+            "--eval-answer-tokens",
+            "6",
+            "--intermediate-size",
+            "24",
+        ]);
+        args.extend_from_slice(&["--self-answers-per-category", "1", "--self-answer-samples", "2"]);
+        args.extend_from_slice(&["--self-answer-temperature", "0.9"]);
+        args.extend_from_slice(extra);
+        let o = mdsd(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let (together, alone) = (dir.join("together"), dir.join("alone"));
+    run_in(&together, &[]);
+    run_in(&alone, &["--answer-batch", "1"]);
+    let read = |d: &std::path::Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap();
+    let file = "sampled_answers_t0.9.jsonl";
+    assert_eq!(read(&together, file), read(&alone, file));
+    let parse =
+        |text: String| -> Vec<serde_json::Value> { text.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
+    let (greedy, sampled) = (parse(read(&together, "self_answers.jsonl")), parse(read(&together, file)));
+    assert_eq!((greedy.len(), sampled.len()), (2, 4));
+    let mut differ = 0;
+    for (k, line) in sampled.iter().enumerate() {
+        let (sample, i) = (k / greedy.len(), k % greedy.len());
+        let twin = &greedy[i];
+        assert_eq!(line["prompt"], twin["prompt"], "{line}");
+        assert_eq!(line["source"].as_str().unwrap(), format!("sampled/{}", twin["source"].as_str().unwrap()));
+        let seed = (((sample as u64) + 1) << 32 | i as u64).to_string();
+        let prompt = line["prompt"].as_str().unwrap();
+        let args = ["generate", "--target", s(&target), "--prompt", prompt, "--max-new-tokens", "6", "--json"];
+        let o = mdsd(&[&args[..], &["--chat", "--no-spec", "--temperature", "0.9", "--seed", &seed]].concat());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let plain: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(plain["text"], line["answer"], "sample {sample} of {prompt}");
+        differ += usize::from(line["answer"] != twin["answer"]);
+    }
+    assert!(differ > 0, "every sampled answer is the greedy one: {sampled:?}");
+    let stored = std::fs::read_to_string(together.join("features/sequences.jsonl")).unwrap().lines().count();
+    assert_eq!(stored, 8 + 2 + 4, "6 Alpaca + 1 CNN/DM + 1 WMT, 2 greedy and 4 sampled answers");
+    let e = fails(&[
+        "train-eagle",
+        "--target",
+        s(&target),
+        "--out",
+        s(&dir.join("zero")),
+        "--data",
+        s(&data),
+        "--self-answer-temperature",
+        "0",
+    ]);
+    assert!(e.contains("--self-answer-temperature"), "{e}");
+}
