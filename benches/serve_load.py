@@ -7,7 +7,7 @@ Usage:
   python3 benches/serve_load.py --out benches/results/serve-load.json \
       [--engines mdsd,mdsd-b1,llama] [--clients 1,2,4,8,16] [--sets mt_bench,spec_bench] \
       [--max-tokens 128] [--requests 2] [--mdsd target/release/mdsd] \
-      [--llama /tmp/peers/llama-cpp-cpu] [--target GGUF --draft GGUF] [--threads 2]
+      [--llama /tmp/peers/llama-cpp-cpu] [--target GGUF --draft GGUF] [--mdsd-eagle DIR] [--threads 2]
 
 Each engine is started on the same GGUF files (default: the default pair from the mdsd cache),
 at temperature 0 with 128-token answers (`ignore_eos`), chat completions streamed. A level of
@@ -61,7 +61,8 @@ def start_engine(name, a, max_clients):
     log = open(Path(a.out).with_suffix(f".{name}.log"), "w")
     if name.startswith("mdsd"):
         batch = "1" if name == "mdsd-b1" else str(max_clients)
-        cmd = [a.mdsd, "serve", "--port", str(port), "--target", a.target, "--draft", a.draft,
+        draft = ["--eagle", a.mdsd_eagle] if a.mdsd_eagle else ["--draft", a.draft]
+        cmd = [a.mdsd, "serve", "--port", str(port), "--target", a.target, *draft,
                "--max-batch", batch, "--max-waiting", "256", "--context", str(a.context)] + a.mdsd_args.split()
         env = dict(os.environ, MDSD_OFFLINE="1")
     else:
@@ -193,6 +194,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--target", default=str(CACHE / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"))
     ap.add_argument("--draft", default=str(CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
+    ap.add_argument("--mdsd-eagle", default="",
+                    help="mdsd drafts with this EAGLE head folder (--eagle) instead of --draft; llama-server keeps --draft")
     a = ap.parse_args()
     levels = [int(c) for c in a.clients.split(",")]
     result = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "args": vars(a), "runs": []}
