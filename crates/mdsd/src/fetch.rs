@@ -75,3 +75,34 @@ pub fn fetch(pair: &str, models_dir: Option<&Path>) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RecipeArgs;
+    use clap::Parser;
+    use engine::load::provision::PairManifest;
+
+    /// Every recipe in `models/` is flags `train-eagle` takes (both stages): a typo there would
+    /// otherwise surface only when a user fetches the pair, hours before training.
+    #[test]
+    fn every_manifest_recipe_parses_as_train_eagle_flags() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+        let mut recipes = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "toml") {
+                continue;
+            }
+            let manifest = PairManifest::load(&path).unwrap();
+            let Some(recipe) = manifest.draft.train_eagle else { continue };
+            for stage in std::iter::once(&recipe.args).chain(recipe.then.as_ref()) {
+                let argv = ["train-eagle", "--target", "t.gguf", "--out", "o"].map(String::from);
+                let parsed = RecipeArgs::try_parse_from(argv.iter().chain(stage));
+                assert!(parsed.is_ok(), "{}: {stage:?}: {}", path.display(), parsed.err().unwrap());
+            }
+            assert!(recipe.hours > 0.0 && !recipe.measured_on.is_empty(), "{}", path.display());
+            recipes += 1;
+        }
+        assert!(recipes >= 1, "no manifest in {} has a recipe", dir.display());
+    }
+}
