@@ -6,6 +6,7 @@
 use crate::cli::{fails, generate_greedy_json, s};
 use crate::common::{mdsd, temp_dir, Tiny};
 use candle_core::quantized::GgmlDType;
+use std::path::PathBuf;
 
 fn write_data(dir: &std::path::Path) {
     let w = |name: &str, text: String| std::fs::write(dir.join(name), text).unwrap();
@@ -36,13 +37,37 @@ fn write_data(dir: &std::path::Path) {
     );
 }
 
-#[test]
-fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
-    let dir = temp_dir("cli-train-eagle");
-    let target = Tiny { scale: 0.8, ..Tiny::chat_llama(47) }.write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
+/// `train-eagle`'s flags for a run of seconds on the tiny target and data.
+const TINY_RUN: &[&str] = &[
+    "--batch-rows",
+    "16",
+    "--self-answer-tokens",
+    "6",
+    "--eval-answer-tokens",
+    "6",
+    "--intermediate-size",
+    "24",
+    "--draft-vocab",
+    "0",
+    "--self-answers-per-category",
+    "1",
+];
+
+/// A fresh folder `name` with a tiny chat target (`target.gguf`, weights of `seed`) and the tiny
+/// prompt sets (`data/`): `(folder, target, data)`.
+fn tiny_target_and_data(name: &str, seed: u64) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let target =
+        Tiny { scale: 0.8, ..Tiny::chat_llama(seed) }.write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
     let data = dir.join("data");
     std::fs::create_dir_all(&data).unwrap();
     write_data(&data);
+    (dir, target, data)
+}
+
+#[test]
+fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
+    let (dir, target, data) = tiny_target_and_data("cli-train-eagle", 47);
     let out = dir.join("run");
     let run_in = |out: &std::path::Path, epochs: &str, extra: &[&str]| {
         let mut args = vec![
@@ -55,21 +80,10 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
             s(&data),
             "--epochs",
             epochs,
-            "--batch-rows",
-            "16",
             "--lr",
             "1e-3",
-            "--self-answer-tokens",
-            "6",
-            "--eval-answer-tokens",
-            "6",
-            "--intermediate-size",
-            "24",
-            "--draft-vocab",
-            "0",
-            "--self-answers-per-category",
-            "1",
         ];
+        args.extend_from_slice(TINY_RUN);
         args.extend_from_slice(extra);
         let o = mdsd(&args);
         let err = String::from_utf8_lossy(&o.stderr).to_string();
@@ -371,23 +385,12 @@ fn fetch_trains_a_two_stage_recipe() {
 /// --no-spec`'s sample with that seed, they are not the greedy answers, and all are trained on.
 #[test]
 fn train_eagle_samples_more_answers_each_with_its_own_seed() {
-    let dir = temp_dir("cli-train-eagle-sampled");
-    let target = Tiny { scale: 0.8, ..Tiny::chat_llama(49) }.write_gguf(&dir.join("target.gguf"), GgmlDType::F32, &[]);
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    write_data(&data);
+    let (dir, target, data) = tiny_target_and_data("cli-train-eagle-sampled", 49);
     let run_in = |out: &std::path::Path, extra: &[&str]| {
         let mut args = vec!["train-eagle", "--target", s(&target), "--out", s(out), "--data", s(&data)];
-        args.extend_from_slice(&["--epochs", "1", "--max-steps", "1", "--batch-rows", "16", "--draft-vocab", "0"]);
-        args.extend_from_slice(&[
-            "--self-answer-tokens",
-            "6",
-            "--eval-answer-tokens",
-            "6",
-            "--intermediate-size",
-            "24",
-        ]);
-        args.extend_from_slice(&["--self-answers-per-category", "1", "--self-answer-samples", "2"]);
+        args.extend_from_slice(&["--epochs", "1", "--max-steps", "1"]);
+        args.extend_from_slice(TINY_RUN);
+        args.extend_from_slice(&["--self-answer-samples", "2"]);
         args.extend_from_slice(&["--self-answer-temperature", "0.9"]);
         args.extend_from_slice(extra);
         let o = mdsd(&args);
