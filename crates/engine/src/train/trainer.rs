@@ -355,7 +355,7 @@ impl<'a> Trainer<'a> {
             let small = a.minimum(1.0)?;
             // SmoothL1 with beta 1: 0.5 d^2 below 1, |d| - 0.5 above; written as 0.5 m^2 + (|d| - m).
             let regression = ((small.sqr()? * 0.5)? + (a - &small)?)?.mean_all()?;
-            let logits = g.matmul(&self.lm_dense.t()?)?;
+            let logits = super::frozen::frozen_product(g, &self.lm_dense)?;
             let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
             let token = ((p * log_q)?.sum(D::Minus1)?.mean_all()? * -1.0)?;
             let step_loss = ((&regression * self.config.regression_weight)? + (&token * self.config.token_weight)?)?;
