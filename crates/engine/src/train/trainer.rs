@@ -337,7 +337,7 @@ impl<'a> Trainer<'a> {
         // The target's layers take its activation dtype (bf16 for Hugging Face weights on CUDA).
         let next_as_target = next.to_dtype(self.target.dtype())?;
         let target_logits = crate::model::output_logits(&self.lm_cut, &next_as_target)?.narrow(D::Minus1, 0, vocab)?;
-        let p = candle_nn::ops::softmax(&target_logits, D::Minus1)?.detach();
+        let p = candle_nn::ops::softmax_last_dim(&target_logits.contiguous()?)?.detach();
         let target_top = target_logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
         let (mut loss, mut weights) = (None, 0.0);
         let mut step1 = None;
@@ -356,8 +356,7 @@ impl<'a> Trainer<'a> {
             // SmoothL1 with beta 1: 0.5 d^2 below 1, |d| - 0.5 above; written as 0.5 m^2 + (|d| - m).
             let regression = ((small.sqr()? * 0.5)? + (a - &small)?)?.mean_all()?;
             let logits = super::frozen::frozen_product(g, &self.lm_dense)?;
-            let log_q = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-            let token = ((p * log_q)?.sum(D::Minus1)?.mean_all()? * -1.0)?;
+            let token = super::soft_ce::soft_cross_entropy(&logits, &p)?.mean_all()?;
             let step_loss = ((&regression * self.config.regression_weight)? + (&token * self.config.token_weight)?)?;
             let head_top = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
             hits.push(head_top.iter().zip(&out.rows_of[s]).filter(|(a, &r)| **a == target_top[r as usize]).count());
