@@ -14,7 +14,7 @@
 //! | [`tokenizer`] | tokenizers and chat templates | `formats` |
 //! | [`load`] | files to models: GGUF, Hugging Face folders, EAGLE heads, converted drafts, provisioning | `model`, `formats`, `tokenizer` |
 //! | [`decode`] | the generator: trees, verification, penalties, stop strings, log-probabilities, and `decode::draft` (draft model, EAGLE head, n-gram lookup, draft window) | `model`, `tokenizer`, `kernels` |
-//! | [`train`] | training an EAGLE-1 head: texts, stored features, the differentiable head, AdamW, the loop | `model`, `tokenizer` |
+//! | [`train`] | training an EAGLE-1 head: texts, stored features, the differentiable head, its fused loss (on the kernels' worker pool), AdamW, the loop | `model`, `tokenizer`, `kernels` |
 //!
 //! Below them all, `error` ([`Error`], [`Result`], [`file_error`]) is imported by every module.
 //! `crates/samplers` (the mathematics) sits below all of them; the `mdsd` binary and the

@@ -16,7 +16,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("tokenizer", &["formats"]),
     ("load", &["model", "formats", "tokenizer"]),
     ("decode", &["model", "tokenizer", "kernels"]),
-    ("train", &["model", "tokenizer"]),
+    ("train", &["model", "tokenizer", "kernels"]),
 ];
 
 /// The root's names that are re-exports of `error` (usable everywhere).
