@@ -8,13 +8,14 @@
 //! gradient `dL/dlogits · W`, with the same candle products (so the bits are those of the plain
 //! `matmul`, tested), and nothing for `W`.
 
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 
-/// `x · w^T` (`x`: `[.., k]`, `w`: `[n, k]`), differentiable in `x` only. On the CPU the
-/// backward pass skips `w`'s gradient; elsewhere this is the plain `matmul` (a GPU computes the
-/// extra product quickly, and the custom op has no device kernel).
+/// `x · w^T` (`x`: `[.., k]`, `w`: `[n, k]`), differentiable in `x` only. On the CPU in `f32`
+/// the backward pass skips `w`'s gradient; elsewhere this is the plain `matmul` (a GPU computes
+/// the extra product quickly, and the custom op has no device kernel).
 pub fn frozen_product(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    if x.device().is_cpu() && w.device().is_cpu() && x.dtype() == w.dtype() {
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
+    if f32_cpu(x) && f32_cpu(w) {
         x.contiguous()?.apply_op1(FrozenProduct { w: w.contiguous()? })
     } else {
         x.matmul(&w.t()?)
@@ -22,7 +23,7 @@ pub fn frozen_product(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 struct FrozenProduct {
-    /// `[n, k]`, contiguous, on the CPU.
+    /// `[n, k]`, contiguous `f32`, on the CPU.
     w: Tensor,
 }
 
@@ -32,26 +33,9 @@ impl CustomOp1 for FrozenProduct {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("frozen-product: the input must be contiguous");
-        };
-        let x = match storage {
-            CpuStorage::F32(v) => Tensor::from_slice(&v[start..end], layout.shape(), &Device::Cpu)?,
-            CpuStorage::F64(v) => Tensor::from_slice(&v[start..end], layout.shape(), &Device::Cpu)?,
-            CpuStorage::BF16(v) => Tensor::from_slice(&v[start..end], layout.shape(), &Device::Cpu)?,
-            CpuStorage::F16(v) => Tensor::from_slice(&v[start..end], layout.shape(), &Device::Cpu)?,
-            _ => candle_core::bail!("frozen-product: only float inputs are supported"),
-        };
-        let y = x.matmul(&self.w.t()?)?;
-        let shape = y.shape().clone();
-        let y = y.flatten_all()?;
-        let out = match storage {
-            CpuStorage::F32(_) => CpuStorage::F32(y.to_vec1()?),
-            CpuStorage::F64(_) => CpuStorage::F64(y.to_vec1()?),
-            CpuStorage::BF16(_) => CpuStorage::BF16(y.to_vec1()?),
-            _ => CpuStorage::F16(y.to_vec1()?),
-        };
-        Ok((out, shape))
+        let x = super::contiguous_f32(storage, layout, "frozen-product")?;
+        let y = Tensor::from_slice(x, layout.shape(), &Device::Cpu)?.matmul(&self.w.t()?)?;
+        Ok((CpuStorage::F32(y.flatten_all()?.to_vec1()?), y.shape().clone()))
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, grad_y: &Tensor) -> Result<Option<Tensor>> {
@@ -64,7 +48,7 @@ impl CustomOp1 for FrozenProduct {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Var};
+    use candle_core::Var;
 
     fn inputs() -> Result<(Var, Tensor, Tensor)> {
         let dev = Device::Cpu;

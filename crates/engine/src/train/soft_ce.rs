@@ -6,7 +6,8 @@
 //! twenty passes over `[rows, draft_vocab]` tensors a step (512 x 32,768 f32: 64 MiB each),
 //! forward and backward, each into a fresh allocation. Here the forward reads the logits and
 //! the labels once, and the backward writes the gradient once. Rows are independent and each
-//! is summed in a fixed order, in `f64` (the exponentials in `f32`): the result does not depend on the thread count.
+//! is summed in a fixed order, in `f64` (the exponentials in `f32`): the result does not depend
+//! on the thread count.
 
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Storage, Tensor, D};
 use std::sync::Mutex;
@@ -57,10 +58,10 @@ struct SoftCrossEntropy {
 /// The `f32` values of a contiguous CPU tensor, in place.
 fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<T>) -> Result<T> {
     let (storage, layout) = t.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) else {
-        candle_core::bail!("soft-cross-entropy: a contiguous f32 CPU tensor is required");
+    let Storage::Cpu(storage) = &*storage else {
+        candle_core::bail!("soft-cross-entropy: a CPU tensor is required");
     };
-    f(&v[a..b])
+    f(super::contiguous_f32(storage, layout, "soft-cross-entropy")?)
 }
 
 /// `log Σ exp` of a row: `f32` exponentials of `x - max`, summed in order in `f64`.
@@ -76,11 +77,8 @@ impl CustomOp1 for SoftCrossEntropy {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(v), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
-            candle_core::bail!("soft-cross-entropy: contiguous f32 logits are required");
-        };
+        let logits = super::contiguous_f32(storage, layout, "soft-cross-entropy")?;
         let (rows, vocab) = layout.shape().dims2()?;
-        let logits = &v[a..b];
         let mut out = vec![(0f32, 0f64); rows];
         let cells = SharedRows(out.as_mut_ptr());
         with_f32(&self.p, |p| {
