@@ -6,22 +6,26 @@
 //!    EAGLE's Alpaca prompts (`OUT/self_answers.jsonl`), and to MT-Bench's first turns, the
 //!    held-out evaluation (`OUT/eval_answers.jsonl`); optionally more answers to the same
 //!    prompts sampled at a temperature (`OUT/sampled_answers_t{T}.jsonl`);
-//! 2. the target's features of every text (`OUT/features`, `OUT/eval_features`), f16;
+//! 2. the target's features of every text (`OUT/features`, `OUT/eval_features`), f16, a
+//!    prompt's answers one after the other so that its tokens run once;
 //! 3. training (`engine::train::Trainer`): `OUT/checkpoint`, `OUT/train_log.jsonl`.
 //!
 //! A run holds `OUT/.lock`: a second run on the same folder is refused.
 //!
-//! Part of the `mdsd` binary (`main.rs`); docs/eagle-training.md.
+//! Part of the `mdsd` binary (`main.rs`), with its stages' modules `answers` and `features`;
+//! docs/eagle-training.md.
 
+mod answers;
+mod features;
+
+use answers::{answers, AnswerSettings, Ask};
 use anyhow::{bail, Context};
 use clap::Args;
-use engine::decode::{GenerationConfig, Generator};
 use engine::load::{load, LoadOptions};
-use engine::train::data::{self, Conversation, SourceLimits};
-use engine::train::features::FeatureStore;
+use engine::train::data::{self, SourceLimits};
 use engine::train::{HeadShape, TrainConfig, TrainEvent, TrainableHead, Trainer};
+use features::{feature_texts, features, FeatureSettings};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
@@ -74,10 +78,11 @@ pub struct TrainEagleArgs {
     self_answer_tokens: usize,
     /// Target's own answers, sampled: this many more answers to every self-answer prompt above,
     /// each drawn from the target at --self-answer-temperature with a seed of its own (sample
-    /// `s` of prompt `i`: `(s + 1) * 2^32 + i`), kept in `sampled_answers_t{T}.jsonl` and
-    /// trained on after all other texts (so a folder without them keeps its features). More
-    /// of the target's own text at no cost in prompts; the labels are still the target's
-    /// distributions.
+    /// `s` of prompt `i`: `(s + 1) * 2^32 + i`), kept in `sampled_answers_t{T}.jsonl`. Their
+    /// features are stored after their prompt's greedy answer's, so that the target runs each
+    /// prompt once (a folder whose features were stored in the order of earlier versions, or
+    /// without sampled answers, keeps its order). More of the target's own text at no cost in
+    /// prompts; the labels are still the target's distributions.
     #[arg(long, default_value_t = 0)]
     self_answer_samples: usize,
     /// Temperature of the sampled answers (--self-answer-samples).
@@ -230,42 +235,48 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     prompts.extend(sample.into_iter().map(|(p, _)| ("self/alpaca_sample".to_string(), p)));
     prompts.extend(spec_bench(first..first.saturating_add(args.self_answers_more_per_category))?);
     let batch = usize::from(args.answer_batch);
-    let answers_to = |asks: &[Ask], tokens: usize, temperature: f64, file: &str| {
+    let answers_to = |asks: &[Ask], earlier: Option<&[usize]>, tokens: usize, temperature: f64, file: &str| {
         let how = AnswerSettings { max_tokens: tokens, temperature, batch };
-        answers(target, tok, asks, how, &data_dir.join(file), reuse)
+        answers(target, tok, asks, earlier, how, &data_dir.join(file), reuse)
     };
     let greedy = |prompts: Vec<(String, String)>| -> Vec<Ask> {
         prompts.into_iter().map(|(source, prompt)| Ask { source, prompt, seed: 0 }).collect()
     };
-    let sampled: Vec<Ask> = (0..args.self_answer_samples)
-        .flat_map(|s| {
-            prompts.iter().enumerate().map(move |(i, (source, prompt))| Ask {
+    // Prompt by prompt, so that one generation runs a prompt's samples after each other and
+    // its prompt once; earlier versions asked sample by sample (a file of theirs resumes so).
+    let samples = args.self_answer_samples;
+    let sampled: Vec<Ask> = (prompts.iter().enumerate())
+        .flat_map(|(i, (source, prompt))| {
+            (0..samples).map(move |s| Ask {
                 source: format!("sampled/{source}"),
                 prompt: prompt.clone(),
                 seed: ((s as u64 + 1) << 32) | i as u64,
             })
         })
         .collect();
-    let self_answers = answers_to(&greedy(prompts), args.self_answer_tokens, 0.0, "self_answers.jsonl")?;
+    let sample_by_sample: Vec<usize> =
+        (0..samples).flat_map(|s| (0..prompts.len()).map(move |i| i * samples + s)).collect();
+    let self_answers = answers_to(&greedy(prompts), None, args.self_answer_tokens, 0.0, "self_answers.jsonl")?;
     let sampled_answers = if sampled.is_empty() {
         Vec::new()
     } else {
-        let t = args.self_answer_temperature;
-        answers_to(&sampled, args.self_answer_tokens, t, &format!("sampled_answers_t{t}.jsonl"))?
+        let (t, file) =
+            (args.self_answer_temperature, format!("sampled_answers_t{}.jsonl", args.self_answer_temperature));
+        answers_to(&sampled, Some(&sample_by_sample), args.self_answer_tokens, t, &file)?
     };
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], 0..usize::MAX)?;
     let mt: Vec<(String, String)> =
         mt.into_iter().take(args.eval_answers).map(|(c, t)| (format!("mt_bench/{c}"), t)).collect();
-    let eval_answers = answers_to(&greedy(mt), args.eval_answer_tokens, 0.0, "eval_answers.jsonl")?;
+    let eval_answers = answers_to(&greedy(mt), None, args.eval_answer_tokens, 0.0, "eval_answers.jsonl")?;
 
     // 2. Features.
     let limits = SourceLimits { alpaca: args.alpaca, cnndm: args.cnndm, wmt14: args.wmt14, ..Default::default() };
-    let mut texts = data::fixed_conversations(&args.data, &limits)?;
-    texts.extend(self_answers);
-    texts.extend(sampled_answers);
+    let fixed = data::fixed_conversations(&args.data, &limits)?;
+    let (texts, earlier_order) = feature_texts(fixed, self_answers, sampled_answers);
     let (train_dir, eval_dir) = (data_dir.join("features"), data_dir.join("eval_features"));
-    let mut store = features(target, tok, &texts, args.max_len, &train_dir, "features", reuse)?;
-    let mut eval = features(target, tok, &eval_answers, args.max_len, &eval_dir, "eval features", reuse)?;
+    let how = FeatureSettings { max_len: args.max_len, read_only: reuse };
+    let mut store = features(target, tok, &texts, earlier_order.as_deref(), how, &train_dir, "features")?;
+    let mut eval = features(target, tok, &eval_answers, None, how, &eval_dir, "eval features")?;
 
     // 3. Training.
     let config = TrainConfig {
@@ -420,187 +431,4 @@ fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
-}
-
-/// One prompt the target answers: where it comes from, its text, and the seed of its answer
-/// (drawn at [`AnswerSettings::temperature`]; unused when greedy).
-struct Ask {
-    source: String,
-    prompt: String,
-    seed: u64,
-}
-
-/// How the target answers a list of [`Ask`]s.
-#[derive(Clone, Copy)]
-struct AnswerSettings {
-    max_tokens: usize,
-    /// 0: greedy.
-    temperature: f64,
-    /// Generations at once.
-    batch: usize,
-}
-
-/// The target's answers to `asks`, greedy or sampled (`how`), kept in `file` (one
-/// [`Conversation`] per line, in the asks' order); answers already there are not generated
-/// again. `how.batch` generations run at once, on threads of their own with their forwards
-/// batched ([`crate::batched::in_order`]); a row's result does not depend on the rows beside it
-/// and each answer draws from a generator seeded by its own ask, so every answer is the one it
-/// gets alone, whatever the batch is.
-fn answers(
-    target: &engine::model::DecoderModel,
-    tok: &engine::tokenizer::TextTokenizer,
-    asks: &[Ask],
-    how: AnswerSettings,
-    file: &Path,
-    read_only: bool,
-) -> anyhow::Result<Vec<Conversation>> {
-    let mut done: Vec<Conversation> = match std::fs::read_to_string(file) {
-        Ok(text) => text
-            .lines()
-            .filter(|l| l.ends_with('}'))
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("{}: not a file of answers", file.display()))?,
-        Err(_) => Vec::new(),
-    };
-    done.truncate(asks.len());
-    for (c, ask) in done.iter().zip(asks) {
-        if c.prompt != ask.prompt {
-            bail!(
-                "{}: its answers are to other prompts than these settings give; {}",
-                file.display(),
-                other_data_advice(read_only)
-            );
-        }
-    }
-    if done.len() == asks.len() {
-        return Ok(done);
-    }
-    if read_only {
-        bail!(
-            "{}: holds {} of the {} answers these settings ask for (--reuse reads a finished run's folder)",
-            file.display(),
-            done.len(),
-            asks.len()
-        );
-    }
-    let text: String = done.iter().map(|c| serde_json::to_string(c).expect("JSON of a value") + "\n").collect();
-    std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))?;
-    let mut out = std::fs::OpenOptions::new().append(true).open(file)?;
-    let bar = ProgressBar::new(asks.len() as u64).with_style(
-        ProgressStyle::with_template("{spinner} target answers -> {msg} [{bar:30}] {pos}/{len}, {eta} left")
-            .expect("a valid template"),
-    );
-    bar.set_message(file.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
-    bar.set_position(done.len() as u64);
-    let capacity = target.config().context_length.min(4096);
-    let config = GenerationConfig {
-        max_new_tokens: how.max_tokens,
-        warp: samplers::dist::Warp::temperature(how.temperature),
-        seed: 0,
-        randomness: Default::default(),
-        speculative: None,
-    };
-    let todo = &asks[done.len()..];
-    let workers = how.batch.clamp(1, todo.len());
-    let mut generators = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        generators.push(Generator::new(target, None, capacity)?);
-    }
-    // Written in the asks' order (a resumed run keeps the file's lines as a prefix).
-    crate::batched::in_order(
-        generators,
-        todo,
-        |generator, ask| {
-            answer(generator, tok, &ask.prompt, &GenerationConfig { seed: ask.seed, ..config.clone() }, capacity)
-        },
-        |i, answer| {
-            let ask = &todo[i];
-            let answer = answer?.unwrap_or_else(|prompt_tokens| {
-                say(&bar, format!("skipped a prompt of {prompt_tokens} tokens (over {capacity} with its answer)"));
-                String::new()
-            });
-            let c = Conversation { source: ask.source.clone(), prompt: ask.prompt.clone(), answer };
-            writeln!(out, "{}", serde_json::to_string(&c)?)?;
-            out.flush()?;
-            done.push(c);
-            bar.inc(1);
-            Ok(())
-        },
-    )?;
-    bar.finish_and_clear();
-    Ok(done)
-}
-
-/// The answer to one prompt through the chat template, or `Err(prompt tokens)` when
-/// the prompt and its longest answer do not fit in `capacity`.
-fn answer(
-    generator: &mut Generator,
-    tok: &engine::tokenizer::TextTokenizer,
-    prompt: &str,
-    config: &GenerationConfig,
-    capacity: usize,
-) -> anyhow::Result<Result<String, usize>> {
-    let ids = tok.encode(&tok.apply_chat_template(prompt, None)?)?;
-    if ids.len() + config.max_new_tokens > capacity {
-        return Ok(Err(ids.len()));
-    }
-    let (new, _) = generator.generate(&ids, config, |id| tok.is_stop(id), |_| Ok(()))?;
-    Ok(Ok(tok.decode(&new)?))
-}
-
-/// The feature store in `dir` with every text of `texts` (tokenized, cut to `max_len`)
-/// computed; texts already stored are skipped (the list's order must not change).
-fn features(
-    target: &engine::model::DecoderModel,
-    tok: &engine::tokenizer::TextTokenizer,
-    texts: &[Conversation],
-    max_len: usize,
-    dir: &Path,
-    what: &str,
-    read_only: bool,
-) -> anyhow::Result<FeatureStore> {
-    let hidden = target.config().hidden_size;
-    let mut tokenized = Vec::with_capacity(texts.len());
-    for c in texts.iter().filter(|c| !c.answer.trim().is_empty()) {
-        if let Some(t) = data::tokenize(tok, c, max_len)? {
-            tokenized.push(t);
-        }
-    }
-    let mut store = if read_only {
-        FeatureStore::open_read_only(dir, hidden).context("--reuse reads a finished run's folder")?
-    } else {
-        FeatureStore::open(dir, hidden)?
-    };
-    let have = store.sequences().len();
-    if have > tokenized.len() || store.sequences().iter().zip(&tokenized).any(|(s, t)| s.tokens != t.tokens) {
-        bail!(
-            "{}: its features are of other texts than these settings give; {}",
-            dir.display(),
-            other_data_advice(read_only)
-        );
-    }
-    if have == tokenized.len() {
-        return Ok(store);
-    }
-    if read_only {
-        bail!(
-            "{}: holds the features of {have} of the {} texts these settings give (--reuse reads a finished run's folder)",
-            dir.display(),
-            tokenized.len()
-        );
-    }
-    let total: usize = tokenized[have..].iter().map(|t| t.tokens.len()).sum();
-    let bar = ProgressBar::new(total as u64).with_style(
-        ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} tokens, {per_sec}, {eta} left")
-            .expect("a valid template"),
-    );
-    bar.set_message(what.to_string());
-    let mut cache = target.new_cache(tokenized.iter().map(|t| t.tokens.len()).max().unwrap_or(1))?;
-    for t in &tokenized[have..] {
-        store.append(target, t, &mut cache)?;
-        bar.inc(t.tokens.len() as u64);
-    }
-    bar.finish_and_clear();
-    Ok(store)
 }

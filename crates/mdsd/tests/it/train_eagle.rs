@@ -380,25 +380,30 @@ fn fetch_trains_a_two_stage_recipe() {
 }
 
 /// `--self-answer-samples 2`: two more answers to every self-answer prompt, sampled at the
-/// given temperature, kept in their own file after the greedy ones: generated together they
+/// given temperature, kept in their own file prompt by prompt: generated together they
 /// equal those generated one at a time (each answer's seed is its own), each is `generate
 /// --no-spec`'s sample with that seed, they are not the greedy answers, and all are trained on.
 #[test]
 fn train_eagle_samples_more_answers_each_with_its_own_seed() {
     let (dir, target, data) = tiny_target_and_data("cli-train-eagle-sampled", 49);
-    let run_in = |out: &std::path::Path, extra: &[&str]| {
+    let command = |out: &std::path::Path, extra: &[&str]| {
         let mut args = vec!["train-eagle", "--target", s(&target), "--out", s(out), "--data", s(&data)];
         args.extend_from_slice(&["--epochs", "1", "--max-steps", "1"]);
         args.extend_from_slice(TINY_RUN);
         args.extend_from_slice(&["--self-answer-samples", "2"]);
         args.extend_from_slice(&["--self-answer-temperature", "0.9"]);
         args.extend_from_slice(extra);
-        let o = mdsd(&args);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        mdsd(&args)
+    };
+    let run_in = |out: &std::path::Path, extra: &[&str]| {
+        let o = command(out, extra);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        err
     };
     let (together, alone) = (dir.join("together"), dir.join("alone"));
-    run_in(&together, &[]);
-    run_in(&alone, &["--answer-batch", "1"]);
+    let said = run_in(&together, &[]);
+    let said_alone = run_in(&alone, &["--answer-batch", "1"]);
     let read = |d: &std::path::Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap();
     let file = "sampled_answers_t0.9.jsonl";
     assert_eq!(read(&together, file), read(&alone, file));
@@ -408,7 +413,8 @@ fn train_eagle_samples_more_answers_each_with_its_own_seed() {
     assert_eq!((greedy.len(), sampled.len()), (2, 4));
     let mut differ = 0;
     for (k, line) in sampled.iter().enumerate() {
-        let (sample, i) = (k / greedy.len(), k % greedy.len());
+        // Prompt by prompt.
+        let (sample, i) = (k % 2, k / 2);
         let twin = &greedy[i];
         assert_eq!(line["prompt"], twin["prompt"], "{line}");
         assert_eq!(line["source"].as_str().unwrap(), format!("sampled/{}", twin["source"].as_str().unwrap()));
@@ -424,6 +430,20 @@ fn train_eagle_samples_more_answers_each_with_its_own_seed() {
     assert!(differ > 0, "every sampled answer is the greedy one: {sampled:?}");
     let stored = std::fs::read_to_string(together.join("features/sequences.jsonl")).unwrap().lines().count();
     assert_eq!(stored, 8 + 2 + 4, "6 Alpaca + 1 CNN/DM + 1 WMT, 2 greedy and 4 sampled answers");
+    features_group_a_prompts_answers(&together, &said);
+    features_of_the_earlier_order_resume_in_it(&together, &dir, |out| command(out, &[]));
+    answers_of_the_earlier_order_resume_in_it(&together, &dir, |out| command(out, &[]));
+
+    // A prompt's samples ran it once: alone (one generation, in the file's order), the second
+    // sample of each prompt kept all its prompt but the pending token, and the second prompt
+    // kept what it shares with the first (the chat template's system turn).
+    let seqs = stored_sequences(&together);
+    let (p0, p1) = (&seqs[8].0[..seqs[8].1], &seqs[11].0[..seqs[11].1]);
+    let shared = p0.iter().zip(p1).take_while(|(a, b)| a == b).count();
+    assert!(shared > 0 && shared < p0.len().min(p1.len()), "{p0:?} {p1:?}");
+    let (all, kept) = (2 * (p0.len() + p1.len()), (p0.len() - 1) + shared + (p1.len() - 1));
+    let line = format!("{file}: 4 answers; the target ran {} of their prompts' {all} tokens", all - kept);
+    assert!(said_alone.contains(&line), "{line}: {said_alone}");
     let e = fails(&[
         "train-eagle",
         "--target",
@@ -436,4 +456,121 @@ fn train_eagle_samples_more_answers_each_with_its_own_seed() {
         "0",
     ]);
     assert!(e.contains("--self-answer-temperature"), "{e}");
+}
+
+/// A store's index: each sequence's tokens and answer start.
+fn stored_sequences(run: &std::path::Path) -> Vec<(Vec<u32>, usize)> {
+    let index = std::fs::read_to_string(run.join("features/sequences.jsonl")).unwrap();
+    let parse = |l: &str| -> (Vec<u32>, usize) {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        let tokens = v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+        (tokens, v["answer_start"].as_u64().unwrap() as usize)
+    };
+    index.lines().map(parse).collect()
+}
+
+/// `run`'s store (8 fixed texts, then 2 prompts with a greedy and 2 sampled answers each) holds
+/// a prompt's three answers one after the other, and the target ran only the tokens a text
+/// does not share with the one before it (as the run said): a sampled answer's whole prompt
+/// was not run again.
+fn features_group_a_prompts_answers(run: &std::path::Path, said: &str) {
+    let seqs = stored_sequences(run);
+    let prompt = |k: usize| &seqs[k].0[..seqs[k].1];
+    for group in [8..11, 11..14] {
+        assert!(group.clone().all(|k| prompt(k) == prompt(group.start)), "{group:?}: one prompt's answers");
+    }
+    assert_ne!(prompt(8), prompt(11));
+    let mut ran = seqs[0].0.len();
+    for pair in seqs.windows(2) {
+        let [(before, _), (tokens, answer_start)] = pair else { unreachable!() };
+        let shared = before.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
+        if tokens[..*answer_start] == before[..*answer_start.min(&before.len())] {
+            assert!(shared >= *answer_start, "a sampled answer's prompt ran again");
+        }
+        ran += tokens.len() - shared;
+    }
+    let total: usize = seqs.iter().map(|s| s.0.len()).sum();
+    let line = format!("features: the target ran {ran} of {total} tokens");
+    assert!(said.contains(&line), "{line}: {said}");
+}
+
+/// A folder whose features were stored in the order of earlier versions (the greedy answers,
+/// then the sampled ones sample by sample), cut off after 11 texts, resumes in that order: the
+/// run says so, and its store holds `grouped`'s texts in that order with byte-equal rows. A
+/// store in neither order is refused by name.
+fn features_of_the_earlier_order_resume_in_it(
+    grouped: &std::path::Path,
+    dir: &std::path::Path,
+    run: impl Fn(&std::path::Path) -> std::process::Output,
+) {
+    // Grouped: 8 fixed, then (greedy, sample 1, sample 2) of prompt 0, then of prompt 1.
+    let earlier = [0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 9, 12, 10, 13];
+    let seqs = stored_sequences(grouped);
+    let rows = std::fs::read(grouped.join("features/hidden.f16")).unwrap();
+    let row_bytes = rows.len() / seqs.iter().map(|s| s.0.len()).sum::<usize>();
+    let first_rows: Vec<usize> = seqs.iter().scan(0, |at, s| Some(std::mem::replace(at, *at + s.0.len()))).collect();
+    let in_order = |order: &[usize]| -> (String, Vec<u8>) {
+        let (mut index, mut bytes) = (String::new(), Vec::new());
+        for &k in order {
+            let (tokens, answer_start) = &seqs[k];
+            let first_row = bytes.len() / row_bytes;
+            let line = serde_json::json!({"tokens": tokens, "answer_start": answer_start, "first_row": first_row});
+            index += &format!("{line}\n");
+            bytes.extend_from_slice(&rows[first_rows[k] * row_bytes..(first_rows[k] + tokens.len()) * row_bytes]);
+        }
+        (index, bytes)
+    };
+    let folder_with = |name: &str, order: &[usize]| {
+        let out = dir.join(name);
+        std::fs::create_dir_all(out.join("features")).unwrap();
+        for f in ["self_answers.jsonl", "sampled_answers_t0.9.jsonl", "eval_answers.jsonl"] {
+            std::fs::copy(grouped.join(f), out.join(f)).unwrap();
+        }
+        let (index, bytes) = in_order(order);
+        std::fs::write(out.join("features/sequences.jsonl"), index).unwrap();
+        std::fs::write(out.join("features/hidden.f16"), bytes).unwrap();
+        out
+    };
+    let out = folder_with("earlier", &earlier[..11]);
+    let o = run(&out);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains("in the order of earlier runs"), "{said}");
+    let (index, bytes) = in_order(&earlier);
+    let lines =
+        |text: &str| -> Vec<serde_json::Value> { text.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
+    assert_eq!(lines(&std::fs::read_to_string(out.join("features/sequences.jsonl")).unwrap()), lines(&index));
+    assert!(std::fs::read(out.join("features/hidden.f16")).unwrap() == bytes, "the resumed rows differ");
+    // A sampled answer before its greedy one: neither order.
+    let out = folder_with("other-order", &[0, 1, 2, 3, 4, 5, 6, 7, 9]);
+    let o = run(&out);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && said.contains("other-order/features: its features are of other texts"), "{said}");
+}
+
+/// A folder whose sampled answers were written in the order of earlier versions (sample by
+/// sample), cut off after 3 of the 4, resumes in that order: the run says so, its file holds
+/// `grouped`'s answers in that order, and its features are `grouped`'s (texts and rows).
+fn answers_of_the_earlier_order_resume_in_it(
+    grouped: &std::path::Path,
+    dir: &std::path::Path,
+    run: impl Fn(&std::path::Path) -> std::process::Output,
+) {
+    let file = "sampled_answers_t0.9.jsonl";
+    let lines: Vec<String> = std::fs::read_to_string(grouped.join(file)).unwrap().lines().map(String::from).collect();
+    // Prompt by prompt: (prompt 0: samples 0, 1), (prompt 1: samples 0, 1).
+    let earlier: Vec<&str> = [0, 2, 1, 3].iter().map(|&k| lines[k].as_str()).collect();
+    let out = dir.join("earlier-answers");
+    std::fs::create_dir_all(&out).unwrap();
+    for f in ["self_answers.jsonl", "eval_answers.jsonl"] {
+        std::fs::copy(grouped.join(f), out.join(f)).unwrap();
+    }
+    std::fs::write(out.join(file), earlier[..3].join("\n") + "\n").unwrap();
+    let o = run(&out);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains("its answers in the order of earlier runs"), "{said}");
+    assert_eq!(std::fs::read_to_string(out.join(file)).unwrap(), earlier.join("\n") + "\n");
+    for f in ["features/sequences.jsonl", "features/hidden.f16"] {
+        let read = |d: &std::path::Path| std::fs::read(d.join(f)).unwrap();
+        assert!(read(&out) == read(grouped), "{f} differs");
+    }
 }

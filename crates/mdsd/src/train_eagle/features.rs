@@ -1,0 +1,132 @@
+//! `train-eagle`'s second stage: the target's features of every text, in a store that a later
+//! run resumes, a prompt's answers one after the other so that its tokens run once.
+
+use super::other_data_advice;
+use anyhow::{bail, Context};
+use engine::train::data::{self, Conversation};
+use engine::train::features::FeatureStore;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::Path;
+
+/// The texts whose features are stored, in the store's order: the fixed texts, then each
+/// self-answer prompt's greedy answer followed by its sampled answers. A prompt's texts are
+/// adjacent so that the target runs the prompt once for all of them
+/// ([`FeatureStore::append`] reuses the prefix a text shares with the one before it; the
+/// prompts are over half of the sampled texts' tokens). `sampled` is prompt by prompt
+/// (`sampled[i * samples + s]` is sample `s` of prompt `i` of the `n` greedy answers).
+///
+/// Also returns, when it differs, the order that folders written before this grouping hold
+/// (the greedy answers, then the sampled ones sample by sample) as indices into the texts, so
+/// that such a folder resumes in its own order.
+pub(super) fn feature_texts(
+    fixed: Vec<Conversation>,
+    greedy: Vec<Conversation>,
+    sampled: Vec<Conversation>,
+) -> (Vec<Conversation>, Option<Vec<usize>>) {
+    let (f, n) = (fixed.len(), greedy.len());
+    if sampled.is_empty() || n == 0 {
+        return ([fixed, greedy, sampled].concat(), None);
+    }
+    assert_eq!(sampled.len() % n, 0, "every sample answers every prompt");
+    let samples = sampled.len() / n;
+    let mut per_prompt: Vec<Vec<Conversation>> = greedy.into_iter().map(|g| vec![g]).collect();
+    for (k, c) in sampled.into_iter().enumerate() {
+        per_prompt[k / samples].push(c);
+    }
+    // Where text (sample s of prompt i; s = 0 the greedy answer) lands in the grouped order.
+    let at = |i: usize, s: usize| f + i * (samples + 1) + s;
+    let earlier: Vec<usize> = (0..f)
+        .chain((0..n).map(|i| at(i, 0)))
+        .chain((1..=samples).flat_map(|s| (0..n).map(move |i| at(i, s))))
+        .collect();
+    (fixed.into_iter().chain(per_prompt.into_iter().flatten()).collect(), Some(earlier))
+}
+
+/// How [`features`] treats its texts and folder.
+#[derive(Clone, Copy)]
+pub(super) struct FeatureSettings {
+    /// Texts are cut to this many tokens.
+    pub max_len: usize,
+    /// A `--reuse` folder: read a finished store, compute nothing.
+    pub read_only: bool,
+}
+
+/// The feature store in `dir` with every text of `texts` (tokenized, cut to
+/// `how.max_len`) computed; texts already stored are skipped. The store holds the texts in
+/// their order, or (a folder written before [`feature_texts`] grouped them) in
+/// `earlier_order` (indices into `texts`) when its stored texts follow that one.
+pub(super) fn features(
+    target: &engine::model::DecoderModel,
+    tok: &engine::tokenizer::TextTokenizer,
+    texts: &[Conversation],
+    earlier_order: Option<&[usize]>,
+    how: FeatureSettings,
+    dir: &Path,
+    what: &str,
+) -> anyhow::Result<FeatureStore> {
+    let (hidden, read_only) = (target.config().hidden_size, how.read_only);
+    let mut tokenized = Vec::with_capacity(texts.len());
+    for c in texts {
+        let skip = c.answer.trim().is_empty();
+        tokenized.push(if skip { None } else { data::tokenize(tok, c, how.max_len)? });
+    }
+    let mut store = if read_only {
+        FeatureStore::open_read_only(dir, hidden).context("--reuse reads a finished run's folder")?
+    } else {
+        FeatureStore::open(dir, hidden)?
+    };
+    let in_order = |order: &mut dyn Iterator<Item = usize>| -> Vec<&data::TokenizedConversation> {
+        order.filter_map(|i| tokenized[i].as_ref()).collect()
+    };
+    let stored = store.sequences();
+    let holds_prefix_of = |list: &[&data::TokenizedConversation]| {
+        stored.len() <= list.len() && stored.iter().zip(list).all(|(s, t)| s.tokens == t.tokens)
+    };
+    let grouped = in_order(&mut (0..texts.len()));
+    let earlier = earlier_order.map(|order| in_order(&mut order.iter().copied()));
+    let tokenized = match earlier {
+        _ if holds_prefix_of(&grouped) => grouped,
+        Some(earlier) if holds_prefix_of(&earlier) => {
+            eprintln!(
+                "mdsd: {} holds its texts in the order of earlier runs (a prompt's sampled answers apart); kept",
+                dir.display()
+            );
+            earlier
+        }
+        _ => bail!(
+            "{}: its features are of other texts than these settings give; {}",
+            dir.display(),
+            other_data_advice(read_only)
+        ),
+    };
+    let have = store.sequences().len();
+    if have == tokenized.len() {
+        return Ok(store);
+    }
+    if read_only {
+        bail!(
+            "{}: holds the features of {have} of the {} texts these settings give (--reuse reads a finished run's folder)",
+            dir.display(),
+            tokenized.len()
+        );
+    }
+    let total: usize = tokenized[have..].iter().map(|t| t.tokens.len()).sum();
+    let bar = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} tokens, {per_sec}, {eta} left")
+            .expect("a valid template"),
+    );
+    bar.set_message(what.to_string());
+    let mut cache = target.new_cache(tokenized.iter().map(|t| t.tokens.len()).max().unwrap_or(1))?;
+    let started = std::time::Instant::now();
+    let mut run = 0;
+    for t in &tokenized[have..] {
+        run += store.append(target, t, &mut cache)?;
+        bar.inc(t.tokens.len() as u64);
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "mdsd: {what}: the target ran {run} of {total} tokens in {:.0} s (the others are prefixes of the text before)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(store)
+}
