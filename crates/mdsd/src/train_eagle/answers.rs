@@ -36,7 +36,8 @@ pub(super) struct AnswerSettings {
 /// alone, whatever the batch is. A generation keeps the prefix its prompt shares with the one
 /// before it (asks of one prompt in a row go to one generation, which runs the prompt once;
 /// the others share the chat template's system turn): the same answers, on the CPU the same
-/// numbers ([`Generator::set_prefix_reuse`]).
+/// numbers ([`Generator::set_prefix_reuse`]; the time it saves:
+/// docs/results/README.md#const-train-prompt-sharing).
 pub(super) fn answers(
     target: &engine::model::DecoderModel,
     tok: &engine::tokenizer::TextTokenizer,

@@ -12,7 +12,8 @@ use std::path::Path;
 /// self-answer prompt's greedy answer followed by its sampled answers. A prompt's texts are
 /// adjacent so that the target runs the prompt once for all of them
 /// ([`FeatureStore::append`] reuses the prefix a text shares with the one before it; the
-/// prompts are over half of the sampled texts' tokens). `sampled` is prompt by prompt
+/// prompts are over half of the sampled texts' tokens:
+/// docs/results/README.md#const-train-prompt-sharing). `sampled` is prompt by prompt
 /// (`sampled[i * samples + s]` is sample `s` of prompt `i` of the `n` greedy answers).
 ///
 /// Also returns, when it differs, the order that folders written before this grouping hold
