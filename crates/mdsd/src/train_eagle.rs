@@ -80,8 +80,8 @@ pub struct TrainEagleArgs {
     /// each drawn from the target at --self-answer-temperature with a seed of its own (sample
     /// `s` of prompt `i`: `(s + 1) * 2^32 + i`), kept in `sampled_answers_t{T}.jsonl`. Their
     /// features are stored after their prompt's greedy answer's, so that the target runs each
-    /// prompt once (a folder whose features were stored in the order of earlier versions, or
-    /// without sampled answers, keeps its order). More of the target's own text at no cost in
+    /// prompt once (a folder written in the order of earlier versions, or with fewer or no
+    /// sampled answers, keeps its order and grows). More of the target's own text at no cost in
     /// prompts; the labels are still the target's distributions.
     #[arg(long, default_value_t = 0)]
     self_answer_samples: usize,
@@ -235,7 +235,7 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
     prompts.extend(sample.into_iter().map(|(p, _)| ("self/alpaca_sample".to_string(), p)));
     prompts.extend(spec_bench(first..first.saturating_add(args.self_answers_more_per_category))?);
     let batch = usize::from(args.answer_batch);
-    let answers_to = |asks: &[Ask], earlier: Option<&[usize]>, tokens: usize, temperature: f64, file: &str| {
+    let answers_to = |asks: &[Ask], earlier: &[Vec<usize>], tokens: usize, temperature: f64, file: &str| {
         let how = AnswerSettings { max_tokens: tokens, temperature, batch };
         answers(target, tok, asks, earlier, how, &data_dir.join(file), reuse)
     };
@@ -243,7 +243,8 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         prompts.into_iter().map(|(source, prompt)| Ask { source, prompt, seed: 0 }).collect()
     };
     // Prompt by prompt, so that one generation runs a prompt's samples after each other and
-    // its prompt once; earlier versions asked sample by sample (a file of theirs resumes so).
+    // its prompt once. A file of earlier runs resumes in its order: sample by sample (earlier
+    // versions), or prompt by prompt for fewer samples and then the added ones.
     let samples = args.self_answer_samples;
     let sampled: Vec<Ask> = (prompts.iter().enumerate())
         .flat_map(|(i, (source, prompt))| {
@@ -254,29 +255,32 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
             })
         })
         .collect();
-    let sample_by_sample: Vec<usize> =
-        (0..samples).flat_map(|s| (0..prompts.len()).map(move |i| i * samples + s)).collect();
-    let self_answers = answers_to(&greedy(prompts), None, args.self_answer_tokens, 0.0, "self_answers.jsonl")?;
+    let n = prompts.len();
+    let samples_of = |s: std::ops::Range<usize>| (0..n).flat_map(move |i| s.clone().map(move |s| i * samples + s));
+    let mut earlier: Vec<Vec<usize>> =
+        (1..samples).map(|k| samples_of(0..k).chain(samples_of(k..samples)).collect()).collect();
+    earlier.push((0..samples).flat_map(|s| (0..n).map(move |i| i * samples + s)).collect());
+    let self_answers = answers_to(&greedy(prompts), &[], args.self_answer_tokens, 0.0, "self_answers.jsonl")?;
     let sampled_answers = if sampled.is_empty() {
         Vec::new()
     } else {
         let (t, file) =
             (args.self_answer_temperature, format!("sampled_answers_t{}.jsonl", args.self_answer_temperature));
-        answers_to(&sampled, Some(&sample_by_sample), args.self_answer_tokens, t, &file)?
+        answers_to(&sampled, &earlier, args.self_answer_tokens, t, &file)?
     };
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], 0..usize::MAX)?;
     let mt: Vec<(String, String)> =
         mt.into_iter().take(args.eval_answers).map(|(c, t)| (format!("mt_bench/{c}"), t)).collect();
-    let eval_answers = answers_to(&greedy(mt), None, args.eval_answer_tokens, 0.0, "eval_answers.jsonl")?;
+    let eval_answers = answers_to(&greedy(mt), &[], args.eval_answer_tokens, 0.0, "eval_answers.jsonl")?;
 
     // 2. Features.
     let limits = SourceLimits { alpaca: args.alpaca, cnndm: args.cnndm, wmt14: args.wmt14, ..Default::default() };
     let fixed = data::fixed_conversations(&args.data, &limits)?;
-    let (texts, earlier_order) = feature_texts(fixed, self_answers, sampled_answers);
+    let (texts, earlier_orders) = feature_texts(fixed, self_answers, sampled_answers);
     let (train_dir, eval_dir) = (data_dir.join("features"), data_dir.join("eval_features"));
     let how = FeatureSettings { max_len: args.max_len, read_only: reuse };
-    let mut store = features(target, tok, &texts, earlier_order.as_deref(), how, &train_dir, "features")?;
-    let mut eval = features(target, tok, &eval_answers, None, how, &eval_dir, "eval features")?;
+    let mut store = features(target, tok, &texts, &earlier_orders, how, &train_dir, "features")?;
+    let mut eval = features(target, tok, &eval_answers, &[], how, &eval_dir, "eval features")?;
 
     // 3. Training.
     let config = TrainConfig {

@@ -28,21 +28,25 @@ pub(super) struct AnswerSettings {
 }
 
 /// The target's answers to `asks`, greedy or sampled (`how`), in the asks' order, kept in `file`
-/// (one [`Conversation`] per line, in the asks' order, or in `earlier_order`'s (indices into
-/// `asks`) when the file was written so); answers already there are not generated again.
+/// (one [`Conversation`] per line, in the asks' order, or in the first of `earlier_orders`
+/// (each a permutation of `asks`' indices) that the file's lines follow, when an earlier run
+/// wrote it so); answers already there are not generated again.
 /// `how.batch` generations run at once, on threads of their own with their forwards batched
 /// ([`crate::batched::in_order`]); a row's result does not depend on the rows beside it and
 /// each answer draws from a generator seeded by its own ask, so every answer is the one it gets
 /// alone, whatever the batch is. A generation keeps the prefix its prompt shares with the one
 /// before it (asks of one prompt in a row go to one generation, which runs the prompt once;
-/// the others share the chat template's system turn): the same answers, on the CPU the same
-/// numbers ([`Generator::set_prefix_reuse`]; the time it saves:
-/// docs/results/README.md#const-train-prompt-sharing).
+/// the others share the chat template's system turn): the kept keys and values are the very
+/// numbers a fresh prompt pass gives where the target computes a row the same in every batch
+/// (the CPU's Q4_K/Q6_K kernels, f32 weights; [`Generator::set_prefix_reuse`]), so the answers
+/// are too; elsewhere (a GPU, f16 weights) they may differ by rounding. The time it saves:
+/// docs/results/README.md#const-train-prompt-sharing. A run's answers are written when all
+/// are done (an interruption loses at most `how.batch` runs), and a failed one ends its run.
 pub(super) fn answers(
     target: &engine::model::DecoderModel,
     tok: &engine::tokenizer::TextTokenizer,
     asks: &[Ask],
-    earlier_order: Option<&[usize]>,
+    earlier_orders: &[Vec<usize>],
     how: AnswerSettings,
     file: &Path,
     read_only: bool,
@@ -59,14 +63,15 @@ pub(super) fn answers(
     done.truncate(asks.len());
     let answers_to = |order: &[usize]| done.iter().zip(order).all(|(c, &k)| c.prompt == asks[k].prompt);
     let asked: Vec<usize> = (0..asks.len()).collect();
-    let order = match earlier_order {
+    let earlier = earlier_orders.iter().find(|order| order.len() == asks.len() && answers_to(order));
+    let order = match earlier {
         _ if answers_to(&asked) => asked,
-        Some(earlier) if earlier.len() == asks.len() && answers_to(earlier) => {
-            eprintln!("mdsd: {} holds its answers in the order of earlier runs; kept", file.display());
-            earlier.to_vec()
+        Some(earlier) => {
+            eprintln!("mdsd: {} holds its answers in the order of an earlier run; kept", file.display());
+            earlier.clone()
         }
-        _ => bail!(
-            "{}: its answers are to other prompts than these settings give; {}",
+        None => bail!(
+            "{}: its answers are to other prompts than these settings give (or to more samples of each: a folder's --self-answer-samples can grow, not shrink); {}",
             file.display(),
             other_data_advice(read_only)
         ),
@@ -130,12 +135,15 @@ pub(super) fn answers(
         generators,
         &runs,
         |generator, run| -> Vec<anyhow::Result<Result<Answered, usize>>> {
-            (todo[run.clone()].iter())
-                .map(|ask| {
-                    let config = GenerationConfig { seed: ask.seed, ..config.clone() };
-                    answer(generator, tok, &ask.prompt, &config, capacity)
-                })
-                .collect()
+            let mut answers = Vec::with_capacity(run.len());
+            for ask in &todo[run.clone()] {
+                let config = GenerationConfig { seed: ask.seed, ..config.clone() };
+                answers.push(answer(generator, tok, &ask.prompt, &config, capacity));
+                if answers.last().is_some_and(|a| a.is_err()) {
+                    break;
+                }
+            }
+            answers
         },
         |i, answers| {
             for (ask, answer) in todo[runs[i].clone()].iter().zip(answers) {

@@ -16,17 +16,18 @@ use std::path::Path;
 /// docs/results/README.md#const-train-prompt-sharing). `sampled` is prompt by prompt
 /// (`sampled[i * samples + s]` is sample `s` of prompt `i` of the `n` greedy answers).
 ///
-/// Also returns, when it differs, the order that folders written before this grouping hold
-/// (the greedy answers, then the sampled ones sample by sample) as indices into the texts, so
-/// that such a folder resumes in its own order.
+/// Also returns the orders that folders of earlier runs hold, as indices into the texts, so
+/// that such a folder resumes in its own order: a run with `k` samples a prompt (`k` from 0),
+/// the added samples then stored prompt by prompt after all of those; and earlier versions'
+/// (the greedy answers, then the sampled ones sample by sample).
 pub(super) fn feature_texts(
     fixed: Vec<Conversation>,
     greedy: Vec<Conversation>,
     sampled: Vec<Conversation>,
-) -> (Vec<Conversation>, Option<Vec<usize>>) {
+) -> (Vec<Conversation>, Vec<Vec<usize>>) {
     let (f, n) = (fixed.len(), greedy.len());
     if sampled.is_empty() || n == 0 {
-        return ([fixed, greedy, sampled].concat(), None);
+        return ([fixed, greedy, sampled].concat(), Vec::new());
     }
     assert_eq!(sampled.len() % n, 0, "every sample answers every prompt");
     let samples = sampled.len() / n;
@@ -36,11 +37,16 @@ pub(super) fn feature_texts(
     }
     // Where text (sample s of prompt i; s = 0 the greedy answer) lands in the grouped order.
     let at = |i: usize, s: usize| f + i * (samples + 1) + s;
-    let earlier: Vec<usize> = (0..f)
-        .chain((0..n).map(|i| at(i, 0)))
-        .chain((1..=samples).flat_map(|s| (0..n).map(move |i| at(i, s))))
-        .collect();
-    (fixed.into_iter().chain(per_prompt.into_iter().flatten()).collect(), Some(earlier))
+    let texts_of = |s: std::ops::Range<usize>| (0..n).flat_map(move |i| s.clone().map(move |s| at(i, s)));
+    let mut earlier: Vec<Vec<usize>> =
+        (0..samples).map(|k| (0..f).chain(texts_of(0..k + 1)).chain(texts_of(k + 1..samples + 1)).collect()).collect();
+    earlier.push(
+        (0..f)
+            .chain((0..n).map(|i| at(i, 0)))
+            .chain((1..=samples).flat_map(|s| (0..n).map(move |i| at(i, s))))
+            .collect(),
+    );
+    (fixed.into_iter().chain(per_prompt.into_iter().flatten()).collect(), earlier)
 }
 
 /// How [`features`] treats its texts and folder.
@@ -54,13 +60,13 @@ pub(super) struct FeatureSettings {
 
 /// The feature store in `dir` with every text of `texts` (tokenized, cut to
 /// `how.max_len`) computed; texts already stored are skipped. The store holds the texts in
-/// their order, or (a folder written before [`feature_texts`] grouped them) in
-/// `earlier_order` (indices into `texts`) when its stored texts follow that one.
+/// their order, or in the first of `earlier_orders` (indices into `texts`, an earlier run's:
+/// [`feature_texts`]) that its stored texts follow.
 pub(super) fn features(
     target: &engine::model::DecoderModel,
     tok: &engine::tokenizer::TextTokenizer,
     texts: &[Conversation],
-    earlier_order: Option<&[usize]>,
+    earlier_orders: &[Vec<usize>],
     how: FeatureSettings,
     dir: &Path,
     what: &str,
@@ -84,18 +90,16 @@ pub(super) fn features(
         stored.len() <= list.len() && stored.iter().zip(list).all(|(s, t)| s.tokens == t.tokens)
     };
     let grouped = in_order(&mut (0..texts.len()));
-    let earlier = earlier_order.map(|order| in_order(&mut order.iter().copied()));
+    let earlier =
+        earlier_orders.iter().map(|order| in_order(&mut order.iter().copied())).find(|list| holds_prefix_of(list));
     let tokenized = match earlier {
         _ if holds_prefix_of(&grouped) => grouped,
-        Some(earlier) if holds_prefix_of(&earlier) => {
-            eprintln!(
-                "mdsd: {} holds its texts in the order of earlier runs (a prompt's sampled answers apart); kept",
-                dir.display()
-            );
+        Some(earlier) => {
+            eprintln!("mdsd: {} holds its texts in the order of an earlier run; kept", dir.display());
             earlier
         }
-        _ => bail!(
-            "{}: its features are of other texts than these settings give; {}",
+        None => bail!(
+            "{}: its features are of other texts than these settings give (or of more samples of each prompt: a folder's --self-answer-samples can grow, not shrink); {}",
             dir.display(),
             other_data_advice(read_only)
         ),

@@ -480,24 +480,24 @@ fn features_group_a_prompts_answers(run: &std::path::Path, said: &str) {
         assert!(group.clone().all(|k| prompt(k) == prompt(group.start)), "{group:?}: one prompt's answers");
     }
     assert_ne!(prompt(8), prompt(11));
-    let mut ran = seqs[0].0.len();
+    let (mut ran, mut after_its_prompt) = (seqs[0].0.len(), 0);
     for pair in seqs.windows(2) {
         let [(before, _), (tokens, answer_start)] = pair else { unreachable!() };
         let shared = before.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
-        if tokens[..*answer_start] == before[..*answer_start.min(&before.len())] {
-            assert!(shared >= *answer_start, "a sampled answer's prompt ran again");
-        }
+        after_its_prompt += usize::from(shared >= *answer_start);
         ran += tokens.len() - shared;
     }
+    assert_eq!(after_its_prompt, 4, "each sampled text follows a text of its prompt");
     let total: usize = seqs.iter().map(|s| s.0.len()).sum();
     let line = format!("features: the target ran {ran} of {total} tokens");
     assert!(said.contains(&line), "{line}: {said}");
 }
 
 /// A folder whose features were stored in the order of earlier versions (the greedy answers,
-/// then the sampled ones sample by sample), cut off after 11 texts, resumes in that order: the
-/// run says so, and its store holds `grouped`'s texts in that order with byte-equal rows. A
-/// store in neither order is refused by name.
+/// then the sampled ones sample by sample), cut off after 12 texts, resumes in that order: the
+/// run says so, and its store holds `grouped`'s texts in that order with byte-equal rows. So
+/// does a folder of one sample a prompt grown to two. A store in no such order is refused by
+/// name.
 fn features_of_the_earlier_order_resume_in_it(
     grouped: &std::path::Path,
     dir: &std::path::Path,
@@ -531,16 +531,27 @@ fn features_of_the_earlier_order_resume_in_it(
         std::fs::write(out.join("features/hidden.f16"), bytes).unwrap();
         out
     };
-    let out = folder_with("earlier", &earlier[..11]);
+    // (Cut after 11, it would also be a folder of no samples grown to two, and resume so.)
+    let out = folder_with("earlier", &earlier[..12]);
     let o = run(&out);
     let said = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && said.contains("in the order of earlier runs"), "{said}");
+    assert!(o.status.success() && said.contains("in the order of an earlier run"), "{said}");
     let (index, bytes) = in_order(&earlier);
     let lines =
         |text: &str| -> Vec<serde_json::Value> { text.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
     assert_eq!(lines(&std::fs::read_to_string(out.join("features/sequences.jsonl")).unwrap()), lines(&index));
     assert!(std::fs::read(out.join("features/hidden.f16")).unwrap() == bytes, "the resumed rows differ");
+    // A folder of one sample a prompt, grown to two: the second samples after all the others.
+    let grown = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 10, 13];
+    let out = folder_with("grown", &grown[..12]);
+    let o = run(&out);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && said.contains("in the order of an earlier run"), "{said}");
+    let (index, bytes) = in_order(&grown);
+    assert_eq!(lines(&std::fs::read_to_string(out.join("features/sequences.jsonl")).unwrap()), lines(&index));
+    assert!(std::fs::read(out.join("features/hidden.f16")).unwrap() == bytes, "the grown rows differ");
     // A sampled answer before its greedy one: neither order.
+    assert_ne!(seqs[8], seqs[9], "a sample equal to its greedy answer");
     let out = folder_with("other-order", &[0, 1, 2, 3, 4, 5, 6, 7, 9]);
     let o = run(&out);
     let said = String::from_utf8_lossy(&o.stderr);
@@ -567,7 +578,7 @@ fn answers_of_the_earlier_order_resume_in_it(
     std::fs::write(out.join(file), earlier[..3].join("\n") + "\n").unwrap();
     let o = run(&out);
     let said = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && said.contains("its answers in the order of earlier runs"), "{said}");
+    assert!(o.status.success() && said.contains("its answers in the order of an earlier run"), "{said}");
     assert_eq!(std::fs::read_to_string(out.join(file)).unwrap(), earlier.join("\n") + "\n");
     for f in ["features/sequences.jsonl", "features/hidden.f16"] {
         let read = |d: &std::path::Path| std::fs::read(d.join(f)).unwrap();
