@@ -255,18 +255,13 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
             })
         })
         .collect();
-    let n = prompts.len();
-    let samples_of = |s: std::ops::Range<usize>| (0..n).flat_map(move |i| s.clone().map(move |s| i * samples + s));
-    let mut earlier: Vec<Vec<usize>> =
-        (1..samples).map(|k| samples_of(0..k).chain(samples_of(k..samples)).collect()).collect();
-    earlier.push((0..samples).flat_map(|s| (0..n).map(move |i| i * samples + s)).collect());
+    let earlier = earlier_orders(prompts.len(), samples);
     let self_answers = answers_to(&greedy(prompts), &[], args.self_answer_tokens, 0.0, "self_answers.jsonl")?;
     let sampled_answers = if sampled.is_empty() {
         Vec::new()
     } else {
-        let (t, file) =
-            (args.self_answer_temperature, format!("sampled_answers_t{}.jsonl", args.self_answer_temperature));
-        answers_to(&sampled, &earlier, args.self_answer_tokens, t, &file)?
+        let t = args.self_answer_temperature;
+        answers_to(&sampled, &earlier, args.self_answer_tokens, t, &format!("sampled_answers_t{t}.jsonl"))?
     };
     let mt = data::first_turns(&args.data.join("mt_bench_question.jsonl"), &[], 0..usize::MAX)?;
     let mt: Vec<(String, String)> =
@@ -363,6 +358,20 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         head_dir.display()
     );
     Ok(())
+}
+
+/// The orders in which earlier runs may have written `prompts * per_prompt` items that this one
+/// lays out prompt by prompt (item `i * per_prompt + s` is the `s`-th of prompt `i`), so that
+/// their folders resume in their own order: the first `k` of each prompt (`k` from 1) prompt by
+/// prompt, then the others prompt by prompt (a folder whose count per prompt grew); and `s` by
+/// `s` across the prompts (earlier versions). The sampled answers use it, and the feature store
+/// with a prompt's greedy answer as its first item ([`features::feature_texts`]).
+fn earlier_orders(prompts: usize, per_prompt: usize) -> Vec<Vec<usize>> {
+    let items = |s: std::ops::Range<usize>| (0..prompts).flat_map(move |i| s.clone().map(move |s| i * per_prompt + s));
+    let mut orders: Vec<Vec<usize>> =
+        (1..per_prompt).map(|k| items(0..k).chain(items(k..per_prompt)).collect()).collect();
+    orders.push((0..per_prompt).flat_map(|s| (0..prompts).map(move |i| i * per_prompt + s)).collect());
+    orders
 }
 
 /// What to do about answers or features of other texts than the settings give: in the run's

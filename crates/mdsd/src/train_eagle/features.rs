@@ -17,9 +17,10 @@ use std::path::Path;
 /// (`sampled[i * samples + s]` is sample `s` of prompt `i` of the `n` greedy answers).
 ///
 /// Also returns the orders that folders of earlier runs hold, as indices into the texts, so
-/// that such a folder resumes in its own order: a run with `k` samples a prompt (`k` from 0),
-/// the added samples then stored prompt by prompt after all of those; and earlier versions'
-/// (the greedy answers, then the sampled ones sample by sample).
+/// that such a folder resumes in its own order ([`super::earlier_orders`], a prompt's greedy
+/// answer its first text): a run with `k` samples a prompt (`k` from 0), the added samples then
+/// stored prompt by prompt after all of those; and earlier versions' (the greedy answers, then
+/// the sampled ones sample by sample).
 pub(super) fn feature_texts(
     fixed: Vec<Conversation>,
     greedy: Vec<Conversation>,
@@ -35,17 +36,10 @@ pub(super) fn feature_texts(
     for (k, c) in sampled.into_iter().enumerate() {
         per_prompt[k / samples].push(c);
     }
-    // Where text (sample s of prompt i; s = 0 the greedy answer) lands in the grouped order.
-    let at = |i: usize, s: usize| f + i * (samples + 1) + s;
-    let texts_of = |s: std::ops::Range<usize>| (0..n).flat_map(move |i| s.clone().map(move |s| at(i, s)));
-    let mut earlier: Vec<Vec<usize>> =
-        (0..samples).map(|k| (0..f).chain(texts_of(0..k + 1)).chain(texts_of(k + 1..samples + 1)).collect()).collect();
-    earlier.push(
-        (0..f)
-            .chain((0..n).map(|i| at(i, 0)))
-            .chain((1..=samples).flat_map(|s| (0..n).map(move |i| at(i, s))))
-            .collect(),
-    );
+    // A prompt's greedy answer is its first text; the fixed texts come first in every order.
+    let earlier = (super::earlier_orders(n, samples + 1).into_iter())
+        .map(|order| (0..f).chain(order.into_iter().map(|k| f + k)).collect())
+        .collect();
     (fixed.into_iter().chain(per_prompt.into_iter().flatten()).collect(), earlier)
 }
 
