@@ -51,7 +51,7 @@ pub(super) fn answers(
     file: &Path,
     read_only: bool,
 ) -> anyhow::Result<Vec<Conversation>> {
-    let mut done: Vec<Conversation> = match std::fs::read_to_string(file) {
+    let mut lines: Vec<AnswerLine> = match std::fs::read_to_string(file) {
         Ok(text) => text
             .lines()
             .filter(|l| l.ends_with('}'))
@@ -60,22 +60,20 @@ pub(super) fn answers(
             .with_context(|| format!("{}: not a file of answers", file.display()))?,
         Err(_) => Vec::new(),
     };
-    done.truncate(asks.len());
-    let answers_to = |order: &[usize]| done.iter().zip(order).all(|(c, &k)| c.prompt == asks[k].prompt);
-    let asked: Vec<usize> = (0..asks.len()).collect();
-    let earlier = earlier_orders.iter().find(|order| order.len() == asks.len() && answers_to(order));
-    let order = match earlier {
-        _ if answers_to(&asked) => asked,
-        Some(earlier) => {
-            eprintln!("mdsd: {} holds its answers in the order of an earlier run; kept", file.display());
-            earlier.clone()
-        }
-        None => bail!(
-            "{}: its answers are to other prompts than these settings give (or to more samples of each: a folder's --self-answer-samples can grow, not shrink); {}",
+    lines.truncate(asks.len());
+    let Some((order, earlier)) = file_order(&lines, asks, earlier_orders) else {
+        bail!(
+            "{}: its answers are to other prompts (or seeds) than these settings give (or to more samples of each: a folder's --self-answer-samples can grow, not shrink); {}",
             file.display(),
             other_data_advice(read_only)
-        ),
+        )
     };
+    if earlier {
+        eprintln!("mdsd: {} holds its answers in the order of an earlier run; kept", file.display());
+    }
+    // Written again without a line cut short by an interruption (the file's seeds kept).
+    let kept_lines: String = lines.iter().map(|l| serde_json::to_string(l).expect("JSON of a value") + "\n").collect();
+    let mut done: Vec<Conversation> = lines.into_iter().map(|l| l.conversation).collect();
     // The file's lines (in `order`) put in the asks' order.
     let in_asks_order = |done: Vec<Conversation>| -> Vec<Conversation> {
         let mut ordered: Vec<Option<Conversation>> = vec![None; asks.len()];
@@ -95,8 +93,7 @@ pub(super) fn answers(
             asks.len()
         );
     }
-    let text: String = done.iter().map(|c| serde_json::to_string(c).expect("JSON of a value") + "\n").collect();
-    std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))?;
+    std::fs::write(file, kept_lines).with_context(|| format!("writing {}", file.display()))?;
     let mut out = std::fs::OpenOptions::new().append(true).open(file)?;
     let bar = ProgressBar::new(asks.len() as u64).with_style(
         ProgressStyle::with_template("{spinner} target answers -> {msg} [{bar:30}] {pos}/{len}, {eta} left")
@@ -161,10 +158,12 @@ pub(super) fn answers(
                         String::new()
                     }
                 };
-                let c = Conversation { source: ask.source.clone(), prompt: ask.prompt.clone(), answer };
-                writeln!(out, "{}", serde_json::to_string(&c)?)?;
+                let conversation = Conversation { source: ask.source.clone(), prompt: ask.prompt.clone(), answer };
+                let seed = (how.temperature > 0.0).then_some(ask.seed);
+                let line = AnswerLine { conversation, seed };
+                writeln!(out, "{}", serde_json::to_string(&line)?)?;
                 out.flush()?;
-                done.push(c);
+                done.push(line.conversation);
                 bar.inc(1);
             }
             Ok(())
@@ -179,6 +178,36 @@ pub(super) fn answers(
         prompts_ran.1
     );
     Ok(in_asks_order(done))
+}
+
+/// A line of an answers file: the conversation and, for a sampled answer, the seed it was
+/// drawn with (its [`Ask::seed`]). Files written before seeds were kept have none; their lines
+/// are matched to asks by their prompts alone.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct AnswerLine {
+    #[serde(flatten)]
+    conversation: Conversation,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+}
+
+/// The order of a file's lines (a permutation of `asks`' indices whose first `lines.len()` the
+/// lines answer) and whether it is one of `earlier` (an earlier run's) rather than the asks'
+/// own; `None` when the lines follow neither. A line answers an ask when their prompts are
+/// equal and, where the line keeps its seed, their seeds too: asks of one prompt text (a
+/// prompt's samples, or two prompts of the same text) are then told apart by their seeds, so
+/// a sample is never taken for another and drawn again with a seed not its own.
+fn file_order(lines: &[AnswerLine], asks: &[Ask], earlier: &[Vec<usize>]) -> Option<(Vec<usize>, bool)> {
+    let answer = |line: &AnswerLine, ask: &Ask| {
+        line.conversation.prompt == ask.prompt && line.seed.is_none_or(|seed| seed == ask.seed)
+    };
+    let follows =
+        |order: &[usize]| order.len() == asks.len() && lines.iter().zip(order).all(|(line, &k)| answer(line, &asks[k]));
+    let asked: Vec<usize> = (0..asks.len()).collect();
+    if follows(&asked) {
+        return Some((asked, false));
+    }
+    earlier.iter().find(|order| follows(order)).map(|order| (order.clone(), true))
 }
 
 /// One answer ([`answer`]) and what its prompt cost.
@@ -205,4 +234,60 @@ fn answer(
     let (new, stats) = generator.generate(&ids, config, |id| tok.is_stop(id), |_| Ok(()))?;
     let text = tok.decode(&new)?;
     Ok(Ok(Answered { text, prompt_tokens: stats.prompt_tokens, reused_tokens: stats.reused_tokens }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(prompt: &str, seed: u64) -> Ask {
+        Ask { source: "self/x".into(), prompt: prompt.into(), seed }
+    }
+
+    fn line(prompt: &str, seed: Option<u64>) -> AnswerLine {
+        AnswerLine {
+            conversation: Conversation { source: "self/x".into(), prompt: prompt.into(), answer: "a".into() },
+            seed,
+        }
+    }
+
+    /// Sample `s` of prompt `i`'s seed, as `train-eagle` gives it.
+    fn seed(s: u64, i: u64) -> u64 {
+        ((s + 1) << 32) | i
+    }
+
+    #[test]
+    fn a_line_answers_the_ask_of_its_seed() {
+        // Two prompts of one text, two samples each, asked prompt by prompt; an earlier run
+        // asked them sample by sample (asks 0, 2, 1, 3).
+        let asks = [(0, 0), (0, 1), (1, 0), (1, 1)].map(|(i, s)| ask("same", seed(s, i)));
+        let earlier = vec![vec![0, 2, 1, 3]];
+        let asked: Vec<usize> = (0..4).collect();
+        // The earlier run's first two lines: the first samples of prompts 0 and 1. Their
+        // prompts alone fit the asks' order too; their seeds do not.
+        let lines = [line("same", Some(seed(0, 0))), line("same", Some(seed(0, 1)))];
+        assert_eq!(file_order(&lines, &asks, &earlier), Some((vec![0, 2, 1, 3], true)));
+        // A file of before (no seeds) is read by its prompts alone: the asks' order first.
+        let old = [line("same", None), line("same", None)];
+        assert_eq!(file_order(&old, &asks, &earlier), Some((asked.clone(), false)));
+        // The asks' own order.
+        let own = [seed(0, 0), seed(1, 0), seed(0, 1)].map(|s| line("same", Some(s)));
+        assert_eq!(file_order(&own, &asks, &earlier), Some((asked.clone(), false)));
+        assert_eq!(file_order(&[], &asks, &earlier), Some((asked, false)));
+        // A seed of no ask where it stands, or another prompt: neither order.
+        assert_eq!(file_order(&[line("same", Some(seed(1, 1)))], &asks, &earlier), None);
+        assert_eq!(file_order(&[line("other", Some(seed(0, 0)))], &asks, &earlier), None);
+    }
+
+    #[test]
+    fn a_greedy_line_is_a_conversation_and_a_sampled_one_keeps_its_seed() {
+        let greedy = line("p", None);
+        let as_before = serde_json::to_string(&greedy.conversation).unwrap();
+        assert_eq!(serde_json::to_string(&greedy).unwrap(), as_before);
+        let read: AnswerLine = serde_json::from_str(&as_before).unwrap();
+        assert_eq!((read.conversation, read.seed), (greedy.conversation, None));
+        let sampled = serde_json::to_string(&line("p", Some(seed(2, 7)))).unwrap();
+        assert!(sampled.ends_with(&format!(",\"seed\":{}}}", seed(2, 7))), "{sampled}");
+        assert_eq!(serde_json::from_str::<AnswerLine>(&sampled).unwrap().seed, Some(seed(2, 7)));
+    }
 }

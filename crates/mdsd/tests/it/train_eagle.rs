@@ -411,6 +411,7 @@ fn train_eagle_samples_more_answers_each_with_its_own_seed() {
         |text: String| -> Vec<serde_json::Value> { text.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
     let (greedy, sampled) = (parse(read(&together, "self_answers.jsonl")), parse(read(&together, file)));
     assert_eq!((greedy.len(), sampled.len()), (2, 4));
+    assert!(greedy.iter().all(|line| line.get("seed").is_none()), "a greedy answer has no seed: {greedy:?}");
     let mut differ = 0;
     for (k, line) in sampled.iter().enumerate() {
         // Prompt by prompt.
@@ -418,7 +419,9 @@ fn train_eagle_samples_more_answers_each_with_its_own_seed() {
         let twin = &greedy[i];
         assert_eq!(line["prompt"], twin["prompt"], "{line}");
         assert_eq!(line["source"].as_str().unwrap(), format!("sampled/{}", twin["source"].as_str().unwrap()));
-        let seed = (((sample as u64) + 1) << 32 | i as u64).to_string();
+        let seed = ((sample as u64) + 1) << 32 | i as u64;
+        assert_eq!(line["seed"].as_u64(), Some(seed), "each sampled line keeps its seed: {line}");
+        let seed = seed.to_string();
         let prompt = line["prompt"].as_str().unwrap();
         let args = ["generate", "--target", s(&target), "--prompt", prompt, "--max-new-tokens", "6", "--json"];
         let o = mdsd(&[&args[..], &["--chat", "--no-spec", "--temperature", "0.9", "--seed", &seed]].concat());
