@@ -313,10 +313,18 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
         ProgressStyle::with_template("{spinner} epoch {msg} [{bar:30}] {pos}/{len} batches, {elapsed}")
             .expect("a valid template"),
     );
+    let progress = ProgressLog::new();
+    let (epochs, mut stepped) = (args.epochs, false);
     let mut on_event = |e: &TrainEvent| match e {
         TrainEvent::Step { epoch, batch, batches, scores, lr, .. } => {
             bar.set_length(*batches as u64);
             bar.set_position(*batch as u64);
+            if *batch <= 1 || !stepped {
+                // A new epoch, or this run's first step (a resumed run starts mid-epoch): the
+                // rate is estimated from here.
+                stepped = true;
+                bar.reset_eta();
+            }
             bar.set_message(format!(
                 "{} loss {:.3} (regression {:.3}, token {:.3}) acc {:.3} lr {:.1e}",
                 epoch + 1,
@@ -326,6 +334,10 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
                 scores.acc,
                 lr
             ));
+            progress.tick(&bar, || {
+                let line = progress_line(&format!("training, epoch {} of {epochs}", epoch + 1), &bar, "batches");
+                format!("{line}; loss {:.3}, top-1 {:.3}", scores.loss, scores.acc)
+            });
         }
         TrainEvent::Eval { epoch, step, split, scores } => say(
             &bar,
@@ -392,6 +404,42 @@ fn say(bar: &ProgressBar, line: String) {
     } else {
         bar.println(line);
     }
+}
+
+/// Lines of progress where the bar draws nothing: when standard error is not a terminal (a run
+/// in the background, `mdsd fetch`'s log), a stage would otherwise say nothing for up to an
+/// hour. Every `MDSD_PROGRESS_SECONDS` (60 by default) at most, [`Self::tick`] writes its line;
+/// on a terminal it writes nothing (the bar shows the same).
+struct ProgressLog {
+    every: std::time::Duration,
+    last: std::cell::Cell<std::time::Instant>,
+}
+
+impl ProgressLog {
+    fn new() -> Self {
+        let seconds = std::env::var("MDSD_PROGRESS_SECONDS").ok().and_then(|s| s.parse::<f64>().ok());
+        let every = std::time::Duration::from_secs_f64(seconds.filter(|s| s.is_finite() && *s >= 0.0).unwrap_or(60.0));
+        Self { every, last: std::cell::Cell::new(std::time::Instant::now()) }
+    }
+
+    /// `line()` on standard error when `bar` is hidden and the last line is `every` old.
+    fn tick(&self, bar: &ProgressBar, line: impl FnOnce() -> String) {
+        if bar.is_hidden() && self.last.get().elapsed() >= self.every {
+            self.last.set(std::time::Instant::now());
+            eprintln!("{}", line());
+        }
+    }
+}
+
+/// `what: pos/len unit (p%), elapsed, about eta left`: a hidden bar's state as a line.
+fn progress_line(what: &str, bar: &ProgressBar, unit: &str) -> String {
+    let (pos, len) = (bar.position(), bar.length().unwrap_or(0));
+    let percent = (100 * pos).checked_div(len).unwrap_or(0);
+    format!(
+        "mdsd: {what}: {pos}/{len} {unit} ({percent}%), {} so far, about {} left",
+        indicatif::HumanDuration(bar.elapsed()),
+        indicatif::HumanDuration(bar.eta())
+    )
 }
 
 /// How a run holds a folder's lock.

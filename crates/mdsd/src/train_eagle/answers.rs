@@ -1,7 +1,7 @@
 //! `train-eagle`'s first stage: the target's own answers to a list of prompts, generated
 //! several at once and kept in a file that a later run resumes.
 
-use super::{other_data_advice, say};
+use super::{other_data_advice, progress_line, say, ProgressLog};
 use anyhow::{bail, Context};
 use engine::decode::{GenerationConfig, Generator};
 use engine::train::data::Conversation;
@@ -101,6 +101,9 @@ pub(super) fn answers(
     );
     bar.set_message(file.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default());
     bar.set_position(done.len() as u64);
+    bar.reset_eta();
+    let progress = ProgressLog::new();
+    let what = format!("target answers -> {}", file.display());
     let capacity = target.config().context_length.min(4096);
     let config = GenerationConfig {
         max_new_tokens: how.max_tokens,
@@ -165,6 +168,7 @@ pub(super) fn answers(
                 out.flush()?;
                 done.push(line.conversation);
                 bar.inc(1);
+                progress.tick(&bar, || progress_line(&what, &bar, "answers"));
             }
             Ok(())
         },

@@ -1,7 +1,7 @@
 //! `train-eagle`'s second stage: the target's features of every text, in a store that a later
 //! run resumes, a prompt's answers one after the other so that its tokens run once.
 
-use super::other_data_advice;
+use super::{other_data_advice, progress_line, ProgressLog};
 use anyhow::{bail, Context};
 use engine::train::data::{self, Conversation};
 use engine::train::features::FeatureStore;
@@ -118,9 +118,11 @@ pub(super) fn features(
     let mut cache = target.new_cache(tokenized.iter().map(|t| t.tokens.len()).max().unwrap_or(1))?;
     let started = std::time::Instant::now();
     let mut run = 0;
+    let progress = ProgressLog::new();
     for t in &tokenized[have..] {
         run += store.append(target, t, &mut cache)?;
         bar.inc(t.tokens.len() as u64);
+        progress.tick(&bar, || progress_line(&format!("{what} -> {}", dir.display()), &bar, "tokens"));
     }
     bar.finish_and_clear();
     eprintln!(

@@ -4,7 +4,7 @@
 //! gets clear errors.
 
 use crate::cli::{fails, generate_greedy_json, s};
-use crate::common::{mdsd, temp_dir, Tiny};
+use crate::common::{mdsd, mdsd_with, temp_dir, Tiny};
 use candle_core::quantized::GgmlDType;
 use std::path::PathBuf;
 
@@ -85,7 +85,8 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
         ];
         args.extend_from_slice(TINY_RUN);
         args.extend_from_slice(extra);
-        let o = mdsd(&args);
+        // A line of progress at every step (60 s apart by default).
+        let o = mdsd_with(&args, &[("MDSD_PROGRESS_SECONDS", "0")]);
         let err = String::from_utf8_lossy(&o.stderr).to_string();
         assert!(o.status.success(), "{err}");
         err
@@ -95,6 +96,11 @@ fn train_eagle_writes_a_head_that_generate_loads_and_resumes() {
     assert!(first.contains("wrote") && first.contains("head"), "{first}");
     // The evaluations are printed with no terminal too (indicatif drops a hidden bar's lines).
     assert!(first.contains("epoch 1: eval loss") && first.contains("stopped after"), "{first}");
+    // So is each stage's progress, which a bar would show on a terminal.
+    for stage in ["target answers -> ", "features -> ", "training, epoch 1 of 1: "] {
+        let line = first.lines().find(|l| l.starts_with(&format!("mdsd: {stage}")));
+        assert!(line.is_some_and(|l| l.contains(" so far, about ") && l.contains("%)")), "no {stage:?} line: {first}");
+    }
     // MT-Bench's categories are never trained on: one Spec-Bench self answer (qa), one Alpaca.
     let answers = std::fs::read_to_string(out.join("self_answers.jsonl")).unwrap();
     assert_eq!(answers.lines().count(), 2, "{answers}");

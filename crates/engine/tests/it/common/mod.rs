@@ -559,11 +559,17 @@ pub const TINY_CHAT: &str = "{% for m in messages %}{% if m.role == 'user' %}>{%
 /// Runs the `mdsd` binary offline with `args`, its cache this process's own ([`test_cache`]).
 /// Only the engine's tests have the binary (the bench crate's tests include this module too).
 pub fn mdsd(args: &[&str]) -> std::process::Output {
+    mdsd_with(args, &[])
+}
+
+/// [`mdsd`] with more variables in its environment.
+pub fn mdsd_with(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let exe = option_env!("CARGO_BIN_EXE_mdsd").unwrap_or("mdsd");
     std::process::Command::new(exe)
         .args(args)
         .env("MDSD_OFFLINE", "1")
         .env("MDSD_CACHE", test_cache())
+        .envs(env.iter().copied())
         .output()
         .expect("run mdsd")
 }
