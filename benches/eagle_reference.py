@@ -24,8 +24,9 @@ Usage:
 EAGLE/ is a checkout of https://github.com/SafeAILab/EAGLE (its `eagle/model` package is
 imported from it). Needs torch, transformers, safetensors, numpy and gguf (all from PyPI). The
 target's embedding and output layer are dequantized from the GGUF with `gguf`'s own
-dequantizers; mdsd's kernels quantize the activations to 8 bits in the target's output layer,
-so `acc_full` may differ from mdsd's on near ties (a few entries in ten thousand).
+dequantizers; mdsd's kernels quantize the activations to 8 bits in the target's output layer
+(its logits over the cut as well as over the whole vocabulary), so `acc`, `acc_full` and
+`token` may differ from mdsd's by that rounding (a few entries in ten thousand on near ties).
 """
 import argparse, json, sys, time
 from pathlib import Path
@@ -39,7 +40,7 @@ def main():
     ap.add_argument("--head", required=True, help="the head's folder (config.json + model.safetensors)")
     ap.add_argument("--features", required=True, help="a feature folder (hidden.f16 + sequences.jsonl)")
     ap.add_argument("--target", required=True, help="the target's GGUF file")
-    ap.add_argument("--draft-vocab", type=int, default=32768)
+    ap.add_argument("--draft-vocab", type=int, default=32768, help="the cut, as train-eagle's (0: the whole vocabulary)")
     ap.add_argument("--log", help="the run's train_log.jsonl: its last `eval` scores are printed beside")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="write the figures here (JSON)")
@@ -81,9 +82,9 @@ def main():
     out_w = dense("output.weight") if "output.weight" in tensors else emb
     with torch.no_grad():
         model.embed_tokens.weight.copy_(emb[: model.embed_tokens.weight.shape[0]])
-    cut = out_w[: a.draft_vocab]
+    cut = out_w if a.draft_vocab <= 0 else out_w[: a.draft_vocab]
     print(f"target: embedding {tuple(emb.shape)}, output layer {tuple(out_w.shape)} "
-          f"({'output.weight' if 'output.weight' in tensors else 'tied to the embedding'}), cut to {a.draft_vocab}")
+          f"({'output.weight' if 'output.weight' in tensors else 'tied to the embedding'}), cut to {cut.shape[0]}")
 
     # 2. Every stored text's answer entries through EAGLE's forward.
     feats = Path(a.features)

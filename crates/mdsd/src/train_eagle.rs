@@ -335,7 +335,8 @@ pub fn train_eagle(args: TrainEagleArgs) -> anyhow::Result<()> {
                 lr
             ));
             progress.tick(&bar, || {
-                let line = progress_line(&format!("training, epoch {} of {epochs}", epoch + 1), &bar, "batches");
+                let later = (epochs.saturating_sub(epoch + 1) * batches) as u64;
+                let line = progress_line(&format!("training, epoch {} of {epochs}", epoch + 1), &bar, "batches", later);
                 format!("{line}; loss {:.3}, top-1 {:.3}", scores.loss, scores.acc)
             });
         }
@@ -418,7 +419,8 @@ struct ProgressLog {
 impl ProgressLog {
     fn new() -> Self {
         let seconds = std::env::var("MDSD_PROGRESS_SECONDS").ok().and_then(|s| s.parse::<f64>().ok());
-        let every = std::time::Duration::from_secs_f64(seconds.filter(|s| s.is_finite() && *s >= 0.0).unwrap_or(60.0));
+        let every = seconds.and_then(|s| std::time::Duration::try_from_secs_f64(s).ok());
+        let every = every.unwrap_or(std::time::Duration::from_secs(60));
         Self { every, last: std::cell::Cell::new(std::time::Instant::now()) }
     }
 
@@ -431,15 +433,21 @@ impl ProgressLog {
     }
 }
 
-/// `what: pos/len unit (p%), elapsed, about eta left`: a hidden bar's state as a line.
-fn progress_line(what: &str, bar: &ProgressBar, unit: &str) -> String {
+/// `what: pos/len unit (p%), elapsed, about T left`: a hidden bar's state as a line. `T` is
+/// the time the bar's remaining units and `more` units after them (later epochs) take at the
+/// bar's rate; before the bar has a rate (its first unit, or just after `reset_eta`) the line
+/// says so instead of guessing.
+fn progress_line(what: &str, bar: &ProgressBar, unit: &str, more: u64) -> String {
     let (pos, len) = (bar.position(), bar.length().unwrap_or(0));
     let percent = (100 * pos).checked_div(len).unwrap_or(0);
-    format!(
-        "mdsd: {what}: {pos}/{len} {unit} ({percent}%), {} so far, about {} left",
-        indicatif::HumanDuration(bar.elapsed()),
-        indicatif::HumanDuration(bar.eta())
-    )
+    let rate = bar.per_sec();
+    let left = if rate > 0.0 && rate.is_finite() {
+        let seconds = (len.saturating_sub(pos) + more) as f64 / rate;
+        format!("about {} left", indicatif::HumanDuration(std::time::Duration::from_secs_f64(seconds.min(1e9))))
+    } else {
+        "the time left not yet known".to_string()
+    };
+    format!("mdsd: {what}: {pos}/{len} {unit} ({percent}%), {} so far, {left}", indicatif::HumanDuration(bar.elapsed()))
 }
 
 /// How a run holds a folder's lock.

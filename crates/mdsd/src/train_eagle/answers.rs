@@ -28,7 +28,7 @@ pub(super) struct AnswerSettings {
 }
 
 /// The target's answers to `asks`, greedy or sampled (`how`), in the asks' order, kept in `file`
-/// (one [`Conversation`] per line, in the asks' order, or in the first of `earlier_orders`
+/// (one [`AnswerLine`] per line, in the asks' order, or in the first of `earlier_orders`
 /// (each a permutation of `asks`' indices) that the file's lines follow, when an earlier run
 /// wrote it so); answers already there are not generated again.
 /// `how.batch` generations run at once, on threads of their own with their forwards batched
@@ -52,12 +52,7 @@ pub(super) fn answers(
     read_only: bool,
 ) -> anyhow::Result<Vec<Conversation>> {
     let mut lines: Vec<AnswerLine> = match std::fs::read_to_string(file) {
-        Ok(text) => text
-            .lines()
-            .filter(|l| l.ends_with('}'))
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("{}: not a file of answers", file.display()))?,
+        Ok(text) => whole_lines(&text).with_context(|| format!("{}: not a file of answers", file.display()))?,
         Err(_) => Vec::new(),
     };
     lines.truncate(asks.len());
@@ -168,7 +163,7 @@ pub(super) fn answers(
                 out.flush()?;
                 done.push(line.conversation);
                 bar.inc(1);
-                progress.tick(&bar, || progress_line(&what, &bar, "answers"));
+                progress.tick(&bar, || progress_line(&what, &bar, "answers", 0));
             }
             Ok(())
         },
@@ -193,6 +188,16 @@ struct AnswerLine {
     conversation: Conversation,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     seed: Option<u64>,
+}
+
+/// The lines of an answers file that were written whole: each ends in a newline, written after
+/// its text, so a line an interruption cut short (whose text may still end in `}`, inside an
+/// answer's code) is left out, to be answered again.
+fn whole_lines(text: &str) -> serde_json::Result<Vec<AnswerLine>> {
+    (text.split_inclusive('\n'))
+        .filter(|l| l.ends_with('\n') && !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l.trim_end()))
+        .collect()
 }
 
 /// The order of a file's lines (a permutation of `asks`' indices whose first `lines.len()` the
@@ -281,6 +286,23 @@ mod tests {
         // A seed of no ask where it stands, or another prompt: neither order.
         assert_eq!(file_order(&[line("same", Some(seed(1, 1)))], &asks, &earlier), None);
         assert_eq!(file_order(&[line("other", Some(seed(0, 0)))], &asks, &earlier), None);
+    }
+
+    #[test]
+    fn a_line_cut_short_is_left_out_even_where_it_ends_in_a_brace() {
+        let whole = serde_json::to_string(&line("p", Some(seed(0, 0)))).unwrap();
+        let code = serde_json::to_string(&AnswerLine {
+            conversation: Conversation { source: "s".into(), prompt: "q".into(), answer: "fn f() {}\nmore".into() },
+            seed: None,
+        })
+        .unwrap();
+        let cut = &code[..code.find("{}").unwrap() + 2];
+        assert!(cut.ends_with('}'));
+        let read = whole_lines(&format!("{whole}\n{cut}")).unwrap();
+        assert_eq!(read.iter().map(|l| l.seed).collect::<Vec<_>>(), [Some(seed(0, 0))]);
+        assert_eq!(whole_lines(&format!("{whole}\n{code}\n\n")).unwrap().len(), 2);
+        // A whole line that is not an answer is an error, not a line to skip.
+        assert!(whole_lines(&format!("{cut}\n{whole}\n")).is_err());
     }
 
     #[test]

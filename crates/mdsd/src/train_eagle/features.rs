@@ -122,7 +122,7 @@ pub(super) fn features(
     for t in &tokenized[have..] {
         run += store.append(target, t, &mut cache)?;
         bar.inc(t.tokens.len() as u64);
-        progress.tick(&bar, || progress_line(&format!("{what} -> {}", dir.display()), &bar, "tokens"));
+        progress.tick(&bar, || progress_line(&format!("{what} -> {}", dir.display()), &bar, "tokens", 0));
     }
     bar.finish_and_clear();
     eprintln!(
