@@ -66,9 +66,6 @@ pub(super) fn answers(
     if earlier {
         eprintln!("mdsd: {} holds its answers in the order of an earlier run; kept", file.display());
     }
-    // Written again without a line cut short by an interruption (the file's seeds kept).
-    let kept_lines: String = lines.iter().map(|l| serde_json::to_string(l).expect("JSON of a value") + "\n").collect();
-    let mut done: Vec<Conversation> = lines.into_iter().map(|l| l.conversation).collect();
     // The file's lines (in `order`) put in the asks' order.
     let in_asks_order = |done: Vec<Conversation>| -> Vec<Conversation> {
         let mut ordered: Vec<Option<Conversation>> = vec![None; asks.len()];
@@ -77,18 +74,21 @@ pub(super) fn answers(
         }
         ordered.into_iter().map(|c| c.expect("every ask answered")).collect()
     };
-    if done.len() == asks.len() {
-        return Ok(in_asks_order(done));
+    if lines.len() == asks.len() {
+        return Ok(in_asks_order(lines.into_iter().map(|l| l.conversation).collect()));
     }
     if read_only {
         bail!(
             "{}: holds {} of the {} answers these settings ask for (--reuse reads a finished run's folder)",
             file.display(),
-            done.len(),
+            lines.len(),
             asks.len()
         );
     }
-    std::fs::write(file, kept_lines).with_context(|| format!("writing {}", file.display()))?;
+    // Written again without a line cut short by an interruption (the file's seeds kept).
+    let kept: String = lines.iter().map(|l| serde_json::to_string(l).expect("JSON of a value") + "\n").collect();
+    std::fs::write(file, kept).with_context(|| format!("writing {}", file.display()))?;
+    let mut done: Vec<Conversation> = lines.into_iter().map(|l| l.conversation).collect();
     let mut out = std::fs::OpenOptions::new().append(true).open(file)?;
     let bar = ProgressBar::new(asks.len() as u64).with_style(
         ProgressStyle::with_template("{spinner} target answers -> {msg} [{bar:30}] {pos}/{len}, {eta} left")
