@@ -1,10 +1,12 @@
 //! Forwards of several generations gathered into one ([`Batcher`]): each generation runs on a
 //! thread of its own, single-sequence code unchanged, and joins the batcher
 //! ([`Batcher::join`]); while it is a member, every [`DecoderModel::forward`] and
-//! [`DecoderModel::logits`] it calls is queued, and once every member is waiting in one, the
-//! last to arrive runs them all: the forwards of each model as one
-//! [`DecoderModel::forward_batch`] (every row's products at once, attention per sequence),
-//! the logits of each model as one product. The others sleep meanwhile and get their own rows.
+//! [`DecoderModel::logits`] it calls is queued, and so is every [`EagleHead::forward`] and
+//! [`EagleHead::logits`]; once every member is waiting in one, the last to arrive runs them all:
+//! the forwards of each model as one [`DecoderModel::forward_batch`] (every row's products at
+//! once, attention per sequence), those of each EAGLE head as one
+//! [`EagleHead::forward_batch`], the logits of each model or head as one product. The others
+//! sleep meanwhile and get their own rows.
 //!
 //! So N concurrent generations advance in lockstep, one batched forward per phase of their
 //! steps (draft levels, the target's tree, a chunk of a new prompt), at about the price of one:
@@ -22,6 +24,7 @@
 //! others), and can run forwards of its own outside the batch ([`Solo`], for timing its
 //! models alone: the others wait meanwhile, as they wait for any member).
 
+use super::eagle::{EagleHead, HeadItem};
 use super::{BatchItem, DecoderModel, KvCache};
 use candle_core::{Result, Tensor};
 use std::cell::{Cell, RefCell};
@@ -142,22 +145,51 @@ pub struct Batcher {
     changed: Condvar,
 }
 
-/// What one member asked for: a forward of a sequence, or logits of hidden states. The
-/// forward's tokens and positions are the member's own slices, not copies (see `Request`).
+/// What one member asked for: a forward of a sequence, or logits of hidden states, of a model
+/// ([`Runner::Model`]); or a head forward of a sequence's entries, or the head's logits of its
+/// outputs, of an EAGLE head ([`Runner::Head`]; `target`: the model whose embedding and output
+/// layer it reads). The forwards' tokens and positions are the member's own slices, not copies
+/// (see `Request`).
 pub(crate) enum Work {
-    Forward { tokens: *const [u32], positions: *const [u32], bias: Tensor, cache: *mut KvCache },
-    Logits { hidden: Tensor },
+    Forward {
+        tokens: *const [u32],
+        positions: *const [u32],
+        bias: Tensor,
+        cache: *mut KvCache,
+    },
+    Logits {
+        hidden: Tensor,
+    },
+    HeadForward {
+        target: *const DecoderModel,
+        features: Tensor,
+        tokens: *const [u32],
+        positions: *const [u32],
+        bias: Tensor,
+        cache: *mut KvCache,
+    },
+    HeadLogits {
+        target: *const DecoderModel,
+        out: Tensor,
+    },
+}
+
+/// Whose work a request is: a model's, or an EAGLE head's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Runner {
+    Model(*const DecoderModel),
+    Head(*const EagleHead),
 }
 
 struct Request {
     id: u64,
-    model: *const DecoderModel,
+    runner: Runner,
     work: Work,
     /// The ticket of the prompt it prefills ([`Prefilling`]).
     prefill: Option<u64>,
 }
 
-// SAFETY: the pointers are to a model, a cache and token and position slices owned by a member
+// SAFETY: the pointers are to a model or head, a cache and token and position slices owned by a member
 // thread that waits, without touching them, until its request is answered; only the thread
 // running the batch uses them meanwhile.
 unsafe impl Send for Request {}
@@ -187,6 +219,8 @@ pub struct BatchStats {
     pub rows: u64,
     /// The most sequences one batched forward held.
     pub widest: u64,
+    /// The most sequences one batched EAGLE head forward held.
+    pub head_widest: u64,
     /// The most prompts (of [`Prefilling`] members) whose prefill shared one batch: 1 once any
     /// ran, since prompts are prefilled one at a time.
     pub prefills_together: u64,
@@ -265,11 +299,11 @@ impl Batcher {
 
     /// Queues `work` on `model` and waits for its answer (running the batch when this member
     /// is the last to wait).
-    pub(crate) fn submit(&self, model: &DecoderModel, work: Work) -> Result<Tensor> {
+    pub(crate) fn submit(&self, runner: Runner, work: Work) -> Result<Tensor> {
         let mut st = self.lock();
         let id = st.next_id;
         st.next_id += 1;
-        st.waiting.push(Request { id, model, work, prefill: PREFILL.with(|p| p.get()) });
+        st.waiting.push(Request { id, runner, work, prefill: PREFILL.with(|p| p.get()) });
         let answered = |(answer, run): Answer| {
             COST.with(|c| {
                 let (rows, secs) = c.get().unwrap_or((0, 0.0));
@@ -300,10 +334,11 @@ impl Batcher {
         // levels, logits): members drafting then reach their target forwards together, and the
         // target runs once per step for all of them, instead of once per draft level beside
         // the drafts of members whose steps drifted apart.
-        let weight = |r: &Request| match r.work {
-            // SAFETY: see `Request`: the model is a waiting member's.
-            Work::Forward { .. } => unsafe { &*r.model }.weight_count(),
-            Work::Logits { .. } => 0,
+        let weight = |r: &Request| match (r.runner, &r.work) {
+            // SAFETY: see `Request`: the model or head is a waiting member's.
+            (Runner::Model(m), Work::Forward { .. }) => unsafe { &*m }.weight_count(),
+            (Runner::Head(h), Work::HeadForward { .. }) => unsafe { &*h }.weight_count(),
+            _ => 0,
         };
         let heaviest = st.waiting.iter().map(weight).max().unwrap_or(0);
         let mut batch = std::mem::take(&mut st.waiting);
@@ -342,6 +377,7 @@ impl Batcher {
         st.stats.requests += stats.requests;
         st.stats.rows += stats.rows;
         st.stats.widest = st.stats.widest.max(stats.widest);
+        st.stats.head_widest = st.stats.head_widest.max(stats.head_widest);
         self.changed.notify_all();
         st
     }
@@ -350,12 +386,31 @@ impl Batcher {
 /// A queued forward: request id, tokens, positions, bias and the member's cache.
 type QueuedForward = (u64, *const [u32], *const [u32], Tensor, *mut KvCache);
 
-/// Adds `item` to `model`'s group.
-fn add_to_group<T>(groups: &mut Vec<(*const DecoderModel, Vec<T>)>, model: *const DecoderModel, item: T) {
-    match groups.iter_mut().find(|(m, _)| *m == model) {
+/// A queued head forward: request id, the target, features, tokens, positions, bias and the
+/// member's head cache.
+type QueuedHeadForward = (u64, *const DecoderModel, Tensor, *const [u32], *const [u32], Tensor, *mut KvCache);
+
+/// A head and the target whose output layer its logits may read.
+type HeadOfTarget = (*const EagleHead, *const DecoderModel);
+
+/// Adds `item` to the group of `key` (a model or head).
+fn add_to_group<K: PartialEq, T>(groups: &mut Vec<(K, Vec<T>)>, key: K, item: T) {
+    match groups.iter_mut().find(|(k, _)| *k == key) {
         Some((_, g)) => g.push(item),
-        None => groups.push((model, vec![item])),
+        None => groups.push((key, vec![item])),
     }
+}
+
+/// Splits `all` (the rows of several requests, one after the other) into each request's rows
+/// (`rows`: how many each has).
+fn split_rows(all: Tensor, rows: impl Iterator<Item = usize>) -> Result<Vec<Tensor>> {
+    let mut start = 0;
+    let mut out = Vec::new();
+    for n in rows {
+        out.push(all.narrow(0, start, n)?);
+        start += n;
+    }
+    Ok(out)
 }
 
 /// The same error for every request (`ids`) of a failed group's run.
@@ -371,12 +426,24 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
     let mut answers = Vec::with_capacity(batch.len());
     let mut forwards: Vec<(*const DecoderModel, Vec<QueuedForward>)> = Vec::new();
     let mut logits: Vec<(*const DecoderModel, Vec<(u64, Tensor)>)> = Vec::new();
+    let mut head_forwards: Vec<(*const EagleHead, Vec<QueuedHeadForward>)> = Vec::new();
+    let mut head_logits: Vec<(HeadOfTarget, Vec<(u64, Tensor)>)> = Vec::new();
     for r in batch {
-        match r.work {
-            Work::Forward { tokens, positions, bias, cache } => {
-                add_to_group(&mut forwards, r.model, (r.id, tokens, positions, bias, cache))
+        match (r.runner, r.work) {
+            (Runner::Model(m), Work::Forward { tokens, positions, bias, cache }) => {
+                add_to_group(&mut forwards, m, (r.id, tokens, positions, bias, cache))
             }
-            Work::Logits { hidden } => add_to_group(&mut logits, r.model, (r.id, hidden)),
+            (Runner::Model(m), Work::Logits { hidden }) => add_to_group(&mut logits, m, (r.id, hidden)),
+            (Runner::Head(h), Work::HeadForward { target, features, tokens, positions, bias, cache }) => {
+                add_to_group(&mut head_forwards, h, (r.id, target, features, tokens, positions, bias, cache))
+            }
+            (Runner::Head(h), Work::HeadLogits { target, out }) => {
+                add_to_group(&mut head_logits, (h, target), (r.id, out))
+            }
+            _ => answers.push((
+                r.id,
+                (Err(candle_core::Error::Msg("batcher: work of another kind of runner".into())), Run::default()),
+            )),
         }
     }
     for (model, mut group) in forwards {
@@ -418,25 +485,68 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
             Err(e) => answers.extend(failed(group.iter().map(|g| g.0), &e, run)),
         }
     }
-    for (model, group) in logits {
-        let model = unsafe { &*model };
+    for (head, group) in head_forwards {
+        // SAFETY: see `Request`: the head, the target and the caches are the waiting members'.
+        let head = unsafe { &*head };
+        let target = unsafe { &*group[0].1 };
+        let mut group = group;
+        group.retain(|(id, _, features, tokens, positions, bias, cache)| {
+            match head.check_forward(features, unsafe { &**tokens }, unsafe { &**positions }, bias, unsafe { &**cache })
+            {
+                Ok(()) => true,
+                Err(e) => {
+                    answers.push((*id, (Err(e), Run::default())));
+                    false
+                }
+            }
+        });
+        if group.is_empty() {
+            continue;
+        }
+        let mut items: Vec<HeadItem> = group
+            .iter()
+            .map(|(_, _, features, tokens, positions, bias, cache)| HeadItem {
+                features,
+                tokens: unsafe { &**tokens },
+                positions: unsafe { &**positions },
+                bias,
+                cache: unsafe { &mut **cache },
+            })
+            .collect();
+        let rows: usize = items.iter().map(|i| i.tokens.len()).sum();
         stats.batches += 1;
         stats.requests += group.len() as u64;
+        stats.rows += rows as u64;
+        stats.widest = stats.widest.max(group.len() as u64);
+        stats.head_widest = stats.head_widest.max(group.len() as u64);
+        let started = std::time::Instant::now();
+        let result = head.forward_batch(target, &mut items);
+        let run = Run { rows, secs: started.elapsed().as_secs_f64() };
+        match result {
+            Ok(out) => answers.extend(group.iter().map(|g| g.0).zip(out.into_iter().map(|o| (Ok(o), run)))),
+            Err(e) => answers.extend(failed(group.iter().map(|g| g.0), &e, run)),
+        }
+    }
+    let logit_groups = logits
+        .into_iter()
+        .map(|(m, g)| (Runner::Model(m), std::ptr::null::<DecoderModel>(), g))
+        .chain(head_logits.into_iter().map(|((h, target), g)| (Runner::Head(h), target, g)));
+    for (runner, target, group) in logit_groups {
+        stats.batches += 1;
+        stats.requests += group.len() as u64;
+        // SAFETY: see `Request`: the model, head and target are the waiting members'.
+        let product = |rows: &Tensor| match runner {
+            Runner::Model(m) => unsafe { &*m }.logits_now(rows),
+            Runner::Head(h) => unsafe { &*h }.logits_now(unsafe { &*target }, rows),
+        };
         let started = std::time::Instant::now();
         let result = (|| -> Result<Vec<Tensor>> {
             if group.len() == 1 {
-                return Ok(vec![model.logits_now(&group[0].1)?]);
+                return Ok(vec![product(&group[0].1)?]);
             }
-            let hidden: Vec<&Tensor> = group.iter().map(|g| &g.1).collect();
-            let all = model.logits_now(&Tensor::cat(&hidden, 0)?)?;
-            let mut start = 0;
-            let mut out = Vec::with_capacity(group.len());
-            for h in &hidden {
-                let n = h.dim(0)?;
-                out.push(all.narrow(0, start, n)?);
-                start += n;
-            }
-            Ok(out)
+            let rows: Vec<&Tensor> = group.iter().map(|g| &g.1).collect();
+            let all = product(&Tensor::cat(&rows, 0)?)?;
+            split_rows(all, rows.iter().map(|r| r.dim(0).unwrap_or(0)))
         })();
         // Logits add their seconds to the forward's; rows are the forward's.
         let run = Run { rows: 0, secs: started.elapsed().as_secs_f64() };
@@ -459,12 +569,36 @@ impl DecoderModel {
     ) -> Option<Result<Tensor>> {
         let batcher = Batcher::current()?;
         let work = Work::Forward { tokens, positions, bias: bias.clone(), cache };
-        Some(batcher.submit(self, work))
+        Some(batcher.submit(Runner::Model(self), work))
     }
 
     /// [`Self::logits`] through the batcher the calling thread is a member of, if any.
     pub(crate) fn logits_via_batcher(&self, hidden: &Tensor) -> Option<Result<Tensor>> {
         let batcher = Batcher::current()?;
-        Some(batcher.submit(self, Work::Logits { hidden: hidden.clone() }))
+        Some(batcher.submit(Runner::Model(self), Work::Logits { hidden: hidden.clone() }))
+    }
+}
+
+impl EagleHead {
+    /// [`Self::forward`] through the batcher the calling thread is a member of, if any.
+    pub(crate) fn forward_via_batcher(
+        &self,
+        target: &DecoderModel,
+        features: &Tensor,
+        tokens: &[u32],
+        positions: &[u32],
+        bias: &Tensor,
+        cache: &mut KvCache,
+    ) -> Option<Result<Tensor>> {
+        let batcher = Batcher::current()?;
+        let work =
+            Work::HeadForward { target, features: features.clone(), tokens, positions, bias: bias.clone(), cache };
+        Some(batcher.submit(Runner::Head(self), work))
+    }
+
+    /// [`Self::logits`] through the batcher the calling thread is a member of, if any.
+    pub(crate) fn logits_via_batcher(&self, target: &DecoderModel, out: &Tensor) -> Option<Result<Tensor>> {
+        let batcher = Batcher::current()?;
+        Some(batcher.submit(Runner::Head(self), Work::HeadLogits { target, out: out.clone() }))
     }
 }

@@ -18,10 +18,21 @@
 
 use super::kv_cache::KvCache;
 use super::products::Products;
-use super::{block, block_parts, DecoderModel, Layer, Linear, ModelConfig, Part, Rope, StepInputs, Visibility};
+use super::{block_parts, DecoderModel, Layer, Linear, ModelConfig, Part, Rope, StepInputs, Visibility};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use std::path::{Path, PathBuf};
+
+/// One sequence's entries of a batched head forward ([`EagleHead::forward_batch`]): their
+/// features (`[t, hidden]`), tokens, positions, attention bias (`[t, cache.len() + t]`) and the
+/// sequence's head cache.
+pub struct HeadItem<'a> {
+    pub features: &'a Tensor,
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub bias: &'a Tensor,
+    pub cache: &'a mut KvCache,
+}
 
 /// An EAGLE-1 draft head (see the module docs).
 #[derive(Debug, Clone)]
@@ -132,7 +143,19 @@ impl EagleHead {
 
     /// The draft logits (`[rows, ids]`, f32) of head outputs `out` (`[rows, hidden]`): through
     /// the target's output layer, or its first rows ([`Self::set_output_rows`]).
+    /// On a [`super::Batcher`]'s thread, batched with the other members' head logits.
     pub fn logits(&self, target: &DecoderModel, out: &Tensor) -> Result<Tensor> {
+        match &self.lm_head {
+            Some(_) => match self.logits_via_batcher(target, out) {
+                Some(logits) => logits,
+                None => self.logits_now(target, out),
+            },
+            None => target.logits(out),
+        }
+    }
+
+    /// [`Self::logits`] on this thread, now.
+    pub(crate) fn logits_now(&self, target: &DecoderModel, out: &Tensor) -> Result<Tensor> {
         match &self.lm_head {
             Some(head) => {
                 let _span = tracing::trace_span!("eagle_lm_head").entered();
@@ -140,6 +163,14 @@ impl EagleHead {
             }
             None => target.logits(out),
         }
+    }
+
+    /// About the number of weights of `fc` and the layer's products (what a forward's cost
+    /// grows with), as [`DecoderModel::weight_count`] counts a model's.
+    pub fn weight_count(&self) -> usize {
+        let c = &self.config;
+        let attention = c.hidden_size * (2 * c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim);
+        2 * c.hidden_size * c.hidden_size + attention + 3 * c.hidden_size * c.intermediate_size
     }
 
     /// Whether the checkpoint carries its own token embedding.
@@ -155,7 +186,9 @@ impl EagleHead {
     /// Runs entries `(features[i], tokens[i])` at `positions[i]` with the additive bias
     /// `[t, cache.len() + t]` and appends them to `cache`; returns the head's outputs
     /// `[t, hidden]` (features for deeper entries; logits through the target's `lm_head`).
-    /// `target` supplies the embedding when the head has none.
+    /// `target` supplies the embedding when the head has none. On a thread that is a member of
+    /// a [`super::Batcher`], the forward runs batched with the other members' head forwards
+    /// (its result is the same).
     pub fn forward(
         &self,
         target: &DecoderModel,
@@ -165,7 +198,86 @@ impl EagleHead {
         bias: &Tensor,
         cache: &mut KvCache,
     ) -> Result<Tensor> {
+        if let Some(out) = self.forward_via_batcher(target, features, tokens, positions, bias, cache) {
+            return out;
+        }
+        let mut out = self.forward_batch(target, &mut [HeadItem { features, tokens, positions, bias, cache }])?;
+        Ok(out.pop().expect("one sequence"))
+    }
+
+    /// Runs the entries of several sequences in one head forward, each with its own features,
+    /// positions, attention bias and cache (see [`Self::forward`]): `fc` and the layer's
+    /// products over all their rows at once, attention per sequence
+    /// ([`super::block_parts`]). Returns each sequence's outputs. With the CPU kernels a
+    /// row's result does not depend on the rows beside it, so each sequence gets what it gets
+    /// alone; on the CPU a head step is bound by reading its weights (and the output layer's,
+    /// [`Self::logits`]), so several sequences' entries cost about one's.
+    pub fn forward_batch(&self, target: &DecoderModel, items: &mut [HeadItem]) -> Result<Vec<Tensor>> {
         let _span = tracing::trace_span!("eagle_head").entered();
+        if items.is_empty() {
+            candle_core::bail!("EAGLE head: no sequences");
+        }
+        for item in items.iter() {
+            self.check_forward(item.features, item.tokens, item.positions, item.bias, item.cache)?;
+        }
+        let tokens: Vec<u32> = items.iter().flat_map(|i| i.tokens.iter().copied()).collect();
+        let t = tokens.len();
+        let e = match &self.embed {
+            Some(own) => own.index_select(&Tensor::from_slice(&tokens, t, &self.device)?, 0)?,
+            None => target.embedding().lookup(&tokens, &self.device)?.to_device(&self.device)?.to_dtype(self.dtype)?,
+        };
+        let features = match items {
+            [one] => one.features.to_dtype(self.dtype)?,
+            _ => Tensor::cat(&items.iter().map(|i| i.features).collect::<Vec<_>>(), 0)?.to_dtype(self.dtype)?,
+        };
+        let x = Tensor::cat(&[&e, &features], D::Minus1)?;
+        let x = self.fc.forward(&x.unsqueeze(0)?)?;
+        let positions: Vec<Tensor> = items
+            .iter()
+            .map(|i| Tensor::from_slice(i.positions, i.positions.len(), &self.device))
+            .collect::<Result<_>>()?;
+        // The head runs attention as its target does ([`DecoderModel::set_fused_decode`]).
+        let ropes: Vec<Rope> =
+            positions.iter().map(|p| Rope::new(&self.rotary, p, target.fused_decode())).collect::<Result<_>>()?;
+        let biases: Vec<Tensor> = items.iter().map(|i| i.bias.to_dtype(self.dtype)).collect::<Result<_>>()?;
+        let mut parts: Vec<Part> = items
+            .iter_mut()
+            .zip(&ropes)
+            .zip(&biases)
+            .map(|((item, rope), bias)| Part {
+                rows: item.tokens.len(),
+                rope,
+                visibility: Visibility::Bias(bias),
+                cache: &mut *item.cache,
+            })
+            .collect();
+        let y = block_parts(&self.config, 0, &self.layer, &x, &mut parts)?.squeeze(0)?;
+        drop(parts);
+        for item in items.iter_mut() {
+            item.cache.advance(item.tokens.len())?;
+        }
+        if items.len() == 1 {
+            return Ok(vec![y]);
+        }
+        let mut start = 0;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items.iter() {
+            out.push(y.narrow(0, start, item.tokens.len())?);
+            start += item.tokens.len();
+        }
+        Ok(out)
+    }
+
+    /// The checks of one sequence's head forward: features, positions and bias that fit its
+    /// tokens, room in the cache, positions inside the context and ids inside the vocabulary.
+    pub(crate) fn check_forward(
+        &self,
+        features: &Tensor,
+        tokens: &[u32],
+        positions: &[u32],
+        bias: &Tensor,
+        cache: &KvCache,
+    ) -> Result<()> {
         let t = tokens.len();
         let total = cache.len() + t;
         if t == 0 || positions.len() != t || features.dims() != [t, self.config.hidden_size] {
@@ -185,19 +297,7 @@ impl EagleHead {
         if let Some(&p) = positions.iter().find(|&&p| p as usize >= self.config.context_length) {
             candle_core::bail!("EAGLE head: position {p} beyond the context of {}", self.config.context_length);
         }
-        cache.reserve(t)?;
-        let pos = Tensor::from_slice(positions, t, &self.device)?;
-        let e = match &self.embed {
-            Some(own) => own.index_select(&Tensor::from_slice(tokens, t, &self.device)?, 0)?,
-            None => target.embedding().lookup(tokens, &self.device)?.to_device(&self.device)?.to_dtype(self.dtype)?,
-        };
-        let x = Tensor::cat(&[&e, &features.to_dtype(self.dtype)?], D::Minus1)?;
-        let x = self.fc.forward(&x.unsqueeze(0)?)?;
-        // The head runs attention as its target does ([`DecoderModel::set_fused_decode`]).
-        let rope = Rope::new(&self.rotary, &pos, target.fused_decode())?;
-        let y = block(&self.config, 0, &self.layer, &x, &rope, &bias.to_dtype(self.dtype)?, cache)?;
-        cache.advance(t)?;
-        y.squeeze(0)
+        cache.reserve(t)
     }
 
     /// [`Self::forward`] of a step set in `step` ([`StepInputs`]: tokens, positions and what

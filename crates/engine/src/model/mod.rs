@@ -418,21 +418,6 @@ pub(crate) fn output_logits(lm_head: &Linear, hidden: &Tensor) -> Result<Tensor>
     lm_head.forward(&hidden.unsqueeze(0)?)?.squeeze(0)?.to_dtype(DType::F32)
 }
 
-/// One transformer block on `x` (`[1, t, hidden]`): attention against the cache of layer
-/// `index` plus the new keys (appended), then the MLP, each with its residual.
-pub(crate) fn block(
-    c: &ModelConfig,
-    index: usize,
-    layer: &Layer,
-    x: &Tensor,
-    rope: &Rope,
-    bias: &Tensor,
-    cache: &mut KvCache,
-) -> Result<Tensor> {
-    let rows = x.dim(1)?;
-    block_parts(c, index, layer, x, &mut [Part { rows, rope, visibility: Visibility::Bias(bias), cache }])
-}
-
 /// One sequence's rows of a block over several ([`block_parts`]): how many rows (they follow the
 /// previous part's), their rotary embedding, what they see and their cache.
 pub(crate) struct Part<'p, 'r> {

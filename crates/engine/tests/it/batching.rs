@@ -1,11 +1,13 @@
 //! Several sequences in one forward (`DecoderModel::forward_batch`) and generations batched
 //! across threads (`Batcher`): every sequence gets, bit for bit, what it gets alone, so batched
-//! generations emit their solo tokens at any temperature (each keeps its own random stream).
+//! generations emit their solo tokens at any temperature (each keeps its own random stream);
+//! the same for EAGLE head forwards (`EagleHead::forward_batch`) and generations drafting with a head.
 
 use crate::common::{self, load_cpu, temp_dir, Tiny};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Tensor};
 use engine::decode::{GenerationConfig, Generator, Randomness, TreeChoice};
+use engine::model::eagle::HeadItem;
 use engine::model::{attention_bias, causal_bias, BatchItem, Batcher, DecoderModel, KvCache};
 use engine::DraftTree;
 use samplers::dist::Warp;
@@ -193,4 +195,174 @@ fn prompts_arriving_together_are_prefilled_one_at_a_time() {
     let stats = batcher.stats();
     assert_eq!(stats.prefills_together, 1, "{stats:?}");
     assert!(stats.widest >= 2, "nothing ran batched: {stats:?}");
+}
+
+/// `f32` features `[n, hidden]` that differ from row to row and with `seed`.
+fn features(target: &DecoderModel, n: usize, seed: f64) -> Tensor {
+    let h = target.config().hidden_size;
+    Tensor::arange(0f32, (n * h) as f32, target.device())
+        .unwrap()
+        .affine(0.013, seed)
+        .unwrap()
+        .sin()
+        .unwrap()
+        .reshape((n, h))
+        .unwrap()
+        .to_dtype(target.dtype())
+        .unwrap()
+}
+
+/// Three sequences' entries in one EAGLE head forward (two entries after a prompt's, a tree
+/// level of two siblings, one entry), with the target's whole output layer and with a cut of
+/// it: each one's outputs, cache and logits equal what it gets alone, bit for bit, whether
+/// through `EagleHead::forward_batch` or from three threads of one batcher, where the three
+/// head forwards ran as one and so did the three logits products.
+#[test]
+fn a_batched_head_forward_gives_each_sequence_its_own_forward() {
+    let (target, _, whole) = common::target_draft_head(45, "batch-head");
+    let mut cut = whole.clone();
+    cut.set_output_rows(&target, 16).unwrap();
+    let (dtype, dev) = (target.dtype(), target.device().clone());
+    let prefix = [3usize, 5, 1];
+    let new_tokens: [Vec<u32>; 3] = [vec![11, 12], vec![20, 21], vec![30]];
+    let positions: [Vec<u32>; 3] = [vec![3, 4], vec![5, 5], vec![1]];
+    let biases = [
+        causal_bias(3, 2, dtype, &dev).unwrap(),
+        attention_bias(5, 2, 2, |r, c| r == c, dtype, &dev).unwrap(),
+        causal_bias(1, 1, dtype, &dev).unwrap(),
+    ];
+    let new_features: Vec<Tensor> = (0..3).map(|i| features(&target, new_tokens[i].len(), 10.0 + i as f64)).collect();
+    for (name, head) in [("whole output layer", &whole), ("cut output layer", &cut)] {
+        let cache_after = |i: usize| {
+            let n = prefix[i];
+            let mut cache = head.new_cache(64).unwrap();
+            let tokens: Vec<u32> = (0..n as u32).map(|j| (j * 7 + i as u32) % 40 + 1).collect();
+            let pos: Vec<u32> = (0..n as u32).collect();
+            let bias = causal_bias(0, n, dtype, &dev).unwrap();
+            head.forward(&target, &features(&target, n, i as f64), &tokens, &pos, &bias, &mut cache).unwrap();
+            cache
+        };
+        let mut alone = Vec::new();
+        let mut alone_logits = Vec::new();
+        let mut alone_caches = Vec::new();
+        for i in 0..3 {
+            let mut cache = cache_after(i);
+            let out =
+                head.forward(&target, &new_features[i], &new_tokens[i], &positions[i], &biases[i], &mut cache).unwrap();
+            alone_logits.push(head.logits(&target, &out).unwrap());
+            alone.push(out);
+            alone_caches.push(cache);
+        }
+        let same_cache = |cache: &KvCache, i: usize, how: &str| {
+            assert_eq!(cache.len(), alone_caches[i].len(), "{name}, {how}: sequence {i}'s cache length");
+            assert_eq!(bits(&cache.keys(0).unwrap()), bits(&alone_caches[i].keys(0).unwrap()), "{name}, {how}: keys");
+            assert_eq!(bits(&cache.values(0).unwrap()), bits(&alone_caches[i].values(0).unwrap()), "{name}, {how}");
+        };
+        let mut caches: Vec<KvCache> = (0..3).map(cache_after).collect();
+        let mut items: Vec<HeadItem> = caches
+            .iter_mut()
+            .enumerate()
+            .map(|(i, cache)| HeadItem {
+                features: &new_features[i],
+                tokens: &new_tokens[i],
+                positions: &positions[i],
+                bias: &biases[i],
+                cache,
+            })
+            .collect();
+        let together = head.forward_batch(&target, &mut items).unwrap();
+        for i in 0..3 {
+            assert_eq!(bits(&together[i]), bits(&alone[i]), "{name}: sequence {i}'s outputs");
+            same_cache(&caches[i], i, "forward_batch");
+        }
+        let batcher = Batcher::new();
+        let all_joined = std::sync::Barrier::new(3);
+        let threads: Vec<(Tensor, Tensor, KvCache)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..3)
+                .map(|i| {
+                    let (batcher, all_joined, target, head) = (&batcher, &all_joined, &target, head);
+                    let (f, t, p, b) = (&new_features[i], &new_tokens[i], &positions[i], &biases[i]);
+                    let mut cache = cache_after(i);
+                    s.spawn(move || {
+                        let _member = batcher.join();
+                        all_joined.wait();
+                        let out = head.forward(target, f, t, p, b, &mut cache).unwrap();
+                        let logits = head.logits(target, &out).unwrap();
+                        (out, logits, cache)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, (out, logits, cache)) in threads.iter().enumerate() {
+            assert_eq!(bits(out), bits(&alone[i]), "{name}, batcher: sequence {i}'s outputs");
+            assert_eq!(bits(logits), bits(&alone_logits[i]), "{name}, batcher: sequence {i}'s logits");
+            same_cache(cache, i, "batcher");
+        }
+        let stats = batcher.stats();
+        assert_eq!(stats.head_widest, 3, "{name}: the head forwards did not run as one: {stats:?}");
+        assert_eq!((stats.batches, stats.requests), (2, 6), "{name}: one forward and one logits product: {stats:?}");
+    }
+}
+
+/// Generations drafting with an EAGLE head on four threads, members of one batcher, each with
+/// its own prompt, tree and seed: each emits what it emits alone, at temperature 0 and at 0.8,
+/// with the target's whole output layer and with a cut of it; and the head's forwards of
+/// several members ran as one.
+#[test]
+fn batched_eagle_generations_emit_their_solo_tokens() {
+    let (target, _, whole) = common::target_draft_head(46, "batch-eagle");
+    let mut cut = whole.clone();
+    cut.set_output_rows(&target, 32).unwrap();
+    let prompts: [Vec<u32>; 4] =
+        [vec![3, 9, 27], vec![4, 12, 36, 9, 27, 30], vec![5, 6, 7, 8, 9, 10, 11], vec![2, 4, 8]];
+    for (name, head) in [("whole output layer", &whole), ("cut output layer", &cut)] {
+        for temperature in [0.0, 0.8] {
+            let config = |i: usize| {
+                let tree = ["chain-3", "drafts-2-depth-2", "none", "auto"][i];
+                let speculative = match tree {
+                    "none" => None,
+                    "auto" => {
+                        Some(common::spec(TreeChoice::Auto, DraftConstruction::Greedy, Verifier::Greedy, None, 0.0))
+                    }
+                    _ => Some(common::spec(
+                        DraftTree::preset(tree).unwrap(),
+                        DraftConstruction::Greedy,
+                        Verifier::Greedy,
+                        None,
+                        0.0,
+                    )),
+                };
+                let randomness = if tree == "auto" { Randomness::Positional } else { Randomness::Stream };
+                GenerationConfig {
+                    speculative,
+                    randomness,
+                    ..GenerationConfig { warp: Warp::temperature(temperature), ..common::greedy(24, 200 + i as u64) }
+                }
+            };
+            let solo: Vec<Vec<u32>> = (0..4)
+                .map(|i| {
+                    let mut g = Generator::with_eagle(&target, head, 100).unwrap();
+                    g.generate(&prompts[i], &config(i), |_| false, |_| Ok(())).unwrap().0
+                })
+                .collect();
+            let batcher = Batcher::new();
+            let together: Vec<Vec<u32>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..4)
+                    .map(|i| {
+                        let (batcher, target, prompt, config) = (&batcher, &target, &prompts[i], config(i));
+                        s.spawn(move || {
+                            let _member = batcher.join();
+                            let mut g = Generator::with_eagle(target, head, 100).unwrap();
+                            g.generate(prompt, &config, |_| false, |_| Ok(())).unwrap().0
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(together, solo, "{name}, temperature {temperature}");
+            let stats = batcher.stats();
+            assert!(stats.head_widest >= 2, "{name}, temperature {temperature}: no batched head forward: {stats:?}");
+        }
+    }
 }

@@ -15,7 +15,9 @@
 //!    guesses); the caller then hands over the accepted path ([`EagleDraft::commit`]).
 //!
 //! Features move between levels with `index_select` on the device; logits go to the host once
-//! per level, as for a draft model.
+//! per level, as for a draft model. On a thread of a [`crate::model::Batcher`] (serving,
+//! `generate --jsonl --max-batch`), each head forward and its logits join the other members'
+//! ([`EagleHead::forward_batch`]): the members drafting at a level share one head forward.
 
 use crate::decode::auto_tree::AutoTree;
 use crate::decode::buffers::StepBuffers;
@@ -128,7 +130,14 @@ impl<'a> EagleDraft<'a> {
     /// Drafts `tree`'s tokens into `b` (steps 1-3 of the module docs); returns the number of
     /// head forwards (0 when nothing could be drafted: a tree without drafts, or no feature
     /// yet). With `auto` (`--tree auto`), each head forward's time (with its logits and
-    /// draws) goes into its draft cost curve, by rows.
+    /// draws) goes into its draft cost curve, by this text's rows. In a
+    /// [`crate::model::Batcher`] that is the level's wall time as this member sees it: the
+    /// batched run and the wait for the members in it, which every member of the batch pays.
+    /// Recording only the batched run's seconds at the batch's rows, as a draft model's
+    /// forwards do, made `auto` draft in batches of 4 on a 2-vCPU AVX-512 VM where drafting
+    /// steps lose to plain ones there (44-52 tokens/s against `--no-spec`'s 57.5); with the
+    /// wall time it kept to plain steps, as fast as `--no-spec`
+    /// (docs/results/README.md#serving-eagle-batched).
     #[allow(clippy::too_many_arguments)]
     pub fn draft_tree(
         &mut self,
