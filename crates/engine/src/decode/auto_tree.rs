@@ -37,7 +37,10 @@
 //! where a forward's cost grows with its rows (a full batch on the CPU), rows that add fewer
 //! tokens than the batch's average are not worth their time, and the trees shrink, to none. The
 //! curves are measured alone ([`crate::model::Solo`]) and then follow what each step's batched
-//! forwards cost at the batch's total rows ([`crate::model::take_batched_cost`]).
+//! forwards cost at the batch's total rows ([`crate::model::take_batched_cost`]); an EAGLE
+//! head's levels, batched too, record the level's wall time at the text's own rows, a more
+//! cautious price (`crate::decode::draft::eagle`: with the batched seconds, `auto` drafted in
+//! batches where drafting lost).
 //!
 //! The tree without drafts (plain decoding, `E = 1`, `C = T_target(1)`) is a candidate too;
 //! while it wins no draft is tried, so every 16th such step drafts anyway to keep `α` honest.

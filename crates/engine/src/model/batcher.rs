@@ -25,7 +25,7 @@
 //! models alone: the others wait meanwhile, as they wait for any member).
 
 use super::eagle::{EagleHead, HeadItem};
-use super::{BatchItem, DecoderModel, KvCache};
+use super::{split_rows, BatchItem, DecoderModel, KvCache};
 use candle_core::{Result, Tensor};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -260,8 +260,8 @@ impl Batcher {
         Arc::new(Self::default())
     }
 
-    /// Makes the calling thread a member until the returned guard is dropped: its models'
-    /// forwards and logits go through this batcher.
+    /// Makes the calling thread a member until the returned guard is dropped: its models' and
+    /// EAGLE heads' forwards and logits go through this batcher.
     pub fn join(self: &Arc<Self>) -> Membership {
         let id = {
             let mut st = self.lock();
@@ -297,7 +297,7 @@ impl Batcher {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `work` on `model` and waits for its answer (running the batch when this member
+    /// Queues `work` of `runner` (a model or a head) and waits for its answer (running the batch when this member
     /// is the last to wait).
     pub(crate) fn submit(&self, runner: Runner, work: Work) -> Result<Tensor> {
         let mut st = self.lock();
@@ -331,9 +331,11 @@ impl Batcher {
         }
         st.running = true;
         // The heaviest model's forwards (the target's) wait while anything else waits (draft
-        // levels, logits): members drafting then reach their target forwards together, and the
-        // target runs once per step for all of them, instead of once per draft level beside
-        // the drafts of members whose steps drifted apart.
+        // levels, head forwards, logits): members drafting then reach their target forwards
+        // together, and the target runs once per step for all of them, instead of once per
+        // draft level beside the drafts of members whose steps drifted apart. (Among lighter
+        // work the same holds: a head forward waits while logits do, so the members' levels
+        // fall into step.)
         let weight = |r: &Request| match (r.runner, &r.work) {
             // SAFETY: see `Request`: the model or head is a waiting member's.
             (Runner::Model(m), Work::Forward { .. }) => unsafe { &*m }.weight_count(),
@@ -386,9 +388,9 @@ impl Batcher {
 /// A queued forward: request id, tokens, positions, bias and the member's cache.
 type QueuedForward = (u64, *const [u32], *const [u32], Tensor, *mut KvCache);
 
-/// A queued head forward: request id, the target, features, tokens, positions, bias and the
-/// member's head cache.
-type QueuedHeadForward = (u64, *const DecoderModel, Tensor, *const [u32], *const [u32], Tensor, *mut KvCache);
+/// A queued head forward: request id, features, tokens, positions, bias and the member's head
+/// cache.
+type QueuedHeadForward = (u64, Tensor, *const [u32], *const [u32], Tensor, *mut KvCache);
 
 /// A head and the target whose output layer its logits may read.
 type HeadOfTarget = (*const EagleHead, *const DecoderModel);
@@ -401,16 +403,39 @@ fn add_to_group<K: PartialEq, T>(groups: &mut Vec<(K, Vec<T>)>, key: K, item: T)
     }
 }
 
-/// Splits `all` (the rows of several requests, one after the other) into each request's rows
-/// (`rows`: how many each has).
-fn split_rows(all: Tensor, rows: impl Iterator<Item = usize>) -> Result<Vec<Tensor>> {
-    let mut start = 0;
-    let mut out = Vec::new();
-    for n in rows {
-        out.push(all.narrow(0, start, n)?);
-        start += n;
+/// Runs one model's or head's queued forwards: a request that fails `check` (a position past
+/// the context, a full cache) gets its own error; the others run as one (`forward`: their rows
+/// and each one's output, in order) and each gets its answer, or the run's error. Returns how
+/// many ran together.
+fn run_forward_group<Q>(
+    mut group: Vec<Q>,
+    id: impl Fn(&Q) -> u64,
+    check: impl Fn(&Q) -> Result<()>,
+    forward: impl FnOnce(&[Q]) -> (usize, Result<Vec<Tensor>>),
+    stats: &mut BatchStats,
+    answers: &mut Vec<(u64, Answer)>,
+) -> u64 {
+    group.retain(|q| match check(q) {
+        Ok(()) => true,
+        Err(e) => {
+            answers.push((id(q), (Err(e), Run::default())));
+            false
+        }
+    });
+    if group.is_empty() {
+        return 0;
     }
-    Ok(out)
+    let started = std::time::Instant::now();
+    let (rows, result) = forward(&group);
+    let run = Run { rows, secs: started.elapsed().as_secs_f64() };
+    stats.batches += 1;
+    stats.requests += group.len() as u64;
+    stats.rows += rows as u64;
+    match result {
+        Ok(out) => answers.extend(group.iter().map(&id).zip(out.into_iter().map(|o| (Ok(o), run)))),
+        Err(e) => answers.extend(failed(group.iter().map(&id), &e, run)),
+    }
+    group.len() as u64
 }
 
 /// The same error for every request (`ids`) of a failed group's run.
@@ -419,14 +444,15 @@ fn failed(ids: impl Iterator<Item = u64>, e: &candle_core::Error, run: Run) -> V
     ids.map(|id| (id, (Err(candle_core::Error::Msg(msg.clone())), run))).collect()
 }
 
-/// Runs a batch: the forwards of each model as one batched forward, then the logits of each
-/// model as one product; every request gets its answer (an error of its group's run, if any).
+/// Runs a batch: the forwards of each model as one batched forward, those of each EAGLE head
+/// (with its target) as one head forward, then the logits of each model or head as one
+/// product; every request gets its answer (an error of its group's run, if any).
 fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
     let mut stats = BatchStats::default();
     let mut answers = Vec::with_capacity(batch.len());
     let mut forwards: Vec<(*const DecoderModel, Vec<QueuedForward>)> = Vec::new();
     let mut logits: Vec<(*const DecoderModel, Vec<(u64, Tensor)>)> = Vec::new();
-    let mut head_forwards: Vec<(*const EagleHead, Vec<QueuedHeadForward>)> = Vec::new();
+    let mut head_forwards: Vec<(HeadOfTarget, Vec<QueuedHeadForward>)> = Vec::new();
     let mut head_logits: Vec<(HeadOfTarget, Vec<(u64, Tensor)>)> = Vec::new();
     for r in batch {
         match (r.runner, r.work) {
@@ -435,7 +461,7 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
             }
             (Runner::Model(m), Work::Logits { hidden }) => add_to_group(&mut logits, m, (r.id, hidden)),
             (Runner::Head(h), Work::HeadForward { target, features, tokens, positions, bias, cache }) => {
-                add_to_group(&mut head_forwards, h, (r.id, target, features, tokens, positions, bias, cache))
+                add_to_group(&mut head_forwards, (h, target), (r.id, features, tokens, positions, bias, cache))
             }
             (Runner::Head(h), Work::HeadLogits { target, out }) => {
                 add_to_group(&mut head_logits, (h, target), (r.id, out))
@@ -446,86 +472,45 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
             )),
         }
     }
-    for (model, mut group) in forwards {
-        // SAFETY: see `Request`: the model and the caches are the waiting members'.
+    for (model, group) in forwards {
+        // SAFETY: see `Request`: the model, the caches and the slices are the waiting members'.
         let model = unsafe { &*model };
-        // A sequence that cannot run (a position past the context, a full cache) gets its own
-        // error; the others run.
-        group.retain(|(id, tokens, positions, bias, cache)| {
-            match model.check_forward(unsafe { &**tokens }, unsafe { &**positions }, bias, unsafe { &**cache }) {
-                Ok(()) => true,
-                Err(e) => {
-                    answers.push((*id, (Err(e), Run::default())));
-                    false
-                }
-            }
-        });
-        if group.is_empty() {
-            continue;
-        }
-        let mut items: Vec<BatchItem> = group
-            .iter()
-            .map(|(_, tokens, positions, bias, cache)| BatchItem {
-                tokens: unsafe { &**tokens },
-                positions: unsafe { &**positions },
-                bias,
-                cache: unsafe { &mut **cache },
-            })
-            .collect();
-        let rows: usize = items.iter().map(|i| i.tokens.len()).sum();
-        stats.batches += 1;
-        stats.requests += group.len() as u64;
-        stats.rows += rows as u64;
-        stats.widest = stats.widest.max(group.len() as u64);
-        let started = std::time::Instant::now();
-        let result = model.forward_batch(&mut items);
-        let run = Run { rows, secs: started.elapsed().as_secs_f64() };
-        match result {
-            Ok(hidden) => answers.extend(group.iter().map(|g| g.0).zip(hidden.into_iter().map(|h| (Ok(h), run)))),
-            Err(e) => answers.extend(failed(group.iter().map(|g| g.0), &e, run)),
-        }
+        let check = |(_, tokens, positions, bias, cache): &QueuedForward| unsafe {
+            model.check_forward(&**tokens, &**positions, bias, &**cache)
+        };
+        let forward = |group: &[QueuedForward]| {
+            let mut items: Vec<BatchItem> = group
+                .iter()
+                .map(|(_, tokens, positions, bias, cache)| unsafe {
+                    BatchItem { tokens: &**tokens, positions: &**positions, bias, cache: &mut **cache }
+                })
+                .collect();
+            let rows = items.iter().map(|i| i.tokens.len()).sum();
+            (rows, model.forward_batch(&mut items))
+        };
+        let width = run_forward_group(group, |q| q.0, check, forward, &mut stats, &mut answers);
+        stats.widest = stats.widest.max(width);
     }
-    for (head, group) in head_forwards {
-        // SAFETY: see `Request`: the head, the target and the caches are the waiting members'.
-        let head = unsafe { &*head };
-        let target = unsafe { &*group[0].1 };
-        let mut group = group;
-        group.retain(|(id, _, features, tokens, positions, bias, cache)| {
-            match head.check_forward(features, unsafe { &**tokens }, unsafe { &**positions }, bias, unsafe { &**cache })
-            {
-                Ok(()) => true,
-                Err(e) => {
-                    answers.push((*id, (Err(e), Run::default())));
-                    false
-                }
-            }
-        });
-        if group.is_empty() {
-            continue;
-        }
-        let mut items: Vec<HeadItem> = group
-            .iter()
-            .map(|(_, _, features, tokens, positions, bias, cache)| HeadItem {
-                features,
-                tokens: unsafe { &**tokens },
-                positions: unsafe { &**positions },
-                bias,
-                cache: unsafe { &mut **cache },
-            })
-            .collect();
-        let rows: usize = items.iter().map(|i| i.tokens.len()).sum();
-        stats.batches += 1;
-        stats.requests += group.len() as u64;
-        stats.rows += rows as u64;
-        stats.widest = stats.widest.max(group.len() as u64);
-        stats.head_widest = stats.head_widest.max(group.len() as u64);
-        let started = std::time::Instant::now();
-        let result = head.forward_batch(target, &mut items);
-        let run = Run { rows, secs: started.elapsed().as_secs_f64() };
-        match result {
-            Ok(out) => answers.extend(group.iter().map(|g| g.0).zip(out.into_iter().map(|o| (Ok(o), run)))),
-            Err(e) => answers.extend(failed(group.iter().map(|g| g.0), &e, run)),
-        }
+    for ((head, target), group) in head_forwards {
+        // SAFETY: see `Request`: the head, the target, the caches and the slices are the
+        // waiting members'.
+        let (head, target) = unsafe { (&*head, &*target) };
+        let check = |(_, features, tokens, positions, bias, cache): &QueuedHeadForward| unsafe {
+            head.check_forward(features, &**tokens, &**positions, bias, &**cache)
+        };
+        let forward = |group: &[QueuedHeadForward]| {
+            let mut items: Vec<HeadItem> = group
+                .iter()
+                .map(|(_, features, tokens, positions, bias, cache)| unsafe {
+                    HeadItem { features, tokens: &**tokens, positions: &**positions, bias, cache: &mut **cache }
+                })
+                .collect();
+            let rows = items.iter().map(|i| i.tokens.len()).sum();
+            (rows, head.forward_batch(target, &mut items))
+        };
+        let width = run_forward_group(group, |q| q.0, check, forward, &mut stats, &mut answers);
+        stats.widest = stats.widest.max(width);
+        stats.head_widest = stats.head_widest.max(width);
     }
     let logit_groups = logits
         .into_iter()
@@ -545,8 +530,8 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
                 return Ok(vec![product(&group[0].1)?]);
             }
             let rows: Vec<&Tensor> = group.iter().map(|g| &g.1).collect();
-            let all = product(&Tensor::cat(&rows, 0)?)?;
-            split_rows(all, rows.iter().map(|r| r.dim(0).unwrap_or(0)))
+            let counts = rows.iter().map(|r| r.dim(0)).collect::<Result<Vec<usize>>>()?;
+            split_rows(product(&Tensor::cat(&rows, 0)?)?, counts.into_iter())
         })();
         // Logits add their seconds to the forward's; rows are the forward's.
         let run = Run { rows: 0, secs: started.elapsed().as_secs_f64() };
@@ -576,29 +561,5 @@ impl DecoderModel {
     pub(crate) fn logits_via_batcher(&self, hidden: &Tensor) -> Option<Result<Tensor>> {
         let batcher = Batcher::current()?;
         Some(batcher.submit(Runner::Model(self), Work::Logits { hidden: hidden.clone() }))
-    }
-}
-
-impl EagleHead {
-    /// [`Self::forward`] through the batcher the calling thread is a member of, if any.
-    pub(crate) fn forward_via_batcher(
-        &self,
-        target: &DecoderModel,
-        features: &Tensor,
-        tokens: &[u32],
-        positions: &[u32],
-        bias: &Tensor,
-        cache: &mut KvCache,
-    ) -> Option<Result<Tensor>> {
-        let batcher = Batcher::current()?;
-        let work =
-            Work::HeadForward { target, features: features.clone(), tokens, positions, bias: bias.clone(), cache };
-        Some(batcher.submit(Runner::Head(self), work))
-    }
-
-    /// [`Self::logits`] through the batcher the calling thread is a member of, if any.
-    pub(crate) fn logits_via_batcher(&self, target: &DecoderModel, out: &Tensor) -> Option<Result<Tensor>> {
-        let batcher = Batcher::current()?;
-        Some(batcher.submit(Runner::Head(self), Work::HeadLogits { target, out: out.clone() }))
     }
 }

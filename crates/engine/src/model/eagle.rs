@@ -16,9 +16,13 @@
 //! `layers.0.mlp.{gate,up,down}_proj.weight` and, in some heads, `embed_tokens.weight`
 //! (otherwise the target's embedding is used).
 
+use super::batcher::{Runner, Work};
 use super::kv_cache::KvCache;
 use super::products::Products;
-use super::{block_parts, DecoderModel, Layer, Linear, ModelConfig, Part, Rope, StepInputs, Visibility};
+use super::Batcher;
+use super::{
+    bias_parts, block_parts, split_rows, DecoderModel, Layer, Linear, ModelConfig, Part, Rope, StepInputs, Visibility,
+};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use std::path::{Path, PathBuf};
@@ -146,8 +150,8 @@ impl EagleHead {
     /// On a [`super::Batcher`]'s thread, batched with the other members' head logits.
     pub fn logits(&self, target: &DecoderModel, out: &Tensor) -> Result<Tensor> {
         match &self.lm_head {
-            Some(_) => match self.logits_via_batcher(target, out) {
-                Some(logits) => logits,
+            Some(_) => match Batcher::current() {
+                Some(batcher) => batcher.submit(Runner::Head(self), Work::HeadLogits { target, out: out.clone() }),
                 None => self.logits_now(target, out),
             },
             None => target.logits(out),
@@ -198,8 +202,10 @@ impl EagleHead {
         bias: &Tensor,
         cache: &mut KvCache,
     ) -> Result<Tensor> {
-        if let Some(out) = self.forward_via_batcher(target, features, tokens, positions, bias, cache) {
-            return out;
+        if let Some(batcher) = Batcher::current() {
+            let work =
+                Work::HeadForward { target, features: features.clone(), tokens, positions, bias: bias.clone(), cache };
+            return batcher.submit(Runner::Head(self), work);
         }
         let mut out = self.forward_batch(target, &mut [HeadItem { features, tokens, positions, bias, cache }])?;
         Ok(out.pop().expect("one sequence"))
@@ -228,7 +234,10 @@ impl EagleHead {
         };
         let features = match items {
             [one] => one.features.to_dtype(self.dtype)?,
-            _ => Tensor::cat(&items.iter().map(|i| i.features).collect::<Vec<_>>(), 0)?.to_dtype(self.dtype)?,
+            _ => {
+                let each = items.iter().map(|i| i.features.to_dtype(self.dtype)).collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&each, 0)?
+            }
         };
         let x = Tensor::cat(&[&e, &features], D::Minus1)?;
         let x = self.fc.forward(&x.unsqueeze(0)?)?;
@@ -240,32 +249,12 @@ impl EagleHead {
         let ropes: Vec<Rope> =
             positions.iter().map(|p| Rope::new(&self.rotary, p, target.fused_decode())).collect::<Result<_>>()?;
         let biases: Vec<Tensor> = items.iter().map(|i| i.bias.to_dtype(self.dtype)).collect::<Result<_>>()?;
-        let mut parts: Vec<Part> = items
-            .iter_mut()
-            .zip(&ropes)
-            .zip(&biases)
-            .map(|((item, rope), bias)| Part {
-                rows: item.tokens.len(),
-                rope,
-                visibility: Visibility::Bias(bias),
-                cache: &mut *item.cache,
-            })
-            .collect();
-        let y = block_parts(&self.config, 0, &self.layer, &x, &mut parts)?.squeeze(0)?;
-        drop(parts);
+        let seqs = items.iter_mut().map(|i| (i.tokens.len(), &mut *i.cache));
+        let y = block_parts(&self.config, 0, &self.layer, &x, &mut bias_parts(seqs, &ropes, &biases))?.squeeze(0)?;
         for item in items.iter_mut() {
             item.cache.advance(item.tokens.len())?;
         }
-        if items.len() == 1 {
-            return Ok(vec![y]);
-        }
-        let mut start = 0;
-        let mut out = Vec::with_capacity(items.len());
-        for item in items.iter() {
-            out.push(y.narrow(0, start, item.tokens.len())?);
-            start += item.tokens.len();
-        }
-        Ok(out)
+        split_rows(y, items.iter().map(|i| i.tokens.len()))
     }
 
     /// The checks of one sequence's head forward: features, positions and bias that fit its

@@ -285,33 +285,14 @@ impl DecoderModel {
         let biases: Vec<Tensor> = items.iter().map(|i| i.bias.to_dtype(self.dtype)).collect::<Result<_>>()?;
         let mut x = Residual::Sum(self.embed.lookup(&tokens, &self.device)?.to_dtype(self.dtype)?.unsqueeze(0)?);
         for (l, layer) in self.layers.iter().enumerate() {
-            let mut parts: Vec<Part> = items
-                .iter_mut()
-                .zip(&ropes)
-                .zip(&biases)
-                .map(|((item, rope), bias)| Part {
-                    rows: item.tokens.len(),
-                    rope,
-                    visibility: Visibility::Bias(bias),
-                    cache: &mut *item.cache,
-                })
-                .collect();
-            x = block_residual(&self.config, l, layer, &x, &mut parts)?;
+            let seqs = items.iter_mut().map(|i| (i.tokens.len(), &mut *i.cache));
+            x = block_residual(&self.config, l, layer, &x, &mut bias_parts(seqs, &ropes, &biases))?;
         }
         for item in items.iter_mut() {
             item.cache.advance(item.tokens.len())?;
         }
         let hidden = x.normed(Some(&self.norm), self.config.rms_norm_eps as f32)?.1.squeeze(0)?;
-        if items.len() == 1 {
-            return Ok(vec![hidden]);
-        }
-        let mut start = 0;
-        let mut out = Vec::with_capacity(items.len());
-        for item in items.iter() {
-            out.push(hidden.narrow(0, start, item.tokens.len())?);
-            start += item.tokens.len();
-        }
-        Ok(out)
+        split_rows(hidden, items.iter().map(|i| i.tokens.len()))
     }
 
     /// The checks of one sequence's forward: as many positions as tokens, a bias of the right
@@ -434,6 +415,34 @@ pub(crate) struct Part<'p, 'r> {
 pub(crate) enum Visibility<'p> {
     Bias(&'p Tensor),
     Step(&'p Tensor),
+}
+
+/// The parts of a forward over several sequences ([`block_parts`]): each sequence's rows and
+/// cache (`seqs`), with its rotary embedding and attention bias.
+pub(crate) fn bias_parts<'p, 'r>(
+    seqs: impl Iterator<Item = (usize, &'p mut KvCache)>,
+    ropes: &'p [Rope<'r>],
+    biases: &'p [Tensor],
+) -> Vec<Part<'p, 'r>> {
+    seqs.zip(ropes)
+        .zip(biases)
+        .map(|(((rows, cache), rope), bias)| Part { rows, rope, visibility: Visibility::Bias(bias), cache })
+        .collect()
+}
+
+/// `all`'s rows (dimension 0) split into consecutive runs of `rows` each: the outputs of the
+/// sequences of a batched forward or product, one after the other.
+pub(crate) fn split_rows(all: Tensor, rows: impl ExactSizeIterator<Item = usize>) -> Result<Vec<Tensor>> {
+    if rows.len() == 1 {
+        return Ok(vec![all]);
+    }
+    let mut start = 0;
+    let mut out = Vec::with_capacity(rows.len());
+    for n in rows {
+        out.push(all.narrow(0, start, n)?);
+        start += n;
+    }
+    Ok(out)
 }
 
 /// A block over the rows of several sequences (`x`: `[1, rows, hidden]`, the parts' rows one

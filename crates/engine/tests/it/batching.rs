@@ -93,6 +93,24 @@ fn a_batched_forward_gives_each_sequence_its_own_forward() {
     }
 }
 
+/// A generation of 24 tokens at `temperature` with `seed`, drafting greedily on the preset
+/// `tree` (`none`: plain decoding; `auto`: chosen each step, with positional randomness, which
+/// makes the text independent of the trees; otherwise stream sampling).
+fn tree_config(tree: &str, temperature: f64, seed: u64) -> GenerationConfig {
+    let construction = (DraftConstruction::Greedy, Verifier::Greedy);
+    let speculative = match tree {
+        "none" => None,
+        "auto" => Some(common::spec(TreeChoice::Auto, construction.0, construction.1, None, 0.0)),
+        _ => Some(common::spec(DraftTree::preset(tree).unwrap(), construction.0, construction.1, None, 0.0)),
+    };
+    let randomness = if tree == "auto" { Randomness::Positional } else { Randomness::Stream };
+    GenerationConfig {
+        speculative,
+        randomness,
+        ..GenerationConfig { warp: Warp::temperature(temperature), ..common::greedy(24, seed) }
+    }
+}
+
 /// Generations on five threads, members of one batcher, each with its own prompt, tree and
 /// seed: each emits what it emits alone, at temperature 0 and at 0.8 (stream sampling: each its
 /// own random stream), with a draft model on trees and plain; and the batcher did batch them.
@@ -106,23 +124,7 @@ fn batched_generations_emit_their_solo_tokens() {
     for temperature in [0.0, 0.8] {
         let config = |i: usize| {
             let tree = ["chain-3", "drafts-2-depth-2", "mc_sim_7b_63", "none", "auto"][i];
-            let speculative = match tree {
-                "none" => None,
-                "auto" => Some(common::spec(TreeChoice::Auto, DraftConstruction::Greedy, Verifier::Greedy, None, 0.0)),
-                _ => Some(common::spec(
-                    DraftTree::preset(tree).unwrap(),
-                    DraftConstruction::Greedy,
-                    Verifier::Greedy,
-                    None,
-                    0.0,
-                )),
-            };
-            let randomness = if tree == "auto" { Randomness::Positional } else { Randomness::Stream };
-            GenerationConfig {
-                speculative,
-                randomness,
-                ..GenerationConfig { warp: Warp::temperature(temperature), ..common::greedy(24, 100 + i as u64) }
-            }
+            tree_config(tree, temperature, 100 + i as u64)
         };
         let solo: Vec<Vec<u32>> = (0..5)
             .map(|i| {
@@ -215,8 +217,9 @@ fn features(target: &DecoderModel, n: usize, seed: f64) -> Tensor {
 /// Three sequences' entries in one EAGLE head forward (two entries after a prompt's, a tree
 /// level of two siblings, one entry), with the target's whole output layer and with a cut of
 /// it: each one's outputs, cache and logits equal what it gets alone, bit for bit, whether
-/// through `EagleHead::forward_batch` or from three threads of one batcher, where the three
-/// head forwards ran as one and so did the three logits products.
+/// through `EagleHead::forward_batch` or from threads of one batcher, where the three head
+/// forwards ran as one and so did the three logits products, while a fourth member whose
+/// cache had no room got its own error.
 #[test]
 fn a_batched_head_forward_gives_each_sequence_its_own_forward() {
     let (target, _, whole) = common::target_draft_head(45, "batch-head");
@@ -233,15 +236,17 @@ fn a_batched_head_forward_gives_each_sequence_its_own_forward() {
     ];
     let new_features: Vec<Tensor> = (0..3).map(|i| features(&target, new_tokens[i].len(), 10.0 + i as f64)).collect();
     for (name, head) in [("whole output layer", &whole), ("cut output layer", &cut)] {
-        let cache_after = |i: usize| {
+        // Sequence `i`'s head cache after its prefix's entries, with room for `room` more.
+        let cache_with_room = |i: usize, room: usize| {
             let n = prefix[i];
-            let mut cache = head.new_cache(64).unwrap();
+            let mut cache = head.new_cache(n + room).unwrap();
             let tokens: Vec<u32> = (0..n as u32).map(|j| (j * 7 + i as u32) % 40 + 1).collect();
             let pos: Vec<u32> = (0..n as u32).collect();
             let bias = causal_bias(0, n, dtype, &dev).unwrap();
             head.forward(&target, &features(&target, n, i as f64), &tokens, &pos, &bias, &mut cache).unwrap();
             cache
         };
+        let cache_after = |i: usize| cache_with_room(i, 64);
         let mut alone = Vec::new();
         let mut alone_logits = Vec::new();
         let mut alone_caches = Vec::new();
@@ -276,24 +281,30 @@ fn a_batched_head_forward_gives_each_sequence_its_own_forward() {
             same_cache(&caches[i], i, "forward_batch");
         }
         let batcher = Batcher::new();
-        let all_joined = std::sync::Barrier::new(3);
-        let threads: Vec<(Tensor, Tensor, KvCache)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..3)
-                .map(|i| {
+        // A fourth member, sequence 0 again with no room left in its cache: it gets its own
+        // error, and the three others run as one.
+        let all_joined = std::sync::Barrier::new(4);
+        let mut threads: Vec<Result<(Tensor, Tensor, KvCache), String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|k| {
                     let (batcher, all_joined, target, head) = (&batcher, &all_joined, &target, head);
+                    let i = k % 3;
                     let (f, t, p, b) = (&new_features[i], &new_tokens[i], &positions[i], &biases[i]);
-                    let mut cache = cache_after(i);
+                    let mut cache = if k < 3 { cache_after(i) } else { cache_with_room(i, 0) };
                     s.spawn(move || {
                         let _member = batcher.join();
                         all_joined.wait();
-                        let out = head.forward(target, f, t, p, b, &mut cache).unwrap();
+                        let out = head.forward(target, f, t, p, b, &mut cache).map_err(|e| e.to_string())?;
                         let logits = head.logits(target, &out).unwrap();
-                        (out, logits, cache)
+                        Ok((out, logits, cache))
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
+        let Err(full) = threads.pop().unwrap() else { panic!("{name}: a forward into a full cache ran") };
+        assert!(full.contains("capacity"), "{name}: {full}");
+        let threads: Vec<_> = threads.into_iter().map(|t| t.unwrap()).collect();
         for (i, (out, logits, cache)) in threads.iter().enumerate() {
             assert_eq!(bits(out), bits(&alone[i]), "{name}, batcher: sequence {i}'s outputs");
             assert_eq!(bits(logits), bits(&alone_logits[i]), "{name}, batcher: sequence {i}'s logits");
@@ -320,25 +331,7 @@ fn batched_eagle_generations_emit_their_solo_tokens() {
         for temperature in [0.0, 0.8] {
             let config = |i: usize| {
                 let tree = ["chain-3", "drafts-2-depth-2", "none", "auto"][i];
-                let speculative = match tree {
-                    "none" => None,
-                    "auto" => {
-                        Some(common::spec(TreeChoice::Auto, DraftConstruction::Greedy, Verifier::Greedy, None, 0.0))
-                    }
-                    _ => Some(common::spec(
-                        DraftTree::preset(tree).unwrap(),
-                        DraftConstruction::Greedy,
-                        Verifier::Greedy,
-                        None,
-                        0.0,
-                    )),
-                };
-                let randomness = if tree == "auto" { Randomness::Positional } else { Randomness::Stream };
-                GenerationConfig {
-                    speculative,
-                    randomness,
-                    ..GenerationConfig { warp: Warp::temperature(temperature), ..common::greedy(24, 200 + i as u64) }
-                }
+                tree_config(tree, temperature, 200 + i as u64)
             };
             let solo: Vec<Vec<u32>> = (0..4)
                 .map(|i| {

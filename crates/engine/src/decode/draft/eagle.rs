@@ -17,7 +17,8 @@
 //! Features move between levels with `index_select` on the device; logits go to the host once
 //! per level, as for a draft model. On a thread of a [`crate::model::Batcher`] (serving,
 //! `generate --jsonl --max-batch`), each head forward and its logits join the other members'
-//! ([`EagleHead::forward_batch`]): the members drafting at a level share one head forward.
+//! ([`EagleHead::forward_batch`]): the members' head forwards waiting at once (at any level)
+//! run as one.
 
 use crate::decode::auto_tree::AutoTree;
 use crate::decode::buffers::StepBuffers;
