@@ -145,22 +145,24 @@ pub struct Batcher {
     changed: Condvar,
 }
 
-/// What one member asked for: a forward of a sequence, or logits of hidden states, of a model
-/// ([`Runner::Model`]); or a head forward of a sequence's entries, or the head's logits of its
-/// outputs, of an EAGLE head ([`Runner::Head`]; `target`: the model whose embedding and output
-/// layer it reads). The forwards' tokens and positions are the member's own slices, not copies
-/// (see `Request`).
+/// What one member asked for: a forward of a sequence, or logits of hidden states, of a model;
+/// or a head forward of a sequence's entries, or the head's logits of its outputs, of an EAGLE
+/// head (`target`: the model whose embedding and output layer it reads). The forwards' tokens
+/// and positions are the member's own slices, not copies (see `Request`).
 pub(crate) enum Work {
     Forward {
+        model: *const DecoderModel,
         tokens: *const [u32],
         positions: *const [u32],
         bias: Tensor,
         cache: *mut KvCache,
     },
     Logits {
+        model: *const DecoderModel,
         hidden: Tensor,
     },
     HeadForward {
+        head: *const EagleHead,
         target: *const DecoderModel,
         features: Tensor,
         tokens: *const [u32],
@@ -169,21 +171,14 @@ pub(crate) enum Work {
         cache: *mut KvCache,
     },
     HeadLogits {
+        head: *const EagleHead,
         target: *const DecoderModel,
         out: Tensor,
     },
 }
 
-/// Whose work a request is: a model's, or an EAGLE head's.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Runner {
-    Model(*const DecoderModel),
-    Head(*const EagleHead),
-}
-
 struct Request {
     id: u64,
-    runner: Runner,
     work: Work,
     /// The ticket of the prompt it prefills ([`Prefilling`]).
     prefill: Option<u64>,
@@ -297,13 +292,13 @@ impl Batcher {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `work` of `runner` (a model or a head) and waits for its answer (running the batch when this member
-    /// is the last to wait).
-    pub(crate) fn submit(&self, runner: Runner, work: Work) -> Result<Tensor> {
+    /// Queues `work` (of a model or a head) and waits for its answer (running the batch when
+    /// this member is the last to wait).
+    pub(crate) fn submit(&self, work: Work) -> Result<Tensor> {
         let mut st = self.lock();
         let id = st.next_id;
         st.next_id += 1;
-        st.waiting.push(Request { id, runner, work, prefill: PREFILL.with(|p| p.get()) });
+        st.waiting.push(Request { id, work, prefill: PREFILL.with(|p| p.get()) });
         let answered = |(answer, run): Answer| {
             COST.with(|c| {
                 let (rows, secs) = c.get().unwrap_or((0, 0.0));
@@ -336,11 +331,11 @@ impl Batcher {
         // draft level beside the drafts of members whose steps drifted apart. (Among lighter
         // work the same holds: a head forward waits while logits do, so the members' levels
         // fall into step.)
-        let weight = |r: &Request| match (r.runner, &r.work) {
+        let weight = |r: &Request| match r.work {
             // SAFETY: see `Request`: the model or head is a waiting member's.
-            (Runner::Model(m), Work::Forward { .. }) => unsafe { &*m }.weight_count(),
-            (Runner::Head(h), Work::HeadForward { .. }) => unsafe { &*h }.weight_count(),
-            _ => 0,
+            Work::Forward { model, .. } => unsafe { &*model }.weight_count(),
+            Work::HeadForward { head, .. } => unsafe { &*head }.weight_count(),
+            Work::Logits { .. } | Work::HeadLogits { .. } => 0,
         };
         let heaviest = st.waiting.iter().map(weight).max().unwrap_or(0);
         let mut batch = std::mem::take(&mut st.waiting);
@@ -392,8 +387,16 @@ type QueuedForward = (u64, *const [u32], *const [u32], Tensor, *mut KvCache);
 /// cache.
 type QueuedHeadForward = (u64, Tensor, *const [u32], *const [u32], Tensor, *mut KvCache);
 
-/// A head and the target whose output layer its logits may read.
+/// A head and the target whose embedding and output layer it reads.
 type HeadOfTarget = (*const EagleHead, *const DecoderModel);
+
+/// Whose output layer a logits product runs through: a model's, or a head's (its cut of its
+/// target's, or the target's whole one).
+#[derive(Clone, Copy, PartialEq)]
+enum LogitsOf {
+    Model(*const DecoderModel),
+    Head(HeadOfTarget),
+}
 
 /// Adds `item` to the group of `key` (a model or head).
 fn add_to_group<K: PartialEq, T>(groups: &mut Vec<(K, Vec<T>)>, key: K, item: T) {
@@ -451,25 +454,20 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
     let mut stats = BatchStats::default();
     let mut answers = Vec::with_capacity(batch.len());
     let mut forwards: Vec<(*const DecoderModel, Vec<QueuedForward>)> = Vec::new();
-    let mut logits: Vec<(*const DecoderModel, Vec<(u64, Tensor)>)> = Vec::new();
     let mut head_forwards: Vec<(HeadOfTarget, Vec<QueuedHeadForward>)> = Vec::new();
-    let mut head_logits: Vec<(HeadOfTarget, Vec<(u64, Tensor)>)> = Vec::new();
+    let mut logits: Vec<(LogitsOf, Vec<(u64, Tensor)>)> = Vec::new();
     for r in batch {
-        match (r.runner, r.work) {
-            (Runner::Model(m), Work::Forward { tokens, positions, bias, cache }) => {
-                add_to_group(&mut forwards, m, (r.id, tokens, positions, bias, cache))
+        match r.work {
+            Work::Forward { model, tokens, positions, bias, cache } => {
+                add_to_group(&mut forwards, model, (r.id, tokens, positions, bias, cache))
             }
-            (Runner::Model(m), Work::Logits { hidden }) => add_to_group(&mut logits, m, (r.id, hidden)),
-            (Runner::Head(h), Work::HeadForward { target, features, tokens, positions, bias, cache }) => {
-                add_to_group(&mut head_forwards, (h, target), (r.id, features, tokens, positions, bias, cache))
+            Work::Logits { model, hidden } => add_to_group(&mut logits, LogitsOf::Model(model), (r.id, hidden)),
+            Work::HeadForward { head, target, features, tokens, positions, bias, cache } => {
+                add_to_group(&mut head_forwards, (head, target), (r.id, features, tokens, positions, bias, cache))
             }
-            (Runner::Head(h), Work::HeadLogits { target, out }) => {
-                add_to_group(&mut head_logits, (h, target), (r.id, out))
+            Work::HeadLogits { head, target, out } => {
+                add_to_group(&mut logits, LogitsOf::Head((head, target)), (r.id, out))
             }
-            _ => answers.push((
-                r.id,
-                (Err(candle_core::Error::Msg("batcher: work of another kind of runner".into())), Run::default()),
-            )),
         }
     }
     for (model, group) in forwards {
@@ -512,17 +510,13 @@ fn run(batch: Vec<Request>) -> (Vec<(u64, Answer)>, BatchStats) {
         stats.widest = stats.widest.max(width);
         stats.head_widest = stats.head_widest.max(width);
     }
-    let logit_groups = logits
-        .into_iter()
-        .map(|(m, g)| (Runner::Model(m), std::ptr::null::<DecoderModel>(), g))
-        .chain(head_logits.into_iter().map(|((h, target), g)| (Runner::Head(h), target, g)));
-    for (runner, target, group) in logit_groups {
+    for (of, group) in logits {
         stats.batches += 1;
         stats.requests += group.len() as u64;
         // SAFETY: see `Request`: the model, head and target are the waiting members'.
-        let product = |rows: &Tensor| match runner {
-            Runner::Model(m) => unsafe { &*m }.logits_now(rows),
-            Runner::Head(h) => unsafe { &*h }.logits_now(unsafe { &*target }, rows),
+        let product = |rows: &Tensor| match of {
+            LogitsOf::Model(model) => unsafe { &*model }.logits_now(rows),
+            LogitsOf::Head((head, target)) => unsafe { &*head }.logits_now(unsafe { &*target }, rows),
         };
         let started = std::time::Instant::now();
         let result = (|| -> Result<Vec<Tensor>> {
@@ -553,13 +547,12 @@ impl DecoderModel {
         cache: &mut KvCache,
     ) -> Option<Result<Tensor>> {
         let batcher = Batcher::current()?;
-        let work = Work::Forward { tokens, positions, bias: bias.clone(), cache };
-        Some(batcher.submit(Runner::Model(self), work))
+        Some(batcher.submit(Work::Forward { model: self, tokens, positions, bias: bias.clone(), cache }))
     }
 
     /// [`Self::logits`] through the batcher the calling thread is a member of, if any.
     pub(crate) fn logits_via_batcher(&self, hidden: &Tensor) -> Option<Result<Tensor>> {
         let batcher = Batcher::current()?;
-        Some(batcher.submit(Runner::Model(self), Work::Logits { hidden: hidden.clone() }))
+        Some(batcher.submit(Work::Logits { model: self, hidden: hidden.clone() }))
     }
 }

@@ -16,7 +16,7 @@
 //! `layers.0.mlp.{gate,up,down}_proj.weight` and, in some heads, `embed_tokens.weight`
 //! (otherwise the target's embedding is used).
 
-use super::batcher::{Runner, Work};
+use super::batcher::Work;
 use super::kv_cache::KvCache;
 use super::products::Products;
 use super::Batcher;
@@ -149,16 +149,14 @@ impl EagleHead {
     /// the target's output layer, or its first rows ([`Self::set_output_rows`]).
     /// On a [`super::Batcher`]'s thread, batched with the other members' head logits.
     pub fn logits(&self, target: &DecoderModel, out: &Tensor) -> Result<Tensor> {
-        match &self.lm_head {
-            Some(_) => match Batcher::current() {
-                Some(batcher) => batcher.submit(Runner::Head(self), Work::HeadLogits { target, out: out.clone() }),
-                None => self.logits_now(target, out),
-            },
-            None => target.logits(out),
+        match (&self.lm_head, Batcher::current()) {
+            (Some(_), Some(batcher)) => batcher.submit(Work::HeadLogits { head: self, target, out: out.clone() }),
+            _ => self.logits_now(target, out),
         }
     }
 
-    /// [`Self::logits`] on this thread, now.
+    /// [`Self::logits`] on this thread, now (the target's whole output layer still through its
+    /// batcher, [`DecoderModel::logits`]).
     pub(crate) fn logits_now(&self, target: &DecoderModel, out: &Tensor) -> Result<Tensor> {
         match &self.lm_head {
             Some(head) => {
@@ -172,9 +170,7 @@ impl EagleHead {
     /// About the number of weights of `fc` and the layer's products (what a forward's cost
     /// grows with), as [`DecoderModel::weight_count`] counts a model's.
     pub fn weight_count(&self) -> usize {
-        let c = &self.config;
-        let attention = c.hidden_size * (2 * c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim);
-        2 * c.hidden_size * c.hidden_size + attention + 3 * c.hidden_size * c.intermediate_size
+        2 * self.config.hidden_size * self.config.hidden_size + self.config.layer_weight_count()
     }
 
     /// Whether the checkpoint carries its own token embedding.
@@ -203,9 +199,8 @@ impl EagleHead {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         if let Some(batcher) = Batcher::current() {
-            let work =
-                Work::HeadForward { target, features: features.clone(), tokens, positions, bias: bias.clone(), cache };
-            return batcher.submit(Runner::Head(self), work);
+            let (features, bias) = (features.clone(), bias.clone());
+            return batcher.submit(Work::HeadForward { head: self, target, features, tokens, positions, bias, cache });
         }
         let mut out = self.forward_batch(target, &mut [HeadItem { features, tokens, positions, bias, cache }])?;
         Ok(out.pop().expect("one sequence"))

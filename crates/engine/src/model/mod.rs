@@ -73,6 +73,12 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Checks the shapes are consistent; `source` names the file in the error.
+    /// About the number of weights of one block's products (attention and MLP).
+    pub fn layer_weight_count(&self) -> usize {
+        let attention = self.hidden_size * (2 * self.num_heads * self.head_dim + 2 * self.num_kv_heads * self.head_dim);
+        attention + 3 * self.hidden_size * self.intermediate_size
+    }
+
     pub fn validate(&self, source: &str) -> Result<()> {
         let bad = |what: String| candle_core::Error::Msg(format!("{source}: invalid model configuration: {what}"));
         if self.num_layers == 0 || self.num_heads == 0 || self.num_kv_heads == 0 || self.vocab_size == 0 {
@@ -231,9 +237,7 @@ impl DecoderModel {
     /// About the number of weights of the layers (attention and MLP products): what a
     /// forward's cost grows with, to order models by.
     pub fn weight_count(&self) -> usize {
-        let c = &self.config;
-        let attention = c.hidden_size * (2 * c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim);
-        c.num_layers * (attention + 3 * c.hidden_size * c.intermediate_size)
+        self.config.num_layers * self.config.layer_weight_count()
     }
 
     /// An empty KV cache for this model holding up to `capacity` positions.
