@@ -2,11 +2,16 @@
 //! on the thread pool (`RAYON_NUM_THREADS=1` for one core), for the default target's matrix
 //! shapes, each product reading its matrix from memory (copies beyond the last-level cache):
 //! where the CPU products stand against the core's integer peak.
-//! `cargo run --release -p engine --example qmatmul_rate [ROWS,ROWS..]`
+//! `cargo run --release -p engine --example qmatmul_rate [ROWS,ROWS..]`; with `TILED=1` the
+//! AVX-512 VNNI tiles ([`engine::kernels::quant::avx512`]) instead of the AVX2 layouts, with
+//! `HOT=1` one copy (read from the caches: the kernel's arithmetic alone), with `ONLY=down` one
+//! shape.
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use engine::kernels::quant::avx2::q4k::Q4KMatrix;
 use engine::kernels::quant::avx2::q6k::Q6KMatrix;
+use engine::kernels::quant::avx512::q4k::Q4KTiledMatrix;
+use engine::kernels::quant::avx512::q6k::Q6KTiledMatrix;
 use engine::kernels::quant::qgemv::{matmul_many, RowsWeight};
 use std::time::Instant;
 fn main() {
@@ -20,17 +25,28 @@ fn main() {
         ("qkv", 2048, 1536, GgmlDType::Q4K),
         ("output", 151936, 1536, GgmlDType::Q6K),
     ];
+    let only = std::env::var("ONLY").ok();
     for (name, n, k, dtype) in shapes {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
         let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&w, dtype).unwrap();
         // Enough copies to exceed the last-level cache: each product reads its matrix from
         // memory, as a forward does.
         let bytes = q.storage_size_in_bytes();
-        let copies = (96 << 20) / bytes + 1;
+        let hot = std::env::var("HOT").is_ok();
+        let copies = if hot { 1 } else { (96 << 20) / bytes + 1 };
+        let tiled = std::env::var("TILED").is_ok();
         let r4: Vec<Q4KMatrix> = (0..copies).filter_map(|_| Q4KMatrix::from_qtensor(&q).unwrap()).collect();
         let r6: Vec<Q6KMatrix> = (0..copies).filter_map(|_| Q6KMatrix::from_qtensor(&q).unwrap()).collect();
-        let weights: Vec<RowsWeight> =
-            r4.iter().map(RowsWeight::Q4KInterleaved).chain(r6.iter().map(RowsWeight::Q6KInterleaved)).collect();
+        let t4: Vec<Q4KTiledMatrix> = (0..copies).filter_map(|_| Q4KTiledMatrix::from_qtensor(&q).unwrap()).collect();
+        let t6: Vec<Q6KTiledMatrix> = (0..copies).filter_map(|_| Q6KTiledMatrix::from_qtensor(&q).unwrap()).collect();
+        let weights: Vec<RowsWeight> = if tiled {
+            t4.iter().map(RowsWeight::Q4KTiled).chain(t6.iter().map(RowsWeight::Q6KTiled)).collect()
+        } else {
+            r4.iter().map(RowsWeight::Q4KInterleaved).chain(r6.iter().map(RowsWeight::Q6KInterleaved)).collect()
+        };
         assert!(!weights.is_empty(), "no AVX2 on this CPU");
         let mut line = format!("{name:8} [{n}, {k}] {dtype:?}:");
         for &m in &ms {

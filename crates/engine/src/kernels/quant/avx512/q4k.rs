@@ -16,9 +16,9 @@
 //! (2,368 per 16 x 256 values: 0.578).
 //!
 //! Activations are ggml's Q8_K blocks as they are. Each activation row's result is computed by
-//! the same operations whatever the rows beside it ([`columns`] tiles of 1 to 4 rows), so a row
-//! gives the same bits alone or in a batch (tested): speculative decoding at temperature 0 relies
-//! on it. The `f32` rounding differs from [`crate::kernels::quant::avx2::q4k`]'s (one conversion per
+//! the same operations whatever the rows beside it ([`columns`] takes 1 to 4 or 8 rows at
+//! once), so a row gives the same bits alone or in a batch (tested): speculative decoding at
+//! temperature 0 relies on it. The `f32` rounding differs from [`crate::kernels::quant::avx2::q4k`]'s (one conversion per
 //! super-block here, eight lanes there); both are within `f32` rounding of the exact product of
 //! the quantized values (tested).
 //!
@@ -210,11 +210,21 @@ pub fn dequantize(t: &Q4KTile, r: usize) -> [f32; QK_K] {
 unsafe fn tile_dots<const R: usize>(tiles: &[Q4KTile], acts: [&[BlockQ8K]; R]) -> [std::arch::x86_64::__m512; R] {
     use std::arch::x86_64::*;
     let m4 = _mm512_set1_epi8(0x0f);
+    let defer_mins = R > 4;
+    // Each 32-bit lane: sub-block `s`'s minimum twice, as two i16, against the activation's
+    // two 16-value sums.
+    let min_pairs = |t: &Q4KTile, s: usize| {
+        let min = _mm512_cvtepu8_epi32(_mm_loadu_si128(t.mins[s].as_ptr() as *const __m128i));
+        _mm512_or_si512(min, _mm512_slli_epi32(min, 16))
+    };
     let mut acc = [_mm512_setzero_ps(); R];
     let mut acc_min = [_mm512_setzero_ps(); R];
     for (i, t) in tiles.iter().enumerate() {
         // Per activation row, 16 lanes: sum over sub-blocks of scale x products, and of
-        // minimum x activation sum; exact integers.
+        // minimum x activation sum; exact integers. With 8 rows the minimums' sums come after
+        // the sub-blocks (`defer_mins`), so that the loop over them holds two accumulators per
+        // row in AVX-512's 32 registers; with fewer they go beside the products, where they
+        // hide in the loop's latency. The integers are the same either way.
         let mut total = [_mm512_setzero_si512(); R];
         let mut total_min = [_mm512_setzero_si512(); R];
         // The weights stream from memory once per product: ask for a later tile's lines
@@ -225,9 +235,14 @@ unsafe fn tile_dots<const R: usize>(tiles: &[Q4KTile], acts: [&[BlockQ8K]; R]) -
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * (5 * s + l)));
             }
             let scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(t.scales[s].as_ptr() as *const __m128i));
-            let min = _mm512_cvtepu8_epi32(_mm_loadu_si128(t.mins[s].as_ptr() as *const __m128i));
-            // Each 32-bit lane: the minimum twice, as two i16, against the two 16-value sums.
-            let min2 = _mm512_or_si512(min, _mm512_slli_epi32(min, 16));
+            if !defer_mins {
+                let min2 = min_pairs(t, s);
+                for r in 0..R {
+                    let sums = acts[r].get_unchecked(i).bsums.as_ptr().add(2 * s);
+                    let sums = _mm512_set1_epi32((sums as *const i32).read_unaligned());
+                    total_min[r] = _mm512_dpwssd_epi32(total_min[r], min2, sums);
+                }
+            }
             // With one or two rows, the low and high nibbles' products go in separate chains
             // (the `vpdpbusd` latency would otherwise bound the loop); the sum is the same integer.
             let mut part = [_mm512_setzero_si512(); R];
@@ -254,9 +269,16 @@ unsafe fn tile_dots<const R: usize>(tiles: &[Q4KTile], acts: [&[BlockQ8K]; R]) -
                     part[r] = _mm512_add_epi32(part[r], part_hi[r]);
                 }
                 total[r] = _mm512_add_epi32(total[r], _mm512_mullo_epi32(scale, part[r]));
-                let sums = acts[r].get_unchecked(i).bsums.as_ptr().add(2 * s);
-                let sums = _mm512_set1_epi32((sums as *const i32).read_unaligned());
-                total_min[r] = _mm512_dpwssd_epi32(total_min[r], min2, sums);
+            }
+        }
+        if defer_mins {
+            let min2: [__m512i; 8] = std::array::from_fn(|s| min_pairs(t, s));
+            for r in 0..R {
+                let bsums = acts[r].get_unchecked(i).bsums.as_ptr();
+                for (s, min2) in min2.iter().enumerate() {
+                    let sums = _mm512_set1_epi32((bsums.add(2 * s) as *const i32).read_unaligned());
+                    total_min[r] = _mm512_dpwssd_epi32(total_min[r], *min2, sums);
+                }
             }
         }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d.as_ptr() as *const __m256i));
@@ -277,7 +299,8 @@ unsafe fn tile_dots<const R: usize>(tiles: &[Q4KTile], acts: [&[BlockQ8K]; R]) -
 /// Output columns `cols` of `x @ w^T` for `m` activation rows (`acts`, `kb` Q8_K blocks each):
 /// `out[r * n + c]`, `n = w.rows`. A column range computes the tiles whose first column it
 /// holds (so that ranges splitting a tile still write each column once); activation rows go in
-/// chunks that stay in L2, fours within a chunk, then a 3, 2 or 1 tail.
+/// chunks that stay in L2, eights within a chunk, then a four and a 3, 2 or 1 tail. Eight rows
+/// share each unpacked weight register: their two accumulators each (16 registers) fit the 32.
 ///
 /// # Safety
 /// AVX512F/BW/VNNI must be available (see [`vnni_enabled`]); `acts` has `m * kb` blocks,
@@ -317,7 +340,8 @@ pub unsafe fn columns<T: Tiled>(
                     1 => tile_of!(0),
                     2 => tile_of!(0, 1),
                     3 => tile_of!(0, 1, 2),
-                    _ => tile_of!(0, 1, 2, 3),
+                    4..8 => tile_of!(0, 1, 2, 3),
+                    _ => tile_of!(0, 1, 2, 3, 4, 5, 6, 7),
                 }
             }
         }

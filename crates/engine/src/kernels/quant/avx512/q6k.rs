@@ -116,9 +116,9 @@ impl Tiled for Q6KTile {
         for (i, t) in tiles.iter().enumerate() {
             let ahead = (t as *const Q6KTile).wrapping_add(PREFETCH_TILES) as *const i8;
             // Per activation row, 16 lanes: sum over sub-blocks of scale x products of the
-            // unsigned values, and of scale x activation sum (the offset); exact integers.
+            // unsigned values, less 32 x scale x activation sum (the offset); exact integers.
+            // One accumulator per row: a second would spill on AVX-512's 32 registers.
             let mut total = [_mm512_setzero_si512(); R];
-            let mut offset = [_mm512_setzero_si512(); R];
             for s in 0..16 {
                 for l in 0..4 {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * (4 * s + l)));
@@ -150,7 +150,8 @@ impl Tiled for Q6KTile {
                     total[r] = _mm512_add_epi32(total[r], _mm512_mullo_epi32(scale, part[r]));
                 }
                 if s % 2 == 1 {
-                    // Lanes of i16 pairs (scale of s - 1, scale of s) against the two sums.
+                    // Lanes of i16 pairs (-32 x scale of s - 1, -32 x scale of s; at most
+                    // 4,096 in magnitude) against the two sums.
                     let pair = _mm512_or_si512(
                         _mm512_and_si512(
                             _mm512_cvtepi8_epi32(_mm_loadu_si128(t.scales[s - 1].as_ptr() as *const __m128i)),
@@ -158,18 +159,18 @@ impl Tiled for Q6KTile {
                         ),
                         _mm512_slli_epi32(scale, 16),
                     );
+                    let pair = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(pair, 5));
                     for r in 0..R {
                         let sums = acts[r].get_unchecked(i).bsums.as_ptr().add(s - 1);
                         let sums = _mm512_set1_epi32((sums as *const i32).read_unaligned());
-                        offset[r] = _mm512_dpwssd_epi32(offset[r], pair, sums);
+                        total[r] = _mm512_dpwssd_epi32(total[r], pair, sums);
                     }
                 }
             }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.d.as_ptr() as *const __m256i));
             for r in 0..R {
                 let yd = _mm512_set1_ps(acts[r].get_unchecked(i).d);
-                let exact = _mm512_sub_epi32(total[r], _mm512_slli_epi32(offset[r], 5));
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(exact), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(total[r]), acc[r]);
             }
         }
         acc
