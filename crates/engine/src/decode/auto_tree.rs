@@ -22,7 +22,8 @@
 //! often than a first (top-2 drafts at temperature 0: 0.69, then 0.35), and the first of two
 //! drafts is not the draft of a chain (the Greedy construction samples one draft from q but
 //! puts q's argmax first among two: at temperature 0.7 on one prompt, a chain's draft was
-//! accepted at 0.65, either of two at 0.75).
+//! accepted at 0.65, either of two at 0.75). Depth matters too, for a draft that reads its own
+//! guesses: each `α` of a node at depth `d` is scaled by [`AutoTree::depth_factors`]`[d]`.
 //!
 //! The draft is a draft model or an EAGLE head: the head's cost per forward is measured the
 //! same way (zero features, its logits through the target's output layer), and what each step
@@ -62,6 +63,11 @@ const EMA: f64 = 0.2;
 pub const WIDTHS: usize = 3;
 /// Acceptance estimates `α[k - 1][j]` for rank `j` among `k` drafts (entries `j >= k` unused).
 pub type Alphas = [[f64; WIDTHS]; WIDTHS];
+/// Depths of the node drafted from with their own first-draft acceptance (the root's children,
+/// their children, and deeper ones together).
+pub const DEPTHS: usize = 3;
+/// Accepted and tried first drafts by the depth of the node drafted from (see [`DEPTHS`]).
+type DepthCounts = [[f64; 2]; DEPTHS];
 /// Prior of each acceptance rate and its weight in drafts.
 const PRIOR_ALPHA: Alphas = [[0.6, 0.0, 0.0], [0.6, 0.3, 0.0], [0.6, 0.3, 0.2]];
 const PRIOR_WEIGHT: f64 = 4.0;
@@ -184,6 +190,9 @@ pub struct AutoTree {
     /// Accepted and tried drafts by node width and rank (forgetting applied).
     accepted: Alphas,
     tried: Alphas,
+    /// Accepted and tried first drafts by depth (forgetting applied): what
+    /// [`Self::depth_factors`] scales the deeper nodes' `α` by.
+    by_depth: DepthCounts,
     steps_without_drafts: usize,
     /// Steps taken with each tree (same order as `trees`).
     pub uses: Vec<usize>,
@@ -192,7 +201,7 @@ pub struct AutoTree {
     pub draft_lag: usize,
     /// The acceptance counts (accepted, tried) of the last text that tried drafts: what
     /// [`Self::catch_up_pays`] expects of a text that has tried none yet.
-    carried: Option<(Alphas, Alphas)>,
+    carried: Option<(Alphas, Alphas, DepthCounts)>,
 }
 
 impl AutoTree {
@@ -205,6 +214,7 @@ impl AutoTree {
             draft: CostCurve::default(),
             accepted: [[0.0; WIDTHS]; WIDTHS],
             tried: [[0.0; WIDTHS]; WIDTHS],
+            by_depth: [[0.0; 2]; DEPTHS],
             steps_without_drafts: 0,
             uses,
             draft_lag: 1,
@@ -230,10 +240,11 @@ impl AutoTree {
     /// all), and keeps the measured costs, which belong to the models and the machine.
     pub fn new_text(&mut self) {
         if self.has_tried() {
-            self.carried = Some((self.accepted, self.tried));
+            self.carried = Some((self.accepted, self.tried, self.by_depth));
         }
         self.accepted = [[0.0; WIDTHS]; WIDTHS];
         self.tried = [[0.0; WIDTHS]; WIDTHS];
+        self.by_depth = [[0.0; 2]; DEPTHS];
         self.steps_without_drafts = 0;
         self.uses.iter_mut().for_each(|u| *u = 0);
     }
@@ -275,11 +286,24 @@ impl AutoTree {
     /// The acceptance a catch-up is weighed with: this text's once it has tried drafts, else
     /// the last such text's (the pair and the machine stay; a text that never drafts learns
     /// nothing), else the prior.
-    fn expected_alphas(&self) -> Alphas {
+    fn expected_alphas(&self) -> (Alphas, [f64; DEPTHS]) {
         match self.carried {
-            Some((accepted, tried)) if !self.has_tried() => estimate(&accepted, &tried),
-            _ => self.alphas(),
+            Some((accepted, tried, by_depth)) if !self.has_tried() => {
+                (estimate(&accepted, &tried), depth_factors(&by_depth))
+            }
+            _ => (self.alphas(), self.depth_factors()),
         }
+    }
+
+    /// What each depth's `α` is scaled by: the first drafts' acceptance from nodes of depth `d`
+    /// over that from nodes of every depth (the width-and-rank estimates pool all depths), each
+    /// shrunk towards the pooled one, so 1 everywhere while only the root has drafted. A draft
+    /// that reads its own guesses grows less sure with depth: the EAGLE head trained here
+    /// accepted 0.50 of its first drafts and 0.32 of the second ones after a first (`chain-2` on
+    /// MT-Bench, docs/results/README.md#serving-eagle-batched), and a chain priced at one `α`
+    /// for every depth drew the head into deeper chains, and into drafts in a batch, that lost.
+    pub fn depth_factors(&self) -> [f64; DEPTHS] {
+        depth_factors(&self.by_depth)
     }
 
     /// Whether a generation alone, whose draft model lags and has not caught up for
@@ -291,8 +315,18 @@ impl AutoTree {
 
     /// Records the verification of one node's `drafts` drafts, tried in order: the one of rank
     /// `accepted` was accepted after those before it were rejected, or (`None`) all were
-    /// rejected.
+    /// rejected. The node is the root ([`Self::record_node_at`] for deeper ones).
     pub fn record_node(&mut self, drafts: usize, accepted: Option<usize>) {
+        self.record_node_at(0, drafts, accepted);
+    }
+
+    /// [`Self::record_node`] for a node at `depth` (0: the root).
+    pub fn record_node_at(&mut self, depth: usize, drafts: usize, accepted: Option<usize>) {
+        if drafts > 0 {
+            let d = &mut self.by_depth[depth.min(DEPTHS - 1)];
+            d[0] += f64::from(u8::from(accepted == Some(0)));
+            d[1] += 1.0;
+        }
         let k = drafts.clamp(1, WIDTHS) - 1;
         let tried = accepted.map_or(drafts, |j| j + 1);
         for r in 0..tried {
@@ -303,8 +337,15 @@ impl AutoTree {
         }
     }
 
-    /// Expected tokens per step of `tree` at acceptance `alphas` (see the module docs).
+    /// Expected tokens per step of `tree` at acceptance `alphas` (see the module docs), the
+    /// same at every depth.
     pub fn expected_tokens(tree: &DraftTree, alphas: &Alphas) -> f64 {
+        Self::expected_tokens_by_depth(tree, alphas, &[1.0; DEPTHS])
+    }
+
+    /// [`Self::expected_tokens`] with each `α` of a node at depth `d` scaled by `factors[d]`
+    /// (the last for deeper nodes; [`Self::depth_factors`]), at most 1.
+    pub fn expected_tokens_by_depth(tree: &DraftTree, alphas: &Alphas, factors: &[f64; DEPTHS]) -> f64 {
         // Children come after their parents, so a reverse pass sees children first.
         let mut extra = vec![0.0; tree.len()];
         for v in (0..tree.len()).rev() {
@@ -312,8 +353,9 @@ impl AutoTree {
             let mut e = 0.0;
             let kids = tree.children(v);
             let row = &alphas[kids.len().clamp(1, WIDTHS) - 1];
+            let factor = factors[tree.depth(v).min(DEPTHS - 1)];
             for (j, &c) in kids.iter().enumerate() {
-                let alpha = row[j.min(WIDTHS - 1)];
+                let alpha = (row[j.min(WIDTHS - 1)] * factor).min(1.0);
                 e += reach * alpha * (1.0 + extra[c]);
                 reach *= 1.0 - alpha;
             }
@@ -364,10 +406,10 @@ impl AutoTree {
     /// prefill): alone, the catch-up pays for a long answer and the draft drafts as before,
     /// from the second step; in a full batch on a CPU, where plain steps win, it never runs.
     pub fn catch_up_pays(&self, owed: usize, remaining: usize, others: &SharedLoad) -> bool {
-        let alphas = self.expected_alphas();
+        let (alphas, factors) = self.expected_alphas();
         // (the batch's tokens per second, seconds per token of this text) of a step of `t`.
         let rates = |t: &DraftTree| {
-            let e = Self::expected_tokens(t, &alphas);
+            let e = Self::expected_tokens_by_depth(t, &alphas, &factors);
             self.step_cost_with_lag(t, others, 1).map(|c| ((e + others.tokens) / c.max(1e-9), c / e.max(1e-9)))
         };
         let plain = self.trees.iter().find(|(_, t)| t.children(0).is_empty()).map(|(_, t)| rates(t));
@@ -410,7 +452,7 @@ impl AutoTree {
 
     /// What a step of `tree` asks of a batch ([`SharedLoad`]): its rows and expected tokens.
     pub fn load_of(&self, tree: &DraftTree) -> SharedLoad {
-        load_of_tree(tree, Self::expected_tokens(tree, &self.alphas()))
+        load_of_tree(tree, Self::expected_tokens_by_depth(tree, &self.alphas(), &self.depth_factors()))
     }
 
     /// Picks the tree for the next step (an index into `trees`) and ends the step's
@@ -422,11 +464,12 @@ impl AutoTree {
     /// [`Self::choose`] for a member of a batch whose other members ask `others`: the tree
     /// with the most tokens per second of the batch (see the module docs).
     pub fn choose_in_batch(&mut self, others: &SharedLoad) -> usize {
-        self.accepted.iter_mut().chain(self.tried.iter_mut()).flatten().for_each(|x| *x *= FORGET);
-        let alphas = self.alphas();
+        self.forget();
+        let (alphas, factors) = (self.alphas(), self.depth_factors());
         let rate = |i: usize| {
             let t = &self.trees[i].1;
-            self.batch_step_cost(t, others).map(|c| (Self::expected_tokens(t, &alphas) + others.tokens) / c.max(1e-9))
+            self.batch_step_cost(t, others)
+                .map(|c| (Self::expected_tokens_by_depth(t, &alphas, &factors) + others.tokens) / c.max(1e-9))
         };
         let best_of = |from: usize| {
             (from..self.trees.len())
@@ -468,10 +511,16 @@ impl AutoTree {
     /// [`Self::choose_in_batch`] for a step that cannot draft (a draft model that owes more
     /// tokens than a step's first forward takes): the plain tree, with the same bookkeeping.
     pub fn choose_without_drafts(&mut self) -> usize {
-        self.accepted.iter_mut().chain(self.tried.iter_mut()).flatten().for_each(|x| *x *= FORGET);
+        self.forget();
         self.steps_without_drafts += 1;
         self.uses[0] += 1;
         0
+    }
+
+    /// One step's decay of the acceptance counts.
+    fn forget(&mut self) {
+        self.accepted.iter_mut().chain(self.tried.iter_mut()).flatten().for_each(|x| *x *= FORGET);
+        self.by_depth.iter_mut().flatten().for_each(|x| *x *= FORGET);
     }
 
     /// Measures the forward costs not measured yet: after a warm-up, one forward per row
@@ -602,6 +651,20 @@ fn estimate(accepted: &Alphas, tried: &Alphas) -> Alphas {
                 0.0
             }
         })
+    })
+}
+
+/// [`AutoTree::depth_factors`] from first-draft counts by depth.
+fn depth_factors(by_depth: &DepthCounts) -> [f64; DEPTHS] {
+    let accepted: f64 = by_depth.iter().map(|d| d[0]).sum();
+    let tried: f64 = by_depth.iter().map(|d| d[1]).sum();
+    if accepted <= 0.0 || tried <= 0.0 {
+        return [1.0; DEPTHS];
+    }
+    let all = accepted / tried;
+    std::array::from_fn(|d| {
+        let [accepted, tried] = by_depth[d];
+        (accepted + all * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT) / all
     })
 }
 

@@ -460,3 +460,63 @@ fn a_cost_book_fills_what_a_curve_lacks() {
     assert_eq!(a.draft.at(1), Some(0.01));
     assert!(!a.target.has(4) && a.target.has(1));
 }
+
+/// A node at depth `d` scales its `α` by `factors[d]` (deeper nodes by the last), at most 1:
+/// a chain's tokens are then `1 + a f0 + a f0 · a f1 + ...`.
+#[test]
+fn expected_tokens_scale_each_depth_s_acceptance() {
+    let t = DraftTree::preset("chain-4").unwrap();
+    let al = alphas(0.6, (0.1, 0.2), (0.3, 0.4, 0.5));
+    let (a0, a1, a2) = (0.6, 0.6 * 0.5, 0.6 * 0.25);
+    let want = 1.0 + a0 + a0 * a1 + a0 * a1 * a2 + a0 * a1 * a2 * a2;
+    let got = AutoTree::expected_tokens_by_depth(&t, &al, &[1.0, 0.5, 0.25]);
+    assert!((got - want).abs() < 1e-12, "{got} against {want}");
+    assert_eq!(AutoTree::expected_tokens_by_depth(&t, &al, &[1.0; DEPTHS]), AutoTree::expected_tokens(&t, &al));
+    // A factor above 1 cannot make a draft surer than certain.
+    let sure = AutoTree::expected_tokens_by_depth(&t, &alphas(0.9, (0.1, 0.2), (0.3, 0.4, 0.5)), &[1.0, 2.0, 2.0]);
+    assert!((sure - (1.0 + 0.9 * 4.0)).abs() < 1e-12, "{sure}");
+}
+
+/// Drafts from deeper nodes accepted less often than the root's (as the EAGLE head's are)
+/// lower the deeper nodes' `α`, and the choice: accepted at 0.6 from the root and at 0.2
+/// below it, a chain of one draft beats deeper ones that the root's acceptance alone would
+/// pick. Until a depth has shown its own, it keeps the root's.
+#[test]
+fn deeper_drafts_follow_their_own_acceptance() {
+    let costs = |a: &mut AutoTree| {
+        for r in 1..=7 {
+            a.target.record(r, 0.040 + 0.002 * (r - 1) as f64);
+        }
+        for r in 1..=7 {
+            a.draft.record(r, 0.004);
+        }
+    };
+    let (mut flat, mut deep) = (AutoTree::new(false), AutoTree::new(false));
+    costs(&mut flat);
+    costs(&mut deep);
+    for i in 0..100 {
+        for a in [&mut flat, &mut deep] {
+            a.record_node_at(0, 1, (i % 10 < 6).then_some(0));
+        }
+        deep.record_node_at(1 + i % 2, 1, (i % 10 < 2).then_some(0));
+    }
+    assert_eq!(flat.depth_factors(), [1.0; DEPTHS], "no deeper drafts seen");
+    // The first draft's acceptance at each depth: the pooled estimate times the depth's factor.
+    let at = |a: &AutoTree, d: usize| a.alphas()[0][0] * a.depth_factors()[d];
+    assert!((at(&flat, 0) - 0.6).abs() < 0.03, "{}", at(&flat, 0));
+    assert!((at(&deep, 0) - 0.6).abs() < 0.03, "{}", at(&deep, 0));
+    for d in 1..DEPTHS {
+        assert!((at(&deep, d) - 0.2).abs() < 0.03, "depth {d}: {}", at(&deep, d));
+    }
+    let flat_pick = flat.choose();
+    let deep_pick = deep.choose();
+    assert_ne!(flat.trees[flat_pick].0, "chain-1", "alpha {:?}", flat.alphas());
+    assert_ne!(flat.trees[flat_pick].0, "no-drafts");
+    assert_eq!(deep.trees[deep_pick].0, "chain-1", "alpha {:?}, depths {:?}", deep.alphas(), deep.depth_factors());
+    // A new text starts again from the root's acceptance at every depth; a catch-up before it
+    // drafts expects the last text's (`catch_up_pays` reads both).
+    deep.new_text();
+    assert_eq!(deep.depth_factors(), [1.0; DEPTHS]);
+    let (alphas, factors) = deep.expected_alphas();
+    assert!(alphas[0][0] * factors[1] < 0.3, "{alphas:?} {factors:?}");
+}

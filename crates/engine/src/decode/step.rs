@@ -208,7 +208,7 @@ impl Generator<'_> {
                 }
                 let accepted = b.drawn[node].iter().position(|&d| d == token);
                 if let Some(a) = auto.as_deref_mut() {
-                    a.record_node(b.drawn[node].len(), accepted);
+                    a.record_node_at(tree.depth(node), b.drawn[node].len(), accepted);
                 }
                 if !step.lookup {
                     stats.record_node(b.drawn[node].len(), accepted);
@@ -259,7 +259,7 @@ impl Generator<'_> {
             .map_err(|e| Error::Sampling { during: "verification", source: e })?;
             b.emitted.push(verdict.token);
             if let Some(a) = auto.as_deref_mut() {
-                a.record_node(b.drafts.len(), verdict.accepted);
+                a.record_node_at(tree.depth(node), b.drafts.len(), verdict.accepted);
             }
             if !step.lookup {
                 stats.record_node(b.drafts.len(), verdict.accepted);
