@@ -10,7 +10,10 @@
 //!   the tree's rows (its runs' live rows when records ran it), and `o` the step's other work
 //!   (verification, copies: the records' verification seconds per step, or `--overhead-ms`);
 //! - it emits `E(T)` tokens, from the acceptance `α_{k,j}` of the draft of rank `j` among `k`
-//!   ([`AutoTree::expected_tokens`]);
+//!   ([`AutoTree::expected_tokens`]), the same at every depth: the records count drafts by
+//!   width and rank, not by depth, so where deeper drafts are accepted less often (an EAGLE
+//!   head's) this rates deep trees higher than `auto`, which scales each depth's `α`
+//!   ([`AutoTree::depth_factors`]), now does;
 //! - plain decoding emits 1 token per `T(1) + o_plain`.
 //!
 //! Predicted speedup `= (E(T) / C(T)) / (1 / (T(1) + o_plain))`. With records of runs of the

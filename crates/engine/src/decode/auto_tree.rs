@@ -297,11 +297,11 @@ impl AutoTree {
 
     /// What each depth's `α` is scaled by: the first drafts' acceptance from nodes of depth `d`
     /// over that from nodes of every depth (the width-and-rank estimates pool all depths), each
-    /// shrunk towards the pooled one, so 1 everywhere while only the root has drafted. A draft
+    /// shrunk towards the pooled one, so 1 (to rounding) while only the root has drafted. A draft
     /// that reads its own guesses grows less sure with depth: the EAGLE head trained here
     /// accepted 0.50 of its first drafts and 0.32 of the second ones after a first (`chain-2` on
-    /// MT-Bench, docs/results/README.md#serving-eagle-batched), and a chain priced at one `α`
-    /// for every depth drew the head into deeper chains, and into drafts in a batch, that lost.
+    /// MT-Bench, docs/results/README.md#serving-eagle-batched), so one `α` for every depth
+    /// priced its deeper chains too high.
     pub fn depth_factors(&self) -> [f64; DEPTHS] {
         depth_factors(&self.by_depth)
     }

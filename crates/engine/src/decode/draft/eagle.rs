@@ -39,7 +39,10 @@ use std::time::Instant;
 pub(crate) struct EagleDraft<'a> {
     head: &'a EagleHead,
     cache: KvCache,
-    pending: Option<Tensor>,
+    /// The features the head owes, in the order of `pending_tokens`, as the steps left them:
+    /// joined only when a step drafts ([`join`]). Joining them at every step copied the whole
+    /// backlog (the prompt's features, then one row per plain step) once per step.
+    pending: Vec<Tensor>,
     pending_tokens: Vec<u32>,
     /// The head's forwards replayed from graphs (`crate::decode::Generator::set_graphs`).
     graphs: Option<StepGraphs>,
@@ -50,7 +53,7 @@ pub(crate) struct EagleDraft<'a> {
 impl<'a> EagleDraft<'a> {
     pub fn new(head: &'a EagleHead, capacity: usize) -> Result<Self> {
         let cache = head.new_cache(capacity)?;
-        Ok(Self { head, cache, pending: None, pending_tokens: Vec::new(), graphs: None, replays: 0 })
+        Ok(Self { head, cache, pending: Vec::new(), pending_tokens: Vec::new(), graphs: None, replays: 0 })
     }
 
     /// Replays the head's forwards from graphs, one per bucket of rows
@@ -98,7 +101,7 @@ impl<'a> EagleDraft<'a> {
     /// head's last kept entry on (one position more than a draft model needs).
     pub fn reusable(&self, shared: usize) -> usize {
         let (h, m) = (self.cache.len(), self.pending_tokens.len());
-        let covered = if self.pending.is_some() { h + m } else { h };
+        let covered = if self.pending.is_empty() { h } else { h + m };
         let r = shared.min(covered);
         if r > h {
             r
@@ -115,15 +118,12 @@ impl<'a> EagleDraft<'a> {
     /// nothing reused that is the prompt's features `f_0 .. f_{n-2}` with `x_1 .. x_{n-1}`.
     pub fn start(&mut self, reused: usize, features: Option<Tensor>, prompt: &[u32]) -> Result<()> {
         let h = self.cache.len();
-        let old = match self.pending.take() {
-            Some(p) if reused > h => Some(p.narrow(0, 0, reused - h)?),
-            _ => None,
-        };
+        let old = std::mem::take(&mut self.pending);
+        if reused > h && !old.is_empty() {
+            self.pending.push(join(old)?.narrow(0, 0, reused - h)?);
+        }
         self.cache.truncate(h.min(reused));
-        self.pending = match (old, features) {
-            (Some(o), Some(f)) => Some(Tensor::cat(&[&o, &f], 0)?),
-            (o, f) => o.or(f),
-        };
+        self.pending.extend(features);
         self.pending_tokens = prompt[h.min(reused) + 1..].to_vec();
         Ok(())
     }
@@ -151,11 +151,10 @@ impl<'a> EagleDraft<'a> {
         b: &mut StepBuffers,
         mut auto: Option<&mut AutoTree>,
     ) -> Result<usize> {
-        let Some(features) = self.pending.take() else { return Ok(0) };
-        if tree.children(0).is_empty() {
-            self.pending = Some(features);
+        if self.pending.is_empty() || tree.children(0).is_empty() {
             return Ok(0);
         }
+        let features = join(std::mem::take(&mut self.pending))?;
         let t_root = Instant::now();
         let m = self.pending_tokens.len();
         let base = self.cache.len();
@@ -243,11 +242,13 @@ impl<'a> EagleDraft<'a> {
         let rows: Vec<u32> = path_rows.iter().map(|&r| r as u32).collect();
         let rows = Tensor::from_vec(rows, path_rows.len(), hidden.device())?;
         let feats = hidden.index_select(&rows, 0)?;
-        self.pending = Some(match self.pending.take() {
-            Some(old) => Tensor::cat(&[&old, &feats], 0)?,
-            None => feats,
-        });
+        self.pending.push(feats);
         self.pending_tokens.extend_from_slice(tokens);
         Ok(())
     }
+}
+
+/// The pending feature chunks as one `[rows, hidden]` tensor (`chunks` is not empty).
+fn join(mut chunks: Vec<Tensor>) -> Result<Tensor> {
+    Ok(if chunks.len() == 1 { chunks.pop().expect("one chunk") } else { Tensor::cat(&chunks, 0)? })
 }

@@ -5,9 +5,10 @@
 //! [`super::q4k::Q4KTile`] (64 bytes: 4 values of each of 16 rows, and as many in the
 //! high nibbles), and the high 2 bits of a sub-block's four such registers in one 64-byte run,
 //! register `k` in bits `2 k .. 2 k + 2` of each byte: a shift and a mask bring them to bits 4
-//! and 5, with no shuffle. `vpdpbusd` then multiplies the unsigned 6-bit values; the
-//! `-32` offset is taken off through the activation sums (`vpdpwssd` with pairs of the signed
-//! 8-bit scales), and each 16-value sub-block's scale is applied in the integer domain. Same
+//! and 5, with no shuffle. `vpdpbusd` then multiplies the unsigned 6-bit values, and each
+//! 16-value sub-block's scale is applied in the integer domain; the `-32` offset goes into the
+//! same sum through the activation sums (`vpdpwssd` with pairs of `-32` times the signed 8-bit
+//! scales, at most 4,096 in magnitude), so one accumulator per row suffices. Same
 //! bytes per weight as ggml's block (3,392 per 16 x 256 values with the alignment: 0.83, against
 //! 0.82).
 //!
