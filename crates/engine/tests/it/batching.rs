@@ -319,7 +319,10 @@ fn a_batched_head_forward_gives_each_sequence_its_own_forward() {
 /// Generations drafting with an EAGLE head on four threads, members of one batcher, each with
 /// its own prompt, tree and seed: each emits what it emits alone, at temperature 0 and at 0.8,
 /// with the target's whole output layer and with a cut of it; and the head's forwards of
-/// several members ran as one.
+/// several members ran as one. Which members' head forwards meet in a batch depends on the
+/// `auto` member's choices, which follow measured times: a run where the two drafting members
+/// never met was seen once in CI (beside other tests), so the meeting is asked of the four
+/// runs together (a head forward that bypasses the batcher never meets any).
 #[test]
 fn batched_eagle_generations_emit_their_solo_tokens() {
     let (target, _, whole) = common::target_draft_head(46, "batch-eagle");
@@ -327,6 +330,7 @@ fn batched_eagle_generations_emit_their_solo_tokens() {
     cut.set_output_rows(&target, 32).unwrap();
     let prompts: [Vec<u32>; 4] =
         [vec![3, 9, 27], vec![4, 12, 36, 9, 27, 30], vec![5, 6, 7, 8, 9, 10, 11], vec![2, 4, 8]];
+    let mut head_widest = Vec::new();
     for (name, head) in [("whole output layer", &whole), ("cut output layer", &cut)] {
         for temperature in [0.0, 0.8] {
             let config = |i: usize| {
@@ -354,8 +358,8 @@ fn batched_eagle_generations_emit_their_solo_tokens() {
                 handles.into_iter().map(|h| h.join().unwrap()).collect()
             });
             assert_eq!(together, solo, "{name}, temperature {temperature}");
-            let stats = batcher.stats();
-            assert!(stats.head_widest >= 2, "{name}, temperature {temperature}: no batched head forward: {stats:?}");
+            head_widest.push((name, temperature, batcher.stats()));
         }
     }
+    assert!(head_widest.iter().any(|(_, _, s)| s.head_widest >= 2), "no batched head forward: {head_widest:?}");
 }
