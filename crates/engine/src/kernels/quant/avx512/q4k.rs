@@ -18,9 +18,10 @@
 //! Activations are ggml's Q8_K blocks as they are. Each activation row's result is computed by
 //! the same operations whatever the rows beside it ([`columns`] takes 1 to 4 or 8 rows at
 //! once), so a row gives the same bits alone or in a batch (tested): speculative decoding at
-//! temperature 0 relies on it. The `f32` rounding differs from [`crate::kernels::quant::avx2::q4k`]'s (one conversion per
-//! super-block here, eight lanes there); both are within `f32` rounding of the exact product of
-//! the quantized values (tested).
+//! temperature 0 relies on it. The `f32` rounding differs from
+//! [`crate::kernels::quant::avx2::q4k`]'s (one conversion per super-block here, eight lanes
+//! there); both are within `f32` rounding of the exact product of the quantized values
+//! (tested).
 //!
 //! Overflow: a lane of one sub-block's sum is at most 32 x 15 x 128 = 61,440; times a 6-bit
 //! scale and over 8 sub-blocks, under 3.2e7 < 2^31. Minimums: 8 x 63 x 4,096 < 2^21.
@@ -217,6 +218,11 @@ unsafe fn tile_dots<const R: usize>(tiles: &[Q4KTile], acts: [&[BlockQ8K]; R]) -
         let min = _mm512_cvtepu8_epi32(_mm_loadu_si128(t.mins[s].as_ptr() as *const __m128i));
         _mm512_or_si512(min, _mm512_slli_epi32(min, 16))
     };
+    // `total_min` plus sub-block `s`'s minimums (`min2`) times the activation block's sums.
+    let add_mins = |total_min: __m512i, block: &BlockQ8K, s: usize, min2: __m512i| {
+        let sums = _mm512_set1_epi32((block.bsums.as_ptr().add(2 * s) as *const i32).read_unaligned());
+        _mm512_dpwssd_epi32(total_min, min2, sums)
+    };
     let mut acc = [_mm512_setzero_ps(); R];
     let mut acc_min = [_mm512_setzero_ps(); R];
     for (i, t) in tiles.iter().enumerate() {
@@ -238,9 +244,7 @@ unsafe fn tile_dots<const R: usize>(tiles: &[Q4KTile], acts: [&[BlockQ8K]; R]) -
             if !defer_mins {
                 let min2 = min_pairs(t, s);
                 for r in 0..R {
-                    let sums = acts[r].get_unchecked(i).bsums.as_ptr().add(2 * s);
-                    let sums = _mm512_set1_epi32((sums as *const i32).read_unaligned());
-                    total_min[r] = _mm512_dpwssd_epi32(total_min[r], min2, sums);
+                    total_min[r] = add_mins(total_min[r], acts[r].get_unchecked(i), s, min2);
                 }
             }
             // With one or two rows, the low and high nibbles' products go in separate chains
@@ -274,10 +278,8 @@ unsafe fn tile_dots<const R: usize>(tiles: &[Q4KTile], acts: [&[BlockQ8K]; R]) -
         if defer_mins {
             let min2: [__m512i; 8] = std::array::from_fn(|s| min_pairs(t, s));
             for r in 0..R {
-                let bsums = acts[r].get_unchecked(i).bsums.as_ptr();
-                for (s, min2) in min2.iter().enumerate() {
-                    let sums = _mm512_set1_epi32((bsums.add(2 * s) as *const i32).read_unaligned());
-                    total_min[r] = _mm512_dpwssd_epi32(total_min[r], *min2, sums);
+                for (s, &min2) in min2.iter().enumerate() {
+                    total_min[r] = add_mins(total_min[r], acts[r].get_unchecked(i), s, min2);
                 }
             }
         }
